@@ -1,0 +1,3 @@
+"""An emulator of the kubelet's DRA manager, so DRA drivers can be tested
+without a node.
+"""
