@@ -1,0 +1,182 @@
+"""The informer's in-memory cache: projected objects by key, with named indexes.
+
+Objects are raw JSON dicts (`RawObject`), never kubernetes_asyncio models:
+the models cost several times the memory and controllers read few fields.
+A `Projection` keeps only what the controllers read (see `keep_fields`), so
+5,000 Nodes fit in a few megabytes. Keys are `namespace/name`, or `name` for
+cluster-scoped objects, as in client-go. Index functions map an object to
+zero or more index values (label value, owner UID, node name...).
+
+The store is written only by its informer; readers get the stored dicts and
+must not mutate them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, NewType, TypeAlias
+
+__all__ = [
+    "Indexer",
+    "Key",
+    "Projection",
+    "RawObject",
+    "Store",
+    "by_label",
+    "by_owner_uid",
+    "by_path",
+    "keep_fields",
+    "key_of",
+    "split_key",
+]
+
+RawObject: TypeAlias = dict[str, Any]
+Key = NewType("Key", str)
+Projection: TypeAlias = Callable[[RawObject], RawObject]
+Indexer: TypeAlias = Callable[[RawObject], Iterable[str]]
+
+
+def key_of(obj: Mapping[str, Any]) -> Key:
+    metadata = obj.get("metadata") or {}
+    namespace = metadata.get("namespace")
+    name = metadata["name"]
+    return Key(f"{namespace}/{name}" if namespace else name)
+
+
+def split_key(key: str) -> tuple[str | None, str]:
+    namespace, sep, name = key.partition("/")
+    return (namespace, name) if sep else (None, namespace)
+
+
+def keep_fields(*paths: str) -> Projection:
+    """A projection keeping dotted paths (`"status.nodeInfo.kernelVersion"`).
+
+    `metadata.name`, `metadata.namespace`, `metadata.uid` and
+    `metadata.resourceVersion` are always kept: keys and optimistic writes need them.
+    """
+    tree: dict[str, Any] = {}
+    for path in (
+        "metadata.name",
+        "metadata.namespace",
+        "metadata.uid",
+        "metadata.resourceVersion",
+        *paths,
+    ):
+        node = tree
+        parts = path.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if child is None:  # an ancestor is already kept whole
+                break
+            node = child
+        else:
+            node[parts[-1]] = None  # None = keep the whole subtree
+
+    def copy(source: Mapping[str, Any], shape: Mapping[str, Any]) -> RawObject:
+        out: RawObject = {}
+        for name, sub in shape.items():
+            if name not in source:
+                continue
+            value = source[name]
+            if sub is None or not isinstance(value, Mapping):
+                out[name] = value
+            else:
+                out[name] = copy(value, sub)
+        return out
+
+    def project(obj: RawObject) -> RawObject:
+        return copy(obj, tree)
+
+    return project
+
+
+def by_label(label: str) -> Indexer:
+    def index(obj: RawObject) -> Iterable[str]:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return (labels[label],) if label in labels else ()
+
+    return index
+
+
+def by_owner_uid(obj: RawObject) -> Iterable[str]:
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return tuple(owner["uid"] for owner in owners if "uid" in owner)
+
+
+def by_path(path: str) -> Indexer:
+    """Index by the string at a dotted path, e.g. `spec.nodeName` for pods."""
+    parts = path.split(".")
+
+    def index(obj: RawObject) -> Iterable[str]:
+        value: Any = obj
+        for part in parts:
+            if not isinstance(value, Mapping) or part not in value:
+                return ()
+            value = value[part]
+        return (value,) if isinstance(value, str) and value else ()
+
+    return index
+
+
+class Store:
+    """Objects by key plus named indexes; replaced wholesale on relist."""
+
+    def __init__(self, *, indexers: Mapping[str, Indexer] | None = None) -> None:
+        self._objects: dict[Key, RawObject] = {}
+        self._indexers: dict[str, Indexer] = dict(indexers or {})
+        # index name -> value -> keys
+        self._indices: dict[str, dict[str, set[Key]]] = {name: {} for name in self._indexers}
+
+    def get(self, key: str) -> RawObject | None:
+        return self._objects.get(Key(key))
+
+    def list_keys(self) -> list[Key]:
+        return list(self._objects)
+
+    def objects(self) -> list[RawObject]:
+        return list(self._objects.values())
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def __iter__(self) -> Iterator[RawObject]:
+        return iter(list(self._objects.values()))
+
+    def by_index(self, index: str, value: str) -> list[RawObject]:
+        keys = self._indices[index].get(value, ())
+        return [self._objects[key] for key in sorted(keys)]
+
+    def index_keys(self, index: str, value: str) -> list[Key]:
+        return sorted(self._indices[index].get(value, ()))
+
+    def put(self, obj: RawObject) -> RawObject | None:
+        """Insert or replace; return the previous object."""
+        key = key_of(obj)
+        old = self._objects.get(key)
+        if old is not None:
+            self._unindex(key, old)
+        self._objects[key] = obj
+        self._index(key, obj)
+        return old
+
+    def delete(self, key: str) -> RawObject | None:
+        old = self._objects.pop(Key(key), None)
+        if old is not None:
+            self._unindex(Key(key), old)
+        return old
+
+    def _index(self, key: Key, obj: RawObject) -> None:
+        for name, indexer in self._indexers.items():
+            values = self._indices[name]
+            for value in indexer(obj):
+                values.setdefault(value, set()).add(key)
+
+    def _unindex(self, key: Key, obj: RawObject) -> None:
+        for name, indexer in self._indexers.items():
+            values = self._indices[name]
+            for value in indexer(obj):
+                keys = values.get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del values[value]

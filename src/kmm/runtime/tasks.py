@@ -1,0 +1,88 @@
+"""Guarded background tasks: no task outlives its owner, no failure goes unseen.
+
+`TaskSet` replaces bare `asyncio.create_task`: every task is named, a task
+that fails is logged and recorded (`failure`, `failed`) so the owner can stop,
+and `close()` cancels and awaits all of them. The manager and every runnable
+that starts helpers own one `TaskSet` and close it in a `finally`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["TaskSet", "run_until"]
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class TaskSet:
+    """Named tasks owned by one owner; the first failure is kept for it."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.failed = asyncio.Event()
+        self.failure: BaseException | None = None
+        self._closing = False
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+        if self._closing:
+            coro.close()
+            raise RuntimeError(f"{self.owner}: cannot start {name!r} while closing")
+        task = asyncio.get_running_loop().create_task(coro, name=f"{self.owner}/{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            return
+        _log.error("task %s failed", task.get_name(), exc_info=error)
+        if self.failure is None:
+            self.failure = error
+        self.failed.set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def close(self) -> None:
+        """Cancel every task and wait until all have ended."""
+        self._closing = True
+        try:
+            while self._tasks:
+                pending = list(self._tasks)
+                for task in pending:
+                    task.cancel()
+                # asyncio.wait never raises a task's error: _finished recorded it.
+                await asyncio.wait(pending)
+        finally:
+            self._closing = False
+
+    def raise_failure(self) -> None:
+        """Re-raise the first failure in the owner's context, if any."""
+        if self.failure is not None:
+            raise self.failure
+
+
+async def run_until(stop: asyncio.Event, coro: Coroutine[Any, Any, None], *, name: str) -> None:
+    """Run `coro` until it ends or `stop` is set (then cancel it); re-raise its failure.
+
+    The usual body of a runnable's `run(stop)` whose work blocks on I/O.
+    """
+    owned = TaskSet(name)
+    work = owned.spawn(coro, name="main")
+    stopped = owned.spawn(stop.wait(), name="stop")
+    try:
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await owned.close()
+    if not work.cancelled() and work.exception() is not None:
+        raise work.exception()  # type: ignore[misc]
