@@ -13,7 +13,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["TaskSet", "run_until"]
+__all__ = ["TaskSet", "run_until", "wait_first"]
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,6 +53,9 @@ class TaskSet:
     def __len__(self) -> int:
         return len(self._tasks)
 
+    def tasks(self) -> list[asyncio.Task[Any]]:
+        return list(self._tasks)
+
     async def close(self) -> None:
         """Cancel every task and wait until all have ended."""
         self._closing = True
@@ -86,3 +89,16 @@ async def run_until(stop: asyncio.Event, coro: Coroutine[Any, Any, None], *, nam
         await owned.close()
     if not work.cancelled() and work.exception() is not None:
         raise work.exception()  # type: ignore[misc]
+
+
+async def wait_first(*events: asyncio.Event) -> None:
+    """Return as soon as any of `events` is set."""
+    if any(event.is_set() for event in events):
+        return
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.wait(waiters)

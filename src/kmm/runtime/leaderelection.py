@@ -1,0 +1,385 @@
+"""Lease-based leader election (coordination.k8s.io/v1), after client-go's.
+
+Semantics kept from client-go's `tryAcquireOrRenew`:
+- The lease is free when it has no holder, or when the holder's record has not
+  changed for `lease_duration` seconds of *our* clock since we last saw it
+  change (the observed time, not the lease's renewTime: we never compare
+  clocks across machines).
+- Taking the lease over sets `acquireTime` and bumps `leaseTransitions`;
+  renewing keeps both and moves `renewTime`. Every write is an update with
+  the read `resourceVersion` (optimistic concurrency: of two candidates racing
+  for a free lease, exactly one update succeeds).
+- A leader retries renewal every `retry_period` and gives leadership up when
+  it has not renewed for `renew_deadline` (< `lease_duration`, so it stops
+  acting before anyone else may take over).
+- On stop, a leader releases: empty holder, `leaseDurationSeconds: 1`, so a
+  successor need not wait out the full duration.
+
+`LeaseClient` is the seam: `ApiLeases` speaks to the API server,
+`MemoryLeases` keeps leases in memory with the same resourceVersion rules for
+unit tests. The elector's own clock is a `clocks.Clock`; the timestamps written
+into the Lease come from `wall` (UTC), both injectable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import json
+import logging
+import random
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from kmm.runtime import clocks
+
+__all__ = [
+    "ApiLeases",
+    "Conflict",
+    "LeaderElector",
+    "LeaseClient",
+    "LeaseRecord",
+    "MemoryLeases",
+]
+
+_log = logging.getLogger(__name__)
+
+
+class Conflict(Exception):
+    """Someone else wrote the lease first (409 on update, or AlreadyExists)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseRecord:
+    holder: str
+    lease_duration_seconds: int
+    acquire_time: datetime.datetime | None
+    renew_time: datetime.datetime | None
+    lease_transitions: int
+    resource_version: str = ""
+
+    def same_record(self, other: LeaseRecord | None) -> bool:
+        """Equality of what the holder wrote, ignoring the resourceVersion."""
+        return other is not None and dataclasses.replace(
+            self, resource_version=""
+        ) == dataclasses.replace(other, resource_version="")
+
+
+class LeaseClient(Protocol):
+    async def get(self, namespace: str, name: str) -> LeaseRecord | None: ...
+
+    async def create(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord: ...
+
+    async def update(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
+        """Write `record` if the lease is still at `record.resource_version`."""
+        ...
+
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        leases: LeaseClient,
+        identity: str,
+        *,
+        namespace: str,
+        name: str,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        jitter: float = 1.2,
+        release_on_stop: bool = True,
+        on_started_leading: Callable[[], None] | None = None,
+        on_stopped_leading: Callable[[], None] | None = None,
+        on_new_leader: Callable[[str], None] | None = None,
+        clock: clocks.Clock | None = None,
+        wall: Callable[[], datetime.datetime] = _utcnow,
+    ) -> None:
+        if not lease_duration > renew_deadline > jitter * retry_period >= 0:
+            raise ValueError("need lease_duration > renew_deadline > jitter * retry_period")
+        self.leases = leases
+        self.identity = identity
+        self.namespace = namespace
+        self.name = name
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.jitter = jitter
+        self.release_on_stop = release_on_stop
+        self._on_started = on_started_leading
+        self._on_stopped = on_stopped_leading
+        self._on_new_leader = on_new_leader
+        self._clock: clocks.Clock = clock or clocks.LoopClock()
+        self._wall = wall
+        self._observed: LeaseRecord | None = None
+        self._observed_at = 0.0
+        self._reported_leader: str | None = None
+        self.leading = asyncio.Event()
+        self.lost = asyncio.Event()
+
+    def is_leader(self) -> bool:
+        return self.leading.is_set()
+
+    @property
+    def leader(self) -> str | None:
+        """The holder we last observed (may be us)."""
+        return self._observed.holder if self._observed is not None else None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Acquire, then renew until `stop` or until the lease is lost."""
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            if not await self._acquire(stopping):
+                return
+            self.leading.set()
+            _log.info("%s: became leader of %s/%s", self.identity, self.namespace, self.name)
+            if self._on_started is not None:
+                self._on_started()
+            await self._renew(stopping)
+        finally:
+            stopping.cancel()
+            await asyncio.wait({stopping})
+            if self.leading.is_set():
+                self.leading.clear()
+                self.lost.set()
+                if self._on_stopped is not None:
+                    self._on_stopped()
+                if stop.is_set() and self.release_on_stop:
+                    await self.release()
+
+    async def _wait(self, stopping: asyncio.Future[Any], seconds: float) -> bool:
+        """Sleep on our clock; True if stop came first."""
+        sleeper = asyncio.ensure_future(self._clock.sleep(seconds))
+        try:
+            await asyncio.wait({sleeper, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            await asyncio.wait({sleeper})
+        return stopping.done()
+
+    async def _acquire(self, stopping: asyncio.Future[Any]) -> bool:
+        while not stopping.done():
+            if await self._try_acquire_or_renew():
+                return True
+            # Jitter spreads candidates out so they do not all race each period.
+            delay = self.retry_period * (1 + random.random() * self.jitter)
+            if await self._wait(stopping, delay):
+                return False
+        return False
+
+    async def _renew(self, stopping: asyncio.Future[Any]) -> None:
+        last_renew = self._clock.now()
+        while True:
+            if await self._wait(stopping, self.retry_period):
+                return
+            if await self._try_acquire_or_renew():
+                last_renew = self._clock.now()
+                continue
+            if self._clock.now() - last_renew >= self.renew_deadline:
+                _log.warning(
+                    "%s: failed to renew lease within %ss", self.identity, self.renew_deadline
+                )
+                return
+
+    async def _try_acquire_or_renew(self) -> bool:
+        try:
+            # A hung API call must not outlive the renew deadline (real time: I/O).
+            async with asyncio.timeout(self.renew_deadline):
+                return await self._attempt()
+        except (Conflict, ApiException, OSError, TimeoutError) as error:
+            _log.info("%s: lease attempt failed: %s", self.identity, error)
+            return False
+
+    async def _attempt(self) -> bool:
+        now_wall = self._wall()
+        current = await self.leases.get(self.namespace, self.name)
+        if current is None:
+            record = LeaseRecord(
+                holder=self.identity,
+                lease_duration_seconds=round(self.lease_duration),
+                acquire_time=now_wall,
+                renew_time=now_wall,
+                lease_transitions=0,
+            )
+            self._observe(await self.leases.create(self.namespace, self.name, record))
+            return True
+        if not current.same_record(self._observed):
+            self._observe(current)
+        else:
+            self._observed = current  # same content, fresher resourceVersion
+        held_by_other = current.holder not in ("", self.identity)
+        if held_by_other and self._observed_at + current.lease_duration_seconds > self._clock.now():
+            return False
+        if current.holder == self.identity:
+            acquire_time, transitions = current.acquire_time, current.lease_transitions
+        else:
+            acquire_time, transitions = now_wall, current.lease_transitions + 1
+        record = LeaseRecord(
+            holder=self.identity,
+            lease_duration_seconds=round(self.lease_duration),
+            acquire_time=acquire_time,
+            renew_time=now_wall,
+            lease_transitions=transitions,
+            resource_version=current.resource_version,
+        )
+        self._observe(await self.leases.update(self.namespace, self.name, record))
+        return True
+
+    def _observe(self, record: LeaseRecord) -> None:
+        self._observed = record
+        self._observed_at = self._clock.now()
+        if record.holder and record.holder != self._reported_leader:
+            self._reported_leader = record.holder
+            if self._on_new_leader is not None:
+                self._on_new_leader(record.holder)
+
+    async def release(self) -> None:
+        """Give the lease up if we still hold it (best effort)."""
+        try:
+            current = await self.leases.get(self.namespace, self.name)
+            if current is None or current.holder != self.identity:
+                return
+            now_wall = self._wall()
+            await self.leases.update(
+                self.namespace,
+                self.name,
+                LeaseRecord(
+                    holder="",
+                    lease_duration_seconds=1,
+                    acquire_time=now_wall,
+                    renew_time=now_wall,
+                    lease_transitions=current.lease_transitions,
+                    resource_version=current.resource_version,
+                ),
+            )
+        except (Conflict, ApiException, OSError) as error:
+            _log.warning("%s: could not release lease: %s", self.identity, error)
+
+
+class MemoryLeases:
+    """Leases in memory with resourceVersion checks, for unit tests."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[str, str], LeaseRecord] = {}
+        self._version = 0
+        self.writes = 0
+
+    async def get(self, namespace: str, name: str) -> LeaseRecord | None:
+        return self.records.get((namespace, name))
+
+    async def create(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
+        if (namespace, name) in self.records:
+            raise Conflict(f"{namespace}/{name} already exists")
+        return self._store(namespace, name, record)
+
+    async def update(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
+        current = self.records.get((namespace, name))
+        if current is None or current.resource_version != record.resource_version:
+            raise Conflict(f"{namespace}/{name} was modified")
+        return self._store(namespace, name, record)
+
+    def _store(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
+        self._version += 1
+        self.writes += 1
+        stored = dataclasses.replace(record, resource_version=str(self._version))
+        self.records[(namespace, name)] = stored
+        return stored
+
+
+def _format_time(value: datetime.datetime | None) -> str | None:
+    # MicroTime: RFC 3339 with microseconds, in UTC.
+    if value is None:
+        return None
+    return value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(value: str | None) -> datetime.datetime | None:
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+class ApiLeases:
+    """LeaseClient over `kubernetes_asyncio.client.CoordinationV1Api`, raw JSON."""
+
+    def __init__(self, coordination: Any) -> None:
+        self._api = coordination
+
+    async def get(self, namespace: str, name: str) -> LeaseRecord | None:
+        body = await self._call(self._api.read_namespaced_lease, name, namespace, missing_ok=True)
+        return None if body is None else self._record(body)
+
+    async def create(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
+        body = await self._call(
+            self._api.create_namespaced_lease, namespace, self._body(namespace, name, record)
+        )
+        assert body is not None
+        return self._record(body)
+
+    async def update(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
+        body = await self._call(
+            self._api.replace_namespaced_lease,
+            name,
+            namespace,
+            self._body(namespace, name, record),
+        )
+        assert body is not None
+        return self._record(body)
+
+    @staticmethod
+    async def _call(
+        method: Callable[..., Any], *args: Any, missing_ok: bool = False
+    ) -> dict[str, Any] | None:
+        # Raw JSON: the generated models would parse MicroTime through dateutil
+        # and raise nothing on non-2xx with _preload_content=False, so check here.
+        response = await method(*args, _preload_content=False)
+        try:
+            data = await response.read()
+            status = response.status
+        finally:
+            response.release()
+        if status == 404 and missing_ok:
+            return None
+        if status == 409:
+            raise Conflict(data.decode("utf-8", "replace")[:200])
+        if not 200 <= status <= 299:
+            raise ApiException(status=status, reason=data.decode("utf-8", "replace")[:200])
+        result: dict[str, Any] = json.loads(data)
+        return result
+
+    @staticmethod
+    def _record(body: dict[str, Any]) -> LeaseRecord:
+        spec = body.get("spec") or {}
+        return LeaseRecord(
+            holder=spec.get("holderIdentity") or "",
+            lease_duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
+            acquire_time=_parse_time(spec.get("acquireTime")),
+            renew_time=_parse_time(spec.get("renewTime")),
+            lease_transitions=int(spec.get("leaseTransitions") or 0),
+            resource_version=(body.get("metadata") or {}).get("resourceVersion", ""),
+        )
+
+    @staticmethod
+    def _body(namespace: str, name: str, record: LeaseRecord) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+        if record.resource_version:
+            metadata["resourceVersion"] = record.resource_version
+        spec: dict[str, Any] = {
+            "holderIdentity": record.holder,
+            "leaseDurationSeconds": record.lease_duration_seconds,
+            "acquireTime": _format_time(record.acquire_time),
+            "renewTime": _format_time(record.renew_time),
+            "leaseTransitions": record.lease_transitions,
+        }
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": {k: v for k, v in spec.items() if v is not None},
+        }
