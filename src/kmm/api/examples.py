@@ -1,0 +1,72 @@
+"""A valid example Module (``deploy/examples/module.yaml``), in KMM's own style.
+
+It exercises a literal and a regexp kernel mapping with image variables, a
+module loading order and a DRA driver with one DeviceClass, so it doubles as
+a fixture for tests and a starting point for users.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kmm.api import modules
+
+__all__ = ["module"]
+
+
+def module(name: str = "kmm-ci-a", namespace: str = "default") -> dict[str, Any]:
+    """The example Module as a raw object (what ``kubectl apply`` would send)."""
+    return {
+        "apiVersion": modules.API_VERSION,
+        "kind": modules.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"node-role.kubernetes.io/worker": ""},
+            "tolerations": [
+                {"key": "example.com/accelerator", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "imageRepoSecret": {"name": "example-pull-secret"},
+            "moduleLoader": {
+                "serviceAccountName": "kmm-module-loader",
+                "container": {
+                    "modprobe": {
+                        "moduleName": "kmm_ci_a",
+                        "dirName": "/opt",
+                        "parameters": ["debug=1"],
+                        "firmwarePath": "/firmware",
+                        "modulesLoadingOrder": ["kmm_ci_a", "kmm_ci_b"],
+                    },
+                    "imagePullPolicy": "IfNotPresent",
+                    "kernelMappings": [
+                        {
+                            "literal": "6.8.0-45-generic",
+                            "containerImage": "quay.io/example/kmm-ci-a:6.8.0-45-generic",
+                        },
+                        {
+                            "regexp": r"^.+\.el9(_\d+)?\.x86_64$",
+                            "containerImage": (
+                                "quay.io/example/${MOD_NAME}:${KERNEL_FULL_VERSION}"
+                            ),
+                            "inTreeModulesToRemove": ["kmm_ci_a_intree"],
+                        },
+                    ],
+                },
+            },
+            "dra": {
+                "driverName": "kmm-ci-a.example.com",
+                "container": {
+                    "image": "quay.io/example/kmm:0.1.0",
+                    "args": ["driver"],
+                    "imagePullPolicy": "IfNotPresent",
+                },
+                "deviceClasses": [
+                    {
+                        "name": "kmm-ci-a.example.com",
+                        "selectors": [
+                            {"cel": {"expression": "device.driver == 'kmm-ci-a.example.com'"}}
+                        ],
+                    }
+                ],
+            },
+        },
+    }

@@ -1,0 +1,137 @@
+"""Format checks shared by the models, the kernel mapper and the CRD rendering.
+
+Each check has a Python form (returning an error text or ``None``) and, where
+CEL can express it, the RE2 pattern the CRD uses, so both judge alike.
+
+Limits: Go's RE2 is approximated with Python's ``re`` plus a scan that rejects
+what RE2 lacks (lookarounds, backreferences, conditionals, atomic groups,
+possessive quantifiers, ``\\Z``). RE2-only syntax Python does not know (e.g.
+``\\p{Greek}``) is rejected here although KMM would accept it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = [
+    "DNS_SUBDOMAIN_PATTERN",
+    "IMAGE_PATTERN",
+    "IMAGE_VARIABLES",
+    "LABEL_VALUE_PATTERN",
+    "PLACEHOLDER",
+    "dns_subdomain_error",
+    "image_error",
+    "label_value_error",
+    "regexp_error",
+]
+
+# Name, then a tag (placeholders like ${KERNEL_FULL_VERSION} allowed) and/or a
+# digest. The character before ":" may not be "/" or ":", so "host:5000/repo"
+# does not pass for a tagged image. RE2-compatible: the CRD uses it verbatim.
+_DIGEST: Final = r"@[A-Za-z0-9_+.-]+:[A-Fa-f0-9]{32,}"
+IMAGE_PATTERN: Final = r"^[^\s@]*[^\s@/:](:[A-Za-z0-9_.${}-]+(" + _DIGEST + r")?|" + _DIGEST + r")$"
+DNS_SUBDOMAIN_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+LABEL_VALUE_PATTERN: Final = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+# Variables an image may name (expanded by kmm.api.kernels, DESIGN §3).
+IMAGE_VARIABLES: Final = (
+    "KERNEL_FULL_VERSION",
+    "KERNEL_XYZ",
+    "KERNEL_X",
+    "KERNEL_Y",
+    "KERNEL_Z",
+    "MOD_NAME",
+    "MOD_NAMESPACE",
+)
+PLACEHOLDER: Final = re.compile(r"\$\{([^}]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+_IMAGE = re.compile(IMAGE_PATTERN)
+_DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
+_LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN)
+
+# Group openers RE2 does not have, with the name users know them by.
+_UNSUPPORTED_GROUPS: Final = (
+    ("(?<=", "lookbehind"),
+    ("(?<!", "negative lookbehind"),
+    ("(?=", "lookahead"),
+    ("(?!", "negative lookahead"),
+    ("(?>", "atomic group"),
+    ("(?(", "conditional group"),
+    ("(?P=", "named backreference"),
+    ("(?#", "comment group"),
+)
+
+
+def image_error(image: str) -> str | None:
+    """Why ``image`` is not an image reference with an explicit tag or digest."""
+    if not _IMAGE.match(image):
+        return f"image {image!r} must name an explicit tag (name:tag) or digest (name@sha256:...)"
+    for match in PLACEHOLDER.finditer(image):
+        name = match.group(1) if match.group(1) is not None else match.group(2)
+        if name not in IMAGE_VARIABLES:
+            return f"image {image!r} names unknown variable {name!r}; known: {', '.join(IMAGE_VARIABLES)}"
+    return None
+
+
+def dns_subdomain_error(name: str) -> str | None:
+    """Why ``name`` is not a DNS subdomain (RFC 1123, at most 253 characters)."""
+    if len(name) <= 253 and _DNS_SUBDOMAIN.match(name):
+        return None
+    return f"{name!r} must be a DNS subdomain: lowercase alphanumerics, '-' and '.', at most 253 characters"
+
+
+def label_value_error(value: str) -> str | None:
+    """Why ``value`` cannot be a label value."""
+    if len(value) <= 63 and _LABEL_VALUE.match(value):
+        return None
+    return (
+        f"{value!r} must be a valid label value: at most 63 characters of "
+        "[A-Za-z0-9._-], starting and ending with an alphanumeric"
+    )
+
+
+def _re2_gap(pattern: str) -> str | None:
+    """The first construct in ``pattern`` (already valid for Python) that RE2 lacks."""
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            escaped = pattern[i + 1 : i + 2]
+            if not in_class and escaped in "123456789" and escaped:
+                return f"backreference \\{escaped}"
+            if escaped == "Z":
+                return "\\Z (use $ or \\z)"
+            i += 2
+            continue
+        if in_class:
+            if char == "]":
+                in_class = False
+        elif char == "[":
+            in_class = True
+            # A "]" right after "[" or "[^" is a literal member, not the end.
+            if pattern[i + 1 : i + 2] == "^":
+                i += 1
+            if pattern[i + 1 : i + 2] == "]":
+                i += 1
+        elif char == "(":
+            for opener, what in _UNSUPPORTED_GROUPS:
+                if pattern.startswith(opener, i):
+                    return what
+        elif char in "*+?}" and pattern[i + 1 : i + 2] == "+":
+            return "possessive quantifier"
+        i += 1
+    return None
+
+
+def regexp_error(pattern: str) -> str | None:
+    """Why ``pattern`` would not compile as a Go (RE2) regular expression."""
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        return f"regexp {pattern!r} does not compile: {err}"
+    gap = _re2_gap(pattern)
+    if gap is not None:
+        return f"regexp {pattern!r} uses {gap}, which Go's RE2 regular expressions do not support"
+    return None

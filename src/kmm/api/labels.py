@@ -1,0 +1,202 @@
+"""Every label, annotation and finalizer name kmm writes or reads, and their builders.
+
+One module owns them all (a KMM habit): reconcilers never format a label key
+themselves, so the 63-character budget computed here (``MAX_NAME_AND_NAMESPACE``)
+is the one the validators in :mod:`kmm.api.modules` and the admission policy
+in :mod:`kmm.api.admission` enforce.
+
+Label keys are ``prefix/name``; the name part must be at most 63 characters of
+``[A-Za-z0-9._-]`` starting and ending alphanumeric. Keys that embed a Module's
+namespace and name are the reason a Module's ``namespace`` + ``name`` must be
+short: see ``MAX_NAME_AND_NAMESPACE``. Values are made label-safe by
+``label_value`` (kernel versions may contain ``+`` or exceed 63 characters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Final, Literal
+
+__all__ = [
+    "BETA_PREFIX",
+    "FINALIZER",
+    "IMAGE_HASH",
+    "KERNEL_VERSION_FULL",
+    "MAX_LABEL_NAME",
+    "MAX_NAME_AND_NAMESPACE",
+    "MODULE_NAME",
+    "MODULE_NAMESPACE",
+    "MODULE_VERSION",
+    "PREFIX",
+    "ROLE",
+    "SPEC_HASH",
+    "Role",
+    "daemonset_name",
+    "device_plugin_ready",
+    "device_plugin_version",
+    "dra_ready",
+    "dra_target",
+    "image_hash",
+    "is_label_key",
+    "is_label_value",
+    "label_value",
+    "module_labels",
+    "module_loader_version",
+    "module_version",
+    "node_label_keys",
+    "ready",
+]
+
+PREFIX: Final = "kmm.node.kubernetes.io/"
+BETA_PREFIX: Final = "beta.kmm.node.kubernetes.io/"
+
+# Labels on DaemonSets, pods and DeviceClasses kmm creates: how a reconciler
+# finds its own objects again (KMM finds loader DaemonSets by labels, seed 000 step 3).
+MODULE_NAME: Final = PREFIX + "module.name"
+MODULE_NAMESPACE: Final = PREFIX + "module.namespace"
+MODULE_VERSION: Final = PREFIX + "module.version"
+ROLE: Final = PREFIX + "role"
+IMAGE_HASH: Final = PREFIX + "image-hash"
+# On nodes: the node's kernel (label_value of it), so loader DaemonSets can
+# select on it; on loader DaemonSets and pods: the kernel they serve.
+KERNEL_VERSION_FULL: Final = PREFIX + "kernel-version.full"
+
+# Annotation with a digest of the desired object, so a reconciler can tell
+# "unchanged" without a deep diff of server-defaulted fields.
+SPEC_HASH: Final = PREFIX + "spec-hash"
+
+FINALIZER: Final = PREFIX + "module-finalizer"
+
+Role = Literal["module-loader", "device-plugin", "dra"]
+
+MAX_LABEL_NAME: Final = 63
+
+# Per-module label name parts: (text before "<ns>.<name>", text after).
+_PER_MODULE_PARTS: Final = (
+    ("", ".ready"),
+    ("", ".dra-target"),
+    ("", ".device-plugin-ready"),
+    ("", ".dra-ready"),
+    ("version-module.", ""),
+    ("version-module-loader.", ""),
+    ("version-device-plugin.", ""),
+)
+# The longest derived label name decides the budget; "." joins ns and name.
+MAX_NAME_AND_NAMESPACE: Final = (
+    MAX_LABEL_NAME - 1 - max(len(a) + len(b) for a, b in _PER_MODULE_PARTS)
+)
+
+_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_UNSAFE_VALUE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _module_key(prefix: str, before: str, namespace: str, name: str, after: str) -> str:
+    return f"{prefix}{before}{namespace}.{name}{after}"
+
+
+def ready(namespace: str, name: str) -> str:
+    """Node label: the module is loaded on this node (loader pod Ready)."""
+    return _module_key(PREFIX, "", namespace, name, ".ready")
+
+
+def dra_target(namespace: str, name: str) -> str:
+    """Node label: the node is a DRA target of the module (seed 000, DRA point 1)."""
+    return _module_key(PREFIX, "", namespace, name, ".dra-target")
+
+
+def device_plugin_ready(namespace: str, name: str) -> str:
+    """Node label: the module's device-plugin pod on this node is Ready."""
+    return _module_key(PREFIX, "", namespace, name, ".device-plugin-ready")
+
+
+def dra_ready(namespace: str, name: str) -> str:
+    """Node label: the module's DRA driver pod on this node is Ready."""
+    return _module_key(PREFIX, "", namespace, name, ".dra-ready")
+
+
+def module_version(namespace: str, name: str) -> str:
+    """Node label the *user* sets to the version the node should run (seed 003)."""
+    return _module_key(PREFIX, "version-module.", namespace, name, "")
+
+
+def module_loader_version(namespace: str, name: str) -> str:
+    """Node label the operator sets to gate the versioned loader DaemonSet."""
+    return _module_key(BETA_PREFIX, "version-module-loader.", namespace, name, "")
+
+
+def device_plugin_version(namespace: str, name: str) -> str:
+    """Node label the operator sets to gate versioned device-plugin *and* DRA DaemonSets."""
+    return _module_key(BETA_PREFIX, "version-device-plugin.", namespace, name, "")
+
+
+def node_label_keys(namespace: str, name: str) -> tuple[str, ...]:
+    """Every per-module node label key, e.g. for cleanup when a Module goes."""
+    return (
+        ready(namespace, name),
+        dra_target(namespace, name),
+        device_plugin_ready(namespace, name),
+        dra_ready(namespace, name),
+        module_version(namespace, name),
+        module_loader_version(namespace, name),
+        device_plugin_version(namespace, name),
+    )
+
+
+def module_labels(namespace: str, name: str, role: Role) -> dict[str, str]:
+    """The labels that identify an object kmm made for a Module in a given role."""
+    return {MODULE_NAME: name, MODULE_NAMESPACE: namespace, ROLE: role}
+
+
+def is_label_key(key: str) -> bool:
+    """Whether ``key`` is a valid qualified label key (optional DNS prefix + name part)."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return len(name) <= MAX_LABEL_NAME and bool(_NAME_PART.match(name))
+
+
+def is_label_value(value: str) -> bool:
+    """Whether ``value`` is a valid label value (empty allowed)."""
+    return value == "" or (len(value) <= MAX_LABEL_NAME and bool(_NAME_PART.match(value)))
+
+
+def _digest(text: str, length: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def label_value(text: str) -> str:
+    """A valid label value that stands for ``text``, deterministically.
+
+    Unchanged when already valid. Otherwise characters outside
+    ``[A-Za-z0-9._-]`` become ``_`` and, when that is still not a valid value
+    (too long, or a non-alphanumeric end), the value is cut and suffixed with a
+    digest of the original so distinct inputs stay distinct.
+    """
+    if is_label_value(text):
+        return text
+    safe = _UNSAFE_VALUE_CHARS.sub("_", text)
+    if is_label_value(safe):
+        return safe
+    head = safe[: MAX_LABEL_NAME - 11].strip("._-")
+    return f"{head}-{_digest(text, 10)}" if head else _digest(text, 10)
+
+
+def image_hash(image: str) -> str:
+    """Label value standing for a container image (images exceed 63 characters)."""
+    return _digest(image, 16)
+
+
+def daemonset_name(name: str, role: Role, *parts: str) -> str:
+    """A DaemonSet name of at most 63 characters, unique per (Module, role, parts).
+
+    ``parts`` are what makes DaemonSets of one role distinct: the kernel for a
+    loader, the version when ordered upgrades are on. The Module name is kept
+    readable and cut when needed; the digest keeps names unique.
+    """
+    short = {"module-loader": "loader", "device-plugin": "device-plugin", "dra": "dra"}[role]
+    digest = _digest("\x00".join((name, role, *parts)), 10)
+    budget = MAX_LABEL_NAME - len(short) - len(digest) - 2
+    head = name[:budget].rstrip(".-")
+    return f"{head}-{short}-{digest}"

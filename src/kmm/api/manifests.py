@@ -1,0 +1,40 @@
+"""Every manifest kmm.api renders, as YAML text, and where each is committed.
+
+``kmm manifests`` prints ``documents()``; the files under ``deploy/`` are the
+committed rendering (``FILES``), kept equal by a unit test, so a reviewer sees
+schema changes in diffs. Rendering is deterministic: key order is the
+builders' order, never sorted, so diffs stay small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from kmm.api import admission, crd, examples
+
+__all__ = ["FILES", "documents", "dump", "files"]
+
+# deploy/-relative path -> the objects in it.
+FILES: dict[str, Callable[[], list[dict[str, Any]]]] = {
+    "crd/modules.kmm.sigs.x-k8s.io.yaml": lambda: [crd.render()],
+    "admission/modules.kmm.sigs.x-k8s.io.yaml": admission.render,
+    "examples/module.yaml": lambda: [examples.module()],
+}
+
+
+def dump(objects: list[dict[str, Any]]) -> str:
+    """Objects as one multi-document YAML text."""
+    return yaml.safe_dump_all(objects, sort_keys=False, width=100, allow_unicode=True)
+
+
+def files() -> dict[str, str]:
+    """The text of every committed file under ``deploy/``, keyed by relative path."""
+    return {path: dump(build()) for path, build in FILES.items()}
+
+
+def documents() -> list[dict[str, Any]]:
+    """Everything in ``deploy/`` that kmm.api renders, in apply order (CRD first)."""
+    return [obj for build in FILES.values() for obj in build()]

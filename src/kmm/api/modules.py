@@ -1,0 +1,469 @@
+"""The ``Module`` resource (``kmm.sigs.x-k8s.io/v1beta1``) as Pydantic models.
+
+Wire names are KMM's camelCase (alias generator), Python names snake_case;
+both are accepted on input (``populate_by_name``) and aliases are written on
+output, so a KMM manifest validates unchanged for every field kmm supports.
+Unknown fields are errors, except inside Kubernetes sub-objects that are
+passed through to pods (``PassThrough``) and in k8s-defined models that allow
+extra keys. KMM's ``build`` and ``sign`` are declared only to be rejected.
+
+Each rule is stated twice beside each other: a Python validator (for the
+operator, which repeats admission and reports a Degraded condition) and a CEL
+rule (``cel.Rule``) that :mod:`kmm.api.crd` renders into the CRD. Rules a
+schema cannot express live in :mod:`kmm.api.admission`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from kmm.api import cel, formats, labels
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "VERSION",
+    "Condition",
+    "ContainerSpec",
+    "DaemonSetStatus",
+    "DeviceClassSpec",
+    "DevicePluginSpec",
+    "DeviceSelector",
+    "DraSpec",
+    "KernelMapping",
+    "ModprobeArgs",
+    "ModprobeSpec",
+    "Module",
+    "ModuleLoaderContainerSpec",
+    "ModuleLoaderSpec",
+    "ModuleSpec",
+    "ModuleStatus",
+    "ObjectMeta",
+    "RegistryTLS",
+    "Toleration",
+]
+
+GROUP = "kmm.sigs.x-k8s.io"
+VERSION = "v1beta1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "Module"
+PLURAL = "modules"
+
+# Bounds on strings and lists that CEL rules read: the apiserver estimates rule
+# cost from them and refuses a CRD whose rules could run unbounded.
+_MAX_IMAGE = 512
+_MAX_MAPPINGS = 64
+_MAX_MODULE_NAME = 64  # Linux MODULE_NAME_LEN
+_MAX_REGEXP = 1024
+_MAX_LOADING_ORDER = 32
+_MAX_CEL_EXPRESSION = 10 * 1024  # resource.k8s.io/v1 CELDeviceSelector limit
+_MAX_DEVICE_CLASSES = 32
+_MAX_SELECTORS = 32
+
+PassThroughObject = Annotated[dict[str, Any], cel.PassThrough()]
+
+
+def _checked(check: Any) -> AfterValidator:
+    """Turn a ``formats`` check (error text or None) into a Pydantic validator."""
+
+    def validate(value: str) -> str:
+        error = check(value)
+        if error is not None:
+            raise ValueError(error)
+        return value
+
+    return AfterValidator(validate)
+
+
+def _refusing(field: str, reason: str) -> AfterValidator:
+    """A validator refusing any value of a KMM field kmm does not implement."""
+
+    def refuse(value: object) -> object:
+        if value is not None:
+            raise ValueError(f"{field} is not supported by kmm: {reason}")
+        return value
+
+    return AfterValidator(refuse)
+
+
+_BUILD_REASON = (
+    "kmm does not build images in the cluster; build the image beforehand and set containerImage"
+)
+_SIGN_REASON = "kmm does not sign modules in the cluster; sign them in the image beforehand"
+_Build = Annotated[
+    dict[str, Any] | None, _refusing("build", _BUILD_REASON), cel.Unsupported(_BUILD_REASON)
+]
+_Sign = Annotated[
+    dict[str, Any] | None, _refusing("sign", _SIGN_REASON), cel.Unsupported(_SIGN_REASON)
+]
+
+Image = Annotated[
+    str,
+    Field(min_length=1, max_length=_MAX_IMAGE),
+    _checked(formats.image_error),
+    cel.Rule(
+        f"self.matches({formats.IMAGE_PATTERN!r})",
+        "must name an explicit tag (name:tag) or digest (name@sha256:...)",
+    ),
+]
+DnsSubdomain = Annotated[
+    str,
+    Field(min_length=1, max_length=253),
+    _checked(formats.dns_subdomain_error),
+    cel.Rule(
+        f"self.matches({formats.DNS_SUBDOMAIN_PATTERN!r})",
+        "must be a DNS subdomain: lowercase alphanumerics, '-' and '.'",
+    ),
+]
+Regexp = Annotated[
+    str,
+    Field(min_length=1, max_length=_MAX_REGEXP),
+    _checked(formats.regexp_error),
+    # CEL has no "compiles" function; matching with a non-constant pattern
+    # raises an evaluation error for an invalid one, which the apiserver
+    # reports against this field. "||" absorbs errors only beside a true
+    # operand, so both operands carry the match.
+    cel.Rule("''.matches(self) || !''.matches(self)", "must be a valid RE2 regular expression"),
+]
+ModuleVersion = Annotated[
+    str,
+    Field(min_length=1, max_length=63),
+    _checked(formats.label_value_error),
+    cel.Rule(
+        f"self.matches({formats.LABEL_VALUE_PATTERN!r})",
+        "must be a valid label value (it is written to node labels)",
+    ),
+]
+ModuleName = Annotated[str, Field(min_length=1, max_length=_MAX_MODULE_NAME)]
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+
+
+class _Model(BaseModel):
+    """Base for kmm's own API objects: camelCase wire names, unknown keys refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        serialize_by_alias=True,
+        extra="forbid",
+        frozen=True,
+    )
+    # CEL rules on the object itself (cross-field), rendered by kmm.api.crd.
+    cel_rules: ClassVar[tuple[cel.Rule, ...]] = ()
+
+
+class _K8sModel(_Model):
+    """Base for Kubernetes-defined sub-objects: their fields may grow, keep extras."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Toleration(_K8sModel):
+    """core/v1 Toleration, typed because the operator decides schedulability with it."""
+
+    # Plain strings: "" is meaningful (an empty effect tolerates every effect)
+    # and the pod's own validation judges the rest.
+    key: str | None = None
+    operator: str | None = None
+    value: str | None = None
+    effect: str | None = None
+    toleration_seconds: int | None = None
+
+
+class LocalObjectReference(_K8sModel):
+    """core/v1 LocalObjectReference (the image pull secret)."""
+
+    name: str
+
+
+class RegistryTLS(_Model):
+    """KMM's registry TLS options. Accepted for compatibility; kmm itself never
+    contacts a registry (the kubelet pulls images), so they change nothing."""
+
+    model_config = ConfigDict(alias_generator=None)
+
+    insecure: bool | None = None
+    insecure_skip_tls_verify: bool | None = Field(default=None, alias="insecureSkipTLSVerify")
+
+
+class ModprobeArgs(_Model):
+    """Arguments for ``modprobe`` on load and unload."""
+
+    load: list[str] | None = None
+    unload: list[str] | None = None
+
+
+class ModprobeSpec(_Model):
+    """How the loader pod runs ``modprobe``."""
+
+    cel_rules: ClassVar[tuple[cel.Rule, ...]] = (
+        cel.Rule(
+            "has(self.moduleName) || has(self.rawArgs)",
+            "moduleName is required unless rawArgs is set",
+            ".moduleName",
+        ),
+        cel.Rule(
+            "!has(self.modulesLoadingOrder) || "
+            "(has(self.moduleName) && self.modulesLoadingOrder[0] == self.moduleName)",
+            "modulesLoadingOrder must start with moduleName",
+            ".modulesLoadingOrder",
+        ),
+    )
+
+    module_name: ModuleName | None = None
+    parameters: list[str] | None = None
+    dir_name: str = "/opt"
+    args: ModprobeArgs | None = None
+    raw_args: ModprobeArgs | None = None
+    firmware_path: str | None = None
+    modules_loading_order: (
+        Annotated[
+            list[ModuleName],
+            Field(min_length=2, max_length=_MAX_LOADING_ORDER),
+            # A set list: the apiserver itself rejects duplicates.
+            cel.SchemaExtra((("x-kubernetes-list-type", "set"),)),
+        ]
+        | None
+    ) = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ModprobeSpec:
+        if self.module_name is None and self.raw_args is None:
+            raise ValueError("moduleName is required unless rawArgs is set")
+        order = self.modules_loading_order
+        if order is not None:
+            if order[0] != self.module_name:
+                raise ValueError(
+                    f"modulesLoadingOrder must start with moduleName {self.module_name!r}, "
+                    f"not {order[0]!r}"
+                )
+            duplicates = sorted({entry for entry in order if order.count(entry) > 1})
+            if duplicates:
+                raise ValueError(f"modulesLoadingOrder lists {duplicates} more than once")
+        return self
+
+
+class KernelMapping(_Model):
+    """One kernel (exact ``literal`` or ``regexp`` search) and the image for it."""
+
+    cel_rules: ClassVar[tuple[cel.Rule, ...]] = (
+        cel.Rule(
+            "has(self.literal) != has(self.regexp)",
+            "exactly one of literal and regexp must be set",
+        ),
+    )
+
+    literal: Annotated[str, Field(min_length=1, max_length=253)] | None = None
+    regexp: Regexp | None = None
+    container_image: Image | None = None
+    in_tree_modules_to_remove: list[str] | None = None
+    # Deprecated singular form KMM still accepts; see kernels.Target.
+    in_tree_module_to_remove: str | None = None
+    registry_tls: RegistryTLS | None = Field(default=None, alias="registryTLS")
+    build: _Build = None
+    sign: _Sign = None
+
+    @model_validator(mode="after")
+    def _check(self) -> KernelMapping:
+        if (self.literal is None) == (self.regexp is None):
+            raise ValueError("exactly one of literal and regexp must be set")
+        return self
+
+
+class ModuleLoaderContainerSpec(_Model):
+    """The loader container: modprobe settings and the kernel → image mappings."""
+
+    cel_rules: ClassVar[tuple[cel.Rule, ...]] = (
+        cel.Rule(
+            "has(self.containerImage) || self.kernelMappings.all(m, has(m.containerImage))",
+            "every kernelMappings entry needs containerImage when container.containerImage is not set",
+            ".kernelMappings",
+        ),
+    )
+
+    modprobe: ModprobeSpec
+    kernel_mappings: Annotated[list[KernelMapping], Field(min_length=1, max_length=_MAX_MAPPINGS)]
+    container_image: Image | None = None
+    image_pull_policy: PullPolicy | None = None
+    version: ModuleVersion | None = None
+    in_tree_modules_to_remove: list[str] | None = None
+    in_tree_module_to_remove: str | None = None
+    registry_tls: RegistryTLS | None = Field(default=None, alias="registryTLS")
+    build: _Build = None
+    sign: _Sign = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ModuleLoaderContainerSpec:
+        if self.container_image is None:
+            missing = [i for i, m in enumerate(self.kernel_mappings) if m.container_image is None]
+            if missing:
+                raise ValueError(
+                    f"kernelMappings {missing} need containerImage when "
+                    "container.containerImage is not set"
+                )
+        return self
+
+
+class ModuleLoaderSpec(_Model):
+    """``spec.moduleLoader``: absent for in-tree drivers (device plugin / DRA only)."""
+
+    container: ModuleLoaderContainerSpec
+    service_account_name: str | None = None
+
+
+class ContainerSpec(_Model):
+    """A device-plugin or DRA driver container (KMM's DevicePluginContainerSpec)."""
+
+    image: Image
+    command: list[str] | None = None
+    args: list[str] | None = None
+    env: list[PassThroughObject] | None = None
+    image_pull_policy: PullPolicy | None = None
+    resources: PassThroughObject | None = None
+    volume_mounts: list[PassThroughObject] | None = None
+
+
+class DevicePluginSpec(_Model):
+    """``spec.devicePlugin``: a device-plugin DaemonSet on nodes with the module loaded."""
+
+    container: ContainerSpec
+    init_container: ContainerSpec | None = None
+    service_account_name: str | None = None
+    volumes: list[PassThroughObject] | None = None
+
+
+class CELDeviceSelector(_Model):
+    """resource.k8s.io/v1 CELDeviceSelector."""
+
+    expression: Annotated[str, Field(min_length=1, max_length=_MAX_CEL_EXPRESSION)]
+
+
+class DeviceSelector(_Model):
+    """resource.k8s.io/v1 DeviceSelector (CEL is its only form)."""
+
+    cel: CELDeviceSelector
+
+
+class DeviceClassSpec(_Model):
+    """One cluster-scoped DeviceClass the DRA reconciler keeps for the Module."""
+
+    name: DnsSubdomain
+    selectors: Annotated[list[DeviceSelector], Field(max_length=_MAX_SELECTORS)] | None = None
+    config: list[PassThroughObject] | None = None
+
+
+class DraSpec(_Model):
+    """``spec.dra`` (seed 000): the DRA driver DaemonSet and the DeviceClasses."""
+
+    driver_name: DnsSubdomain
+    container: ContainerSpec
+    init_container: ContainerSpec | None = None
+    service_account_name: str | None = None
+    volumes: list[PassThroughObject] | None = None
+    device_classes: (
+        Annotated[
+            list[DeviceClassSpec],
+            Field(max_length=_MAX_DEVICE_CLASSES),
+            cel.SchemaExtra(
+                (("x-kubernetes-list-type", "map"), ("x-kubernetes-list-map-keys", ("name",)))
+            ),
+        ]
+        | None
+    ) = None
+
+
+class ModuleSpec(_Model):
+    """``Module.spec``."""
+
+    cel_rules: ClassVar[tuple[cel.Rule, ...]] = (
+        cel.Rule(
+            "!(has(self.dra) && has(self.devicePlugin))",
+            "dra and devicePlugin are mutually exclusive",
+            ".dra",
+        ),
+    )
+
+    selector: dict[str, str]
+    tolerations: list[Toleration] | None = None
+    image_repo_secret: LocalObjectReference | None = None
+    module_loader: ModuleLoaderSpec | None = None
+    device_plugin: DevicePluginSpec | None = None
+    dra: DraSpec | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ModuleSpec:
+        if self.dra is not None and self.device_plugin is not None:
+            raise ValueError("dra and devicePlugin are mutually exclusive")
+        return self
+
+
+class DaemonSetStatus(_Model):
+    """Counts for one kind of DaemonSet the Module owns (KMM's field names)."""
+
+    nodes_matching_selector_number: int = 0
+    desired_number: int = 0
+    available_number: int = 0
+
+
+class Condition(_K8sModel):
+    """meta/v1 Condition: Ready / Progressing / Degraded with reasons."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class ModuleStatus(_Model):
+    """``Module.status``: KMM's counts plus conditions and observedGeneration."""
+
+    module_loader: DaemonSetStatus | None = None
+    device_plugin: DaemonSetStatus | None = None
+    dra: DaemonSetStatus | None = None
+    conditions: list[Condition] | None = None
+    observed_generation: int | None = None
+
+
+class ObjectMeta(_K8sModel):
+    """meta/v1 ObjectMeta: the few fields kmm reads; the rest kept as extras."""
+
+    name: str = ""
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    resource_version: str | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    finalizers: list[str] | None = None
+    deletion_timestamp: str | None = None
+
+
+class Module(_Model):
+    """A ``Module``: which nodes need which kernel module, image and devices."""
+
+    api_version: Literal["kmm.sigs.x-k8s.io/v1beta1"] = "kmm.sigs.x-k8s.io/v1beta1"
+    kind: Literal["Module"] = "Module"
+    metadata: ObjectMeta
+    spec: ModuleSpec
+    status: ModuleStatus | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Module:
+        # A Module read without a namespace (a manifest file) still gets the
+        # check with the shortest possible namespace; admission checks the real one.
+        name = self.metadata.name
+        used = len(name) + max(1, len(self.metadata.namespace or ""))
+        if used > labels.MAX_NAME_AND_NAMESPACE:
+            raise ValueError(
+                f"metadata.name: namespace and name total {used} characters; at most "
+                f"{labels.MAX_NAME_AND_NAMESPACE} fit in the derived labels "
+                f"(e.g. {labels.module_loader_version('<namespace>', '<name>')})"
+            )
+        return self

@@ -1,0 +1,18 @@
+"""``kmm manifests``: print the manifests kmm.api renders as one YAML stream.
+
+The files under ``deploy/`` are the committed copy of the same rendering; an
+installed kmm has no ``deploy/`` directory, so this renders rather than reads.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from kmm.api import manifests as rendered
+
+__all__ = ["manifests"]
+
+
+def manifests() -> None:
+    """Print the CRD, admission policy and example Module (apply with kubectl apply -f -)."""
+    typer.echo(rendered.dump(rendered.documents()), nl=False)
