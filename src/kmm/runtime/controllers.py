@@ -164,8 +164,13 @@ class Controller:
         self.name = name
         self.reconciler = reconciler
         self._clock: clocks.Clock = clock or clocks.LoopClock()
-        self.queue: workqueue.WorkQueue[str] = queue or workqueue.WorkQueue(
-            name, self._clock, bucket=workqueue.BucketRateLimiter(self._clock)
+        # `is None`, not `or`: an empty queue is falsy (it has __len__).
+        self.queue: workqueue.WorkQueue[str] = (
+            queue
+            if queue is not None
+            else workqueue.WorkQueue(
+                name, self._clock, bucket=workqueue.BucketRateLimiter(self._clock)
+            )
         )
         self.workers = workers
         self.metrics: Metrics = metrics or NullMetrics()
