@@ -42,5 +42,8 @@ integration: venv
 test: lint typecheck layers
 	$(BIN)/pytest
 
+protos: venv
+	$(BIN)/python scripts/gen_protos.py
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

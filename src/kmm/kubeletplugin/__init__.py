@@ -1,6 +1,70 @@
 """A generic DRA kubelet plugin library: registration, the DRA gRPC services,
 ResourceSlice publishing, CDI spec files and a checkpoint of prepared claims.
 
-It knows nothing of any device: what exists and what a claim gets is decided by
-its owner's policy. It never imports ``kmm.operator``.
+It knows nothing of any device: what exists and what a claim gets is decided
+by its owner's ``Policy``. It never imports ``kmm.operator`` or
+``kmm.driver``. Modules, one concern each:
+
+- ``plugins``      ``Plugin``: lifecycle, prepare/unprepare, errors
+- ``owners``       the ``Owner`` and ``Policy`` protocols and their data
+- ``serving``      gRPC servicers and unix-socket servers
+- ``publishing``   the ResourceSlice publisher
+- ``claimcache``   the ResourceClaim informer (``ClaimCache``, ``StaticClaims``)
+- ``claims``       ids, raw claim payloads, ``claim_configs``
+- ``cdi``          CDI spec files, ``claim_of_cdi_device``, ``container_claims``
+- ``checkpointing`` the two-phase checkpoint
+- ``kubeapi``      a counting raw-JSON API client
+- ``files``, ``tasks``, ``errors``  atomic writes, guarded tasks, the error tree
+- ``protos``       generated stubs (``scripts/gen_protos.py``)
 """
+
+from kmm.kubeletplugin.cdi import claim_of_cdi_device, container_claims
+from kmm.kubeletplugin.checkpointing import PreparedDevice
+from kmm.kubeletplugin.claimcache import ClaimCache, ClaimSource, StaticClaims
+from kmm.kubeletplugin.claims import (
+    ClaimRef,
+    ClaimUID,
+    DriverName,
+    NodeName,
+    ResourceClaim,
+    claim_configs,
+)
+from kmm.kubeletplugin.kubeapi import KubeAPI
+from kmm.kubeletplugin.owners import (
+    DeviceAllocation,
+    DeviceHealthReport,
+    Health,
+    Owner,
+    Policy,
+    PreparingClaim,
+)
+from kmm.kubeletplugin.plugins import Paths, Plugin, PrepareResult, driver_name
+from kmm.kubeletplugin.publishing import Device, Publisher
+
+__all__ = [
+    "ClaimCache",
+    "ClaimRef",
+    "ClaimSource",
+    "ClaimUID",
+    "Device",
+    "DeviceAllocation",
+    "DeviceHealthReport",
+    "DriverName",
+    "Health",
+    "KubeAPI",
+    "NodeName",
+    "Owner",
+    "Paths",
+    "Plugin",
+    "Policy",
+    "PrepareResult",
+    "PreparedDevice",
+    "PreparingClaim",
+    "Publisher",
+    "ResourceClaim",
+    "StaticClaims",
+    "claim_configs",
+    "claim_of_cdi_device",
+    "container_claims",
+    "driver_name",
+]
