@@ -1,0 +1,314 @@
+"""Validation tables: KMM manifests accepted unchanged, each invalid one named."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kmm.api import examples, labels, modules, validation
+
+Obj = dict[str, Any]
+
+
+def _loader(obj: Obj) -> Obj:
+    container: Obj = obj["spec"]["moduleLoader"]["container"]
+    return container
+
+
+def _dump(module: modules.Module) -> Obj:
+    return module.model_dump(mode="json", exclude_unset=True)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        pytest.param(examples.module(), id="example"),
+        pytest.param(
+            {
+                "apiVersion": "kmm.sigs.x-k8s.io/v1beta1",
+                "kind": "Module",
+                "metadata": {"name": "intree", "namespace": "ns"},
+                "spec": {
+                    "selector": {"a": "b"},
+                    "devicePlugin": {"container": {"image": "r/dp@sha256:" + "a" * 64}},
+                },
+            },
+            id="device-plugin-only-digest",
+        ),
+        pytest.param(
+            {
+                "apiVersion": "kmm.sigs.x-k8s.io/v1beta1",
+                "kind": "Module",
+                "metadata": {"name": "raw", "namespace": "ns"},
+                "spec": {
+                    "selector": {},
+                    "moduleLoader": {
+                        "container": {
+                            "modprobe": {"rawArgs": {"load": ["-v", "x"], "unload": ["-rv", "x"]}},
+                            "containerImage": "host:5000/r/x:${KERNEL_XYZ}-${MOD_NAMESPACE}",
+                            "version": "1.2.3",
+                            "kernelMappings": [{"regexp": "^5\\.14\\.(\\d+)-"}],
+                        }
+                    },
+                },
+            },
+            id="raw-args-fallback-image-version",
+        ),
+    ],
+)
+def test_valid_manifests_are_accepted_unchanged(obj: Obj) -> None:
+    module = validation.parse_module(copy.deepcopy(obj))
+    assert _dump(module) == obj
+
+
+def test_upstream_style_manifest_is_accepted_unchanged(upstream_style: Obj) -> None:
+    obj = upstream_style
+    module = validation.parse_module(copy.deepcopy(obj))
+    assert _dump(module) == obj
+
+
+def test_defaults_and_python_names(upstream_style: Obj) -> None:
+    raw = copy.deepcopy(upstream_style)
+    module = validation.parse_module(upstream_style)
+    loader = module.spec.module_loader
+    assert loader is not None
+    assert loader.container.modprobe.dir_name == "/opt"
+    assert loader.container.kernel_mappings[2].registry_tls is not None
+    del _loader(raw)["modprobe"]["dirName"]
+    reparsed = validation.parse_module(raw).spec.module_loader
+    assert reparsed is not None
+    assert reparsed.container.modprobe.dir_name == "/opt"
+
+
+def _set(path: str, value: object) -> Callable[[Obj], None]:
+    def mutate(obj: Obj) -> None:
+        *parents, last = path.split(".")
+        node: Any = obj
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        if value is _DELETE:
+            del node[last]
+        else:
+            node[int(last) if last.isdigit() else last] = value
+
+    return mutate
+
+
+_DELETE = object()
+_ML = "spec.moduleLoader.container"
+_KM = f"{_ML}.kernelMappings"
+
+
+INVALID: list[tuple[str, Callable[[Obj], None], str, str]] = [
+    (
+        "literal-and-regexp",
+        _set(f"{_KM}.0.regexp", "^6$"),
+        "spec.moduleLoader.container.kernelMappings[0]",
+        "exactly one of literal and regexp",
+    ),
+    (
+        "neither-literal-nor-regexp",
+        _set(f"{_KM}.0.literal", _DELETE),
+        "spec.moduleLoader.container.kernelMappings[0]",
+        "exactly one of literal and regexp",
+    ),
+    (
+        "regexp-does-not-compile",
+        _set(f"{_KM}.1.regexp", "^(6.0"),
+        "spec.moduleLoader.container.kernelMappings[1].regexp",
+        "does not compile",
+    ),
+    (
+        "regexp-lookahead",
+        _set(f"{_KM}.1.regexp", "^(?!5).*$"),
+        "spec.moduleLoader.container.kernelMappings[1].regexp",
+        "negative lookahead",
+    ),
+    (
+        "regexp-backreference",
+        _set(f"{_KM}.1.regexp", r"^(\d)\1$"),
+        "spec.moduleLoader.container.kernelMappings[1].regexp",
+        "backreference",
+    ),
+    (
+        "image-without-tag",
+        _set(f"{_KM}.0.containerImage", "some.registry/org/my-kmod"),
+        "spec.moduleLoader.container.kernelMappings[0].containerImage",
+        "explicit tag",
+    ),
+    (
+        "image-port-is-not-a-tag",
+        _set(f"{_KM}.0.containerImage", "registry:5000/org/my-kmod"),
+        "spec.moduleLoader.container.kernelMappings[0].containerImage",
+        "explicit tag",
+    ),
+    (
+        "image-unknown-variable",
+        _set(f"{_KM}.0.containerImage", "r/x:${KERNEL_VERSION_TYPO}"),
+        "spec.moduleLoader.container.kernelMappings[0].containerImage",
+        "unknown variable",
+    ),
+    (
+        "device-plugin-image-without-tag",
+        _set("spec.devicePlugin.container.image", "r/dp"),
+        "spec.devicePlugin.container.image",
+        "explicit tag",
+    ),
+    (
+        "module-name-missing",
+        _set(f"{_ML}.modprobe.moduleName", _DELETE),
+        "spec.moduleLoader.container.modprobe",
+        "moduleName is required unless rawArgs",
+    ),
+    (
+        "loading-order-too-short",
+        _set(f"{_ML}.modprobe.modulesLoadingOrder", ["my-kmod"]),
+        "spec.moduleLoader.container.modprobe.modulesLoadingOrder",
+        "at least 2",
+    ),
+    (
+        "loading-order-first-is-not-module",
+        _set(f"{_ML}.modprobe.modulesLoadingOrder", ["my_dep_a", "my-kmod"]),
+        "spec.moduleLoader.container.modprobe",
+        "modulesLoadingOrder must start with moduleName",
+    ),
+    (
+        "loading-order-duplicates",
+        _set(f"{_ML}.modprobe.modulesLoadingOrder", ["my-kmod", "a", "a"]),
+        "spec.moduleLoader.container.modprobe",
+        "more than once",
+    ),
+    (
+        "no-kernel-mappings",
+        _set(f"{_ML}.kernelMappings", []),
+        "spec.moduleLoader.container.kernelMappings",
+        "at least 1",
+    ),
+    (
+        "no-image-anywhere",
+        _set(f"{_KM}.0.containerImage", _DELETE),
+        "spec.moduleLoader.container",
+        "need containerImage",
+    ),
+    (
+        "dra-and-device-plugin",
+        _set(
+            "spec.dra",
+            {"driverName": "d.example.com", "container": {"image": "r/d:1"}},
+        ),
+        "spec",
+        "dra and devicePlugin are mutually exclusive",
+    ),
+    (
+        "build",
+        _set(f"{_KM}.0.build", {"dockerfileConfigMap": {"name": "x"}}),
+        "spec.moduleLoader.container.kernelMappings[0].build",
+        "build is not supported by kmm",
+    ),
+    (
+        "sign-on-container",
+        _set(f"{_ML}.sign", {"keySecret": {"name": "k"}}),
+        "spec.moduleLoader.container.sign",
+        "sign is not supported by kmm",
+    ),
+    (
+        "version-not-a-label-value",
+        _set(f"{_ML}.version", "v1+beta"),
+        "spec.moduleLoader.container.version",
+        "valid label value",
+    ),
+    (
+        "unknown-field",
+        _set(f"{_ML}.modprobe.modName", "x"),
+        "spec.moduleLoader.container.modprobe.modName",
+        "Extra inputs are not permitted",
+    ),
+    (
+        "selector-missing",
+        _set("spec.selector", _DELETE),
+        "spec.selector",
+        "Field required",
+    ),
+    (
+        "name-too-long-for-labels",
+        _set("metadata.name", "n" * (labels.MAX_NAME_AND_NAMESPACE - 18)),
+        "",
+        "metadata.name: namespace and name total",
+    ),
+]
+
+
+def _dra_module() -> Obj:
+    obj = examples.module()
+    return obj
+
+
+INVALID_DRA: list[tuple[str, Callable[[Obj], None], str, str]] = [
+    (
+        "driver-name-not-dns",
+        _set("spec.dra.driverName", "Not_DNS"),
+        "spec.dra.driverName",
+        "DNS subdomain",
+    ),
+    (
+        "device-class-name-not-dns",
+        _set("spec.dra.deviceClasses.0.name", "UPPER"),
+        "spec.dra.deviceClasses[0].name",
+        "DNS subdomain",
+    ),
+    (
+        "driver-name-missing",
+        _set("spec.dra.driverName", _DELETE),
+        "spec.dra.driverName",
+        "Field required",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path", "message"),
+    [pytest.param(m, p, t, id=i) for i, m, p, t in INVALID],
+)
+def test_invalid_upstream_module_names_field_and_rule(
+    mutate: Callable[[Obj], None], path: str, message: str, upstream_style: Obj
+) -> None:
+    obj = upstream_style
+    mutate(obj)
+    with pytest.raises(validation.InvalidModuleError) as caught:
+        validation.parse_module(obj)
+    found = [(v.path, v.message) for v in caught.value.violations]
+    assert any(p == path and message in m for p, m in found), found
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path", "message"),
+    [pytest.param(m, p, t, id=i) for i, m, p, t in INVALID_DRA],
+)
+def test_invalid_dra_module_names_field_and_rule(
+    mutate: Callable[[Obj], None], path: str, message: str
+) -> None:
+    obj = _dra_module()
+    mutate(obj)
+    with pytest.raises(validation.InvalidModuleError) as caught:
+        validation.parse_module(obj)
+    found = [(v.path, v.message) for v in caught.value.violations]
+    assert any(p == path and message in m for p, m in found), found
+
+
+def test_error_text_names_the_path(upstream_style: Obj) -> None:
+    obj = upstream_style
+    _set(f"{_KM}.1.regexp", "(")(obj)
+    with pytest.raises(validation.InvalidModuleError, match=r"kernelMappings\[1\]\.regexp: "):
+        validation.parse_module(obj)
+
+
+def test_namespace_is_counted_in_the_name_budget(upstream_style: Obj) -> None:
+    obj = upstream_style
+    obj["metadata"]["namespace"] = "n" * (labels.MAX_NAME_AND_NAMESPACE - len("my-kmod"))
+    validation.parse_module(obj)
+    obj["metadata"]["namespace"] += "n"
+    with pytest.raises(validation.InvalidModuleError, match=r"metadata\.name"):
+        validation.parse_module(obj)

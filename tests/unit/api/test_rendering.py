@@ -1,0 +1,167 @@
+"""The rendered CRD and admission policy: committed copies, structure, pruning."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from kmm.api import admission, crd, examples, labels, manifests
+from kmm.cli import app
+
+DEPLOY = pathlib.Path(__file__).resolve().parents[3] / "deploy"
+
+Schema = dict[str, Any]
+
+
+@pytest.mark.parametrize("path", sorted(manifests.FILES))
+def test_committed_file_equals_rendering(path: str) -> None:
+    committed = (DEPLOY / path).read_text()
+    assert committed == manifests.files()[path], (
+        f"deploy/{path} is stale: regenerate it from kmm.api.manifests.files()"
+    )
+
+
+def test_cli_prints_every_document() -> None:
+    result = CliRunner().invoke(app, ["manifests"])
+    assert result.exit_code == 0, result.output
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(result.output)]
+    assert kinds == [
+        "CustomResourceDefinition",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "Module",
+    ]
+
+
+def _root() -> Schema:
+    schema: Schema = crd.render()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def _walk(schema: Schema, path: str = "") -> Iterator[tuple[str, Schema]]:
+    yield path, schema
+    for name, child in schema.get("properties", {}).items():
+        yield from _walk(child, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        yield from _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _walk(schema["additionalProperties"], f"{path}{{}}")
+
+
+_FORBIDDEN = {"$ref", "anyOf", "allOf", "oneOf", "not", "definitions", "$defs", "nullable"}
+
+
+def test_schema_is_structural() -> None:
+    for path, node in _walk(_root()):
+        assert "type" in node, f"{path} has no type"
+        assert not _FORBIDDEN & node.keys(), f"{path} uses {_FORBIDDEN & node.keys()}"
+        if "properties" in node:
+            assert "additionalProperties" not in node, f"{path}: properties + additionalProperties"
+        if node["type"] == "array":
+            assert "items" in node, f"{path}: array without items"
+        for rule in node.get("x-kubernetes-validations", ()):
+            assert rule["message"], f"{path}: rule without message"
+
+
+def test_rules_are_cost_bounded() -> None:
+    """Strings and lists a CEL rule reads carry maxLength / maxItems."""
+    for path, node in _walk(_root()):
+        rules = " ".join(r["rule"] for r in node.get("x-kubernetes-validations", ()))
+        if not rules:
+            continue
+        if node["type"] == "string":
+            assert "maxLength" in node, path
+        for name, child in node.get("properties", {}).items():
+            if f"self.{name}.all(" in rules or f"self.{name}[" in rules:
+                assert "maxItems" in child, f"{path}.{name}"
+
+
+def test_build_and_sign_are_declared_and_refused() -> None:
+    seen = 0
+    for path, node in _walk(_root()):
+        for field in ("build", "sign"):
+            if field in node.get("properties", {}):
+                seen += 1
+                assert node["properties"][field]["x-kubernetes-preserve-unknown-fields"]
+                refusals = [
+                    r
+                    for r in node["x-kubernetes-validations"]
+                    if r["rule"] == f"!has(self.{field})"
+                ]
+                assert refusals, f"{path}.{field} is not refused"
+                assert "not supported by kmm" in refusals[0]["message"]
+                assert refusals[0]["message"].startswith(field)
+    assert seen == 4  # container and kernel mapping, build and sign each
+
+
+def test_cross_field_rules_are_present() -> None:
+    rules = {
+        r["rule"]
+        for _path, node in _walk(_root())
+        for r in node.get("x-kubernetes-validations", ())
+    }
+    assert "has(self.literal) != has(self.regexp)" in rules
+    assert "!(has(self.dra) && has(self.devicePlugin))" in rules
+    assert any("modulesLoadingOrder[0] == self.moduleName" in r for r in rules)
+    assert any(r.startswith("self.matches('^[^\\\\s@]") for r in rules)
+
+
+def test_status_subresource_and_columns() -> None:
+    version = crd.render()["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {"Ready", "Age"}
+    status = _root()["properties"]["status"]["properties"]
+    assert set(status["dra"]["properties"]) == {
+        "nodesMatchingSelectorNumber",
+        "desiredNumber",
+        "availableNumber",
+    }
+
+
+def _pruned(schema: Schema, obj: Any, path: str = "") -> list[str]:
+    """Paths the apiserver's pruning would drop from ``obj``."""
+    if schema.get("x-kubernetes-preserve-unknown-fields") and "properties" not in schema:
+        return []
+    if isinstance(obj, dict):
+        if "additionalProperties" in schema:
+            return []
+        props = schema.get("properties", {})
+        dropped = []
+        for key, value in obj.items():
+            if key in props:
+                dropped += _pruned(props[key], value, f"{path}.{key}")
+            elif not schema.get("x-kubernetes-preserve-unknown-fields"):
+                dropped.append(f"{path}.{key}")
+        return dropped
+    if isinstance(obj, list):
+        return [
+            p for i, item in enumerate(obj) for p in _pruned(schema["items"], item, f"{path}[{i}]")
+        ]
+    return []
+
+
+def test_nothing_in_kmm_manifests_is_pruned(upstream_style: dict[str, Any]) -> None:
+    # metadata is the apiserver's own business; spec is what pruning touches.
+    spec = _root()["properties"]["spec"]
+    assert _pruned(spec, upstream_style["spec"]) == []
+    assert _pruned(spec, examples.module()["spec"]) == []
+    upstream_style["spec"]["moduleLoader"]["container"]["build"] = {"x": 1}
+    assert _pruned(spec, upstream_style["spec"]) == []
+    upstream_style["spec"]["moduleLoader"]["container"]["typo"] = 1
+    assert _pruned(spec, upstream_style["spec"]) == [".moduleLoader.container.typo"]
+
+
+def test_admission_policy_checks_the_label_budget() -> None:
+    policy, binding = admission.render()
+    (validation,) = policy["spec"]["validations"]
+    assert validation["expression"].endswith(f"<= {labels.MAX_NAME_AND_NAMESPACE}")
+    assert validation["message"].startswith("metadata.name:")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
