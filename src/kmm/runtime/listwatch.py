@@ -104,6 +104,9 @@ class ApiListWatch:
         # return_type="object" keeps events as plain dicts (no model classes).
         async with k8s_watch.Watch(return_type="object") as stream:
             async for event in stream.stream(self._method, *self._args, **kwargs):
+                if not isinstance(event, dict):
+                    # Watch passes a line that is not JSON through as a string.
+                    raise ApiException(status=0, reason=f"unparseable watch line: {event!r:.200}")
                 yield WatchEvent(type=event["type"], object=event["raw_object"])
 
 

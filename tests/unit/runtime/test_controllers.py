@@ -10,6 +10,8 @@ import pytest
 
 from kmm.runtime import clocks, controllers, workqueue
 
+from . import helpers
+
 Result = controllers.Result
 Action = controllers.Action
 
@@ -108,7 +110,8 @@ async def test_terminal_error_is_not_retried() -> None:
     controller.enqueue("k")
     await controller.process_one()
     clock.advance(10_000.0)
-    assert len(controller.queue) == 0 and controller.queue.delayed == 0
+    assert len(controller.queue) == 0
+    assert controller.queue.delayed == 0
     assert metrics.outcomes == [("c", "terminal")]
 
 
@@ -143,15 +146,13 @@ async def test_one_worker_per_key_and_requeue_of_a_key_changed_meanwhile() -> No
     stop = asyncio.Event()
     controller.enqueue("k")
     runner = asyncio.ensure_future(controller.run(stop))
-    while not running:
-        await asyncio.sleep(0)
+    await helpers.settle(lambda: bool(running))
     controller.enqueue("k")  # changed while being reconciled
     for _ in range(5):
         await asyncio.sleep(0)
     assert running == ["k"]
     release.set()
-    while len(metrics.outcomes) < 2:
-        await asyncio.sleep(0)
+    await helpers.settle(lambda: len(metrics.outcomes) == 2)
     assert peak == 1
     stop.set()
     await runner
@@ -163,8 +164,7 @@ async def test_run_stops_on_stop_and_shuts_the_queue_down() -> None:
     stop = asyncio.Event()
     runner = asyncio.ensure_future(controller.run(stop))
     controller.enqueue("a")
-    while len(controller.queue):
-        await asyncio.sleep(0)
+    await helpers.settle(lambda: len(controller.queue) == 0)
     stop.set()
     await runner
     assert controller.queue.shutting_down

@@ -59,7 +59,8 @@ async def test_add_after_waits_for_the_clock() -> None:
     clock = clocks.FakeClock()
     queue = make(clock)
     queue.add_after("a", 5.0)
-    assert len(queue) == 0 and queue.delayed == 1
+    assert len(queue) == 0
+    assert queue.delayed == 1
     clock.advance(4.9)
     assert len(queue) == 0
     clock.advance(0.1)
