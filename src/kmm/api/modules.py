@@ -102,6 +102,10 @@ _Sign = Annotated[
     dict[str, Any] | None, _refusing("sign", _SIGN_REASON), cel.Unsupported(_SIGN_REASON)
 ]
 
+# Both spellings of every known variable, as CEL list literal items.
+_PLACEHOLDERS = [f"${{{v}}}" for v in formats.IMAGE_VARIABLES] + [
+    f"${v}" for v in formats.IMAGE_VARIABLES
+]
 Image = Annotated[
     str,
     Field(min_length=1, max_length=_MAX_IMAGE),
@@ -109,6 +113,10 @@ Image = Annotated[
     cel.Rule(
         f"self.matches({formats.IMAGE_PATTERN!r})",
         "must name an explicit tag (name:tag) or digest (name@sha256:...)",
+    ),
+    cel.Rule(
+        f"self.findAll({formats.PLACEHOLDER.pattern!r}).all(v, v in {_PLACEHOLDERS!r})",
+        f"may only use the variables {', '.join(formats.IMAGE_VARIABLES)}",
     ),
 ]
 DnsSubdomain = Annotated[
