@@ -87,6 +87,7 @@ class Manager:
             synced = base.spawn(self._wait_synced(), name="wait-synced")
             await tasks.wait_first(stop, base.failed, self.synced)
             if not synced.done():
+                synced.cancel()  # it has no stop event: never leave it to the grace period
                 return
             elector = self.elector
             if elector is not None:
