@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from kmm.cli import manifesting, sandboxing
+from kmm.cli import driving, manifesting, sandboxing
 
 __all__ = ["app", "main"]
 
@@ -20,6 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(sandboxing.app, name="sandbox")
+app.command("driver")(driving.driver)
 app.command("manifests")(manifesting.manifests)
 
 

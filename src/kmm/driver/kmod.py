@@ -1,0 +1,255 @@
+"""The kmod-devices policy: the devices a loaded kernel module exposes.
+
+Discovery (under a configurable ``root`` so tests use a fake tree):
+
+- with a device class: every entry of ``<root>/sys/class/<class>/`` whose
+  ``/dev`` node exists (``--dev-pattern`` narrows them by name);
+- without one: every ``<root>/dev/<pattern>`` node (default ``<module>*``).
+
+Each device is published with its module name, kernel version, module
+version (``/sys/module/<module>/version`` when present), major/minor (from
+sysfs ``dev`` or the node's ``st_rdev``) and NUMA node (sysfs
+``device/numa_node`` when not -1). A device is allocated to one claim at a
+time; a prepared claim gets CDI ``deviceNodes`` for its devices. A device
+that disappears is reported UNHEALTHY on the health stream.
+
+The policy only reads files; it never loads modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import pathlib
+import re
+import stat
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+from kmm.kubeletplugin import cdi, checkpointing, claims, owners, publishing
+
+__all__ = ["KmodDevice", "KmodPolicy"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class KmodDevice:
+    name: str  # DNS label, the published device name
+    node: str  # path of the device node inside the container (/dev/...)
+    host_path: pathlib.Path
+    kind: str  # "c" or "b"
+    major: int | None
+    minor: int | None
+    numa_node: int | None
+
+
+def _label(name: str) -> str:
+    label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    return label[:63].rstrip("-") or "dev"
+
+
+def _read(path: pathlib.Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+class KmodPolicy:
+    """Devices of one kernel module, one claim per device."""
+
+    name = "kmod"
+    # Publishing the module's devices is this policy's whole purpose, so with
+    # dra.enabled unset it asks for DRA.
+    wants_dra = True
+
+    def __init__(
+        self,
+        *,
+        root: pathlib.Path,
+        module: str,
+        node: str,
+        device_class: str | None = None,
+        dev_pattern: str | None = None,
+        kernel_version: str | None = None,
+        poll_interval: float = 10.0,
+    ) -> None:
+        self._root = root
+        self._module = module
+        self._node = node
+        self._class = device_class
+        self._pattern = dev_pattern or (None if device_class else f"{module}*")
+        self._kernel = kernel_version or self._kernel_version()
+        self._poll_interval = poll_interval
+        self._known: dict[str, KmodDevice] = {}
+        self._holders: dict[str, claims.ClaimUID] = {}
+        self._by_claim: dict[claims.ClaimUID, list[str]] = {}
+        self._poke = asyncio.Event()
+
+    def _kernel_version(self) -> str:
+        return _read(self._root / "proc/sys/kernel/osrelease") or os.uname().release
+
+    # -- discovery -----------------------------------------------------------
+
+    def discover(self) -> dict[str, KmodDevice]:
+        """The devices present now, by published name."""
+        dev = self._root / "dev"
+        found: dict[str, KmodDevice] = {}
+        if self._class:
+            class_dir = self._root / "sys/class" / self._class
+            entries = sorted(class_dir.iterdir()) if class_dir.is_dir() else []
+            for entry in entries:
+                if self._pattern and not entry.match(self._pattern):
+                    continue
+                device = self._device(dev / entry.name, entry)
+                if device is not None:
+                    found[device.name] = device
+        else:
+            for path in sorted(dev.glob(self._pattern or "*")):
+                device = self._device(path, None)
+                if device is not None:
+                    found[device.name] = device
+        return found
+
+    def _device(self, path: pathlib.Path, sysfs: pathlib.Path | None) -> KmodDevice | None:
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        kind = "b" if stat.S_ISBLK(st.st_mode) else "c"
+        major = minor = None
+        numa = None
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+        if sysfs is not None:
+            numbers = _read(sysfs / "dev")
+            if numbers and re.fullmatch(r"\d+:\d+", numbers):
+                major, minor = (int(n) for n in numbers.split(":"))
+            numa_text = _read(sysfs / "device/numa_node")
+            if numa_text and re.fullmatch(r"\d+", numa_text):
+                numa = int(numa_text)
+        return KmodDevice(
+            name=_label(path.name),
+            node=f"/dev/{path.relative_to(self._root / 'dev')}",
+            host_path=path,
+            kind=kind,
+            major=major,
+            minor=minor,
+            numa_node=numa,
+        )
+
+    def _attributes(self, device: KmodDevice) -> dict[str, publishing.DeviceAttribute]:
+        attributes: dict[str, publishing.DeviceAttribute] = {
+            "module": {"string": self._module},
+            "kernelVersion": {"string": self._kernel},
+        }
+        version = _read(self._root / "sys/module" / self._module / "version")
+        if version:
+            attributes["moduleVersion"] = {"string": version}
+        if device.major is not None and device.minor is not None:
+            attributes["major"] = {"int": device.major}
+            attributes["minor"] = {"int": device.minor}
+        if device.numa_node is not None:
+            attributes["numaNode"] = {"int": device.numa_node}
+        return attributes
+
+    # -- owners.Policy -------------------------------------------------------
+
+    def devices(self) -> Sequence[publishing.Device]:
+        present = self.discover()
+        self._known.update(present)
+        return [{"name": d.name, "attributes": self._attributes(d)} for d in present.values()]
+
+    async def prepare(self, claim: owners.PreparingClaim) -> Sequence[owners.DeviceAllocation]:
+        present = self.discover()
+        names = [result["device"] for result in claim.results]
+        if len(set(names)) != len(names):
+            raise ValueError("a claim cannot hold one device twice")
+        for result in claim.results:
+            if result["pool"] != self._node:
+                raise ValueError(f"device {result['device']} is in pool {result['pool']}")
+            if result["device"] not in present:
+                raise ValueError(f"device {result['device']} is not present on this node")
+            holder = self._holders.get(result["device"])
+            if holder is not None and holder != claim.ref.uid:
+                raise ValueError(f"device {result['device']} is held by claim {holder}")
+        for name in names:
+            self._holders[name] = claim.ref.uid
+        self._by_claim[claim.ref.uid] = names
+        return [
+            owners.DeviceAllocation(
+                request_names=(result["request"],),
+                pool_name=result["pool"],
+                device_name=result["device"],
+                edits=self._edits(present[result["device"]]),
+            )
+            for result in claim.results
+        ]
+
+    def _edits(self, device: KmodDevice) -> cdi.ContainerEdits:
+        node: cdi.DeviceNode = {
+            "path": device.node,
+            "hostPath": str(device.host_path),
+            "type": device.kind,
+            "permissions": "rw",
+        }
+        if device.major is not None and device.minor is not None:
+            node["major"] = device.major
+            node["minor"] = device.minor
+        return {"deviceNodes": [node]}
+
+    async def unprepare(self, uid: claims.ClaimUID) -> None:
+        for name in self._by_claim.pop(uid, []):
+            if self._holders.get(name) == uid:
+                del self._holders[name]
+
+    def restore(
+        self, prepared: Mapping[claims.ClaimUID, Sequence[checkpointing.PreparedDevice]]
+    ) -> None:
+        for uid, devices in prepared.items():
+            names = [device.device_name for device in devices]
+            self._by_claim[uid] = names
+            for name in names:
+                self._holders[name] = uid
+
+    def holder(self, device: str) -> claims.ClaimUID | None:
+        return self._holders.get(device)
+
+    def health_supported(self) -> bool:
+        return True
+
+    def poke(self) -> None:
+        """Rescan now instead of at the next poll."""
+        self._poke.set()
+
+    def health(self) -> list[owners.DeviceHealthReport]:
+        """Every device seen so far: HEALTHY if present, UNHEALTHY if it disappeared."""
+        present = self.discover()
+        self._known.update(present)
+        now = int(time.time())
+        return [
+            owners.DeviceHealthReport(
+                pool_name=self._node,
+                device_name=name,
+                health=owners.Health.HEALTHY if name in present else owners.Health.UNHEALTHY,
+                message="" if name in present else f"{self._known[name].node} disappeared",
+                last_updated=now,
+            )
+            for name in sorted(self._known)
+        ]
+
+    async def watch_health(self) -> AsyncIterator[Sequence[owners.DeviceHealthReport]]:
+        last: list[tuple[str, owners.Health]] | None = None
+        while True:
+            reports = self.health()
+            summary = [(r.device_name, r.health) for r in reports]
+            if summary != last:
+                last = summary
+                yield reports
+            self._poke.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), timeout=self._poll_interval)
