@@ -1,0 +1,165 @@
+"""Module admission on a real apiserver: the CRD rules and the admission policy.
+
+Each invalid Module is refused with a message naming the field; a refused
+Module creates nothing. ``install`` and ``refusal`` take a plain
+kubernetes-asyncio client, so they can be driven against any apiserver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from kmm.api import admission, crd, examples, labels, modules
+
+Obj = dict[str, Any]
+
+
+async def _create_or_replace(
+    create: Callable[..., Any], read: Callable[..., Any], replace: Callable[..., Any], body: Obj
+) -> None:
+    name = body["metadata"]["name"]
+    try:
+        await create(body=body)
+    except client.ApiException as err:
+        if err.status != 409:
+            raise
+        current = await read(name)
+        body = copy.deepcopy(body)
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        await replace(name, body=body)
+
+
+async def install(api: client.ApiClient) -> None:
+    """Apply the CRD and the admission policy; wait until both take effect."""
+    extensions = client.ApiextensionsV1Api(api)
+    await _create_or_replace(
+        extensions.create_custom_resource_definition,
+        extensions.read_custom_resource_definition,
+        extensions.replace_custom_resource_definition,
+        crd.render(),
+    )
+    registration = client.AdmissionregistrationV1Api(api)
+    policy, binding = admission.render()
+    await _create_or_replace(
+        registration.create_validating_admission_policy,
+        registration.read_validating_admission_policy,
+        registration.replace_validating_admission_policy,
+        policy,
+    )
+    await _create_or_replace(
+        registration.create_validating_admission_policy_binding,
+        registration.read_validating_admission_policy_binding,
+        registration.replace_validating_admission_policy_binding,
+        binding,
+    )
+    # The CRD serves once Established; the policy bites once its informer has
+    # it. Probe with a Module only the policy refuses.
+    too_long = "n" * labels.MAX_NAME_AND_NAMESPACE
+    for _ in range(120):
+        if await refusal(api, "default", examples.module(name=too_long)) is not None:
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError("the Module CRD or admission policy never took effect")
+
+
+async def refusal(api: client.ApiClient, namespace: str, obj: Obj) -> str | None:
+    """The apiserver's message refusing ``obj`` (dry run), or None if accepted."""
+    objects = client.CustomObjectsApi(api)
+    body = copy.deepcopy(obj)
+    body["metadata"]["namespace"] = namespace
+    try:
+        await objects.create_namespaced_custom_object(
+            modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body, dry_run="All"
+        )
+    except client.ApiException as err:
+        if err.status == 404:  # CRD not served yet
+            return None
+        message: str = json.loads(err.body)["message"]
+        return message
+    return None
+
+
+def _mappings(obj: Obj) -> list[Obj]:
+    found: list[Obj] = obj["spec"]["moduleLoader"]["container"]["kernelMappings"]
+    return found
+
+
+def _regexp(value: str) -> Callable[[Obj], None]:
+    return lambda obj: _mappings(obj)[1].__setitem__("regexp", value)
+
+
+CASES: list[tuple[str, Callable[[Obj], None], tuple[str, ...]]] = [
+    ("regexp-does-not-compile", _regexp("^(6.0"), ("kernelMappings[1].regexp", "RE2")),
+    ("regexp-lookahead", _regexp("^(?!5).*$"), ("kernelMappings[1].regexp", "RE2")),
+    (
+        "image-without-tag",
+        lambda obj: _mappings(obj)[0].__setitem__("containerImage", "quay.io/example/x"),
+        ("kernelMappings[0].containerImage", "explicit tag"),
+    ),
+    (
+        "literal-and-regexp",
+        lambda obj: _mappings(obj)[0].__setitem__("regexp", "^6$"),
+        ("kernelMappings[0]", "exactly one of literal and regexp"),
+    ),
+    (
+        "name-too-long",
+        lambda obj: obj["metadata"].__setitem__("name", "n" * labels.MAX_NAME_AND_NAMESPACE),
+        ("metadata.name", "at most"),
+    ),
+    (
+        "build",
+        lambda obj: _mappings(obj)[0].__setitem__("build", {"dockerfileConfigMap": {"name": "x"}}),
+        ("kernelMappings[0].build", "not supported by kmm"),
+    ),
+    (
+        "sign",
+        lambda obj: obj["spec"]["moduleLoader"]["container"].__setitem__("sign", {"keySecret": {}}),
+        ("container.sign", "not supported by kmm"),
+    ),
+    (
+        "dra-and-device-plugin",
+        lambda obj: obj["spec"].__setitem__("devicePlugin", {"container": {"image": "r/x:1"}}),
+        ("spec.dra", "mutually exclusive"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("mutate", "fragments"), [pytest.param(m, f, id=i) for i, m, f in CASES])
+async def test_invalid_module_is_refused_naming_the_field(
+    api_client: client.ApiClient,
+    namespace: str,
+    mutate: Callable[[Obj], None],
+    fragments: tuple[str, ...],
+) -> None:
+    await install(api_client)
+    obj = examples.module(name=f"m-{uuid.uuid4().hex[:6]}")
+    mutate(obj)
+    message = await refusal(api_client, namespace, obj)
+    assert message is not None, "accepted"
+    for fragment in fragments:
+        assert fragment in message, message
+    listed = await client.CustomObjectsApi(api_client).list_namespaced_custom_object(
+        modules.GROUP, modules.VERSION, namespace, modules.PLURAL
+    )
+    assert listed["items"] == []
+
+
+async def test_example_module_is_stored_unchanged(
+    api_client: client.ApiClient, namespace: str
+) -> None:
+    await install(api_client)
+    obj = examples.module()
+    obj["metadata"]["namespace"] = namespace
+    objects = client.CustomObjectsApi(api_client)
+    stored = await objects.create_namespaced_custom_object(
+        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, obj
+    )
+    assert stored["spec"] == obj["spec"]
