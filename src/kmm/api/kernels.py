@@ -16,16 +16,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from kmm.api import formats, modules
 
 __all__ = [
     "VARIABLES",
+    "Grouping",
     "KernelMappingError",
     "Target",
     "expand",
     "find_mapping",
+    "group_nodes",
     "node_kernel",
     "target",
     "variables",
@@ -140,3 +142,54 @@ def target(module: modules.Module, kernel_version: str) -> Target | None:
         listed, single = container.in_tree_modules_to_remove, container.in_tree_module_to_remove
     remove = tuple(listed or ()) + ((single,) if single and single not in (listed or ()) else ())
     return Target(kernel, mapping, expand(template, values), remove)
+
+
+@dataclasses.dataclass(frozen=True)
+class Grouping:
+    """Nodes grouped by what they run (seed 000 step 2: one DaemonSet per pair).
+
+    ``targets`` maps each trimmed kernel to its ``Target``; ``nodes`` maps the
+    same kernels to their node names (sorted); ``untargeted`` are nodes no
+    mapping matches; ``errors`` maps kernels whose image cannot be expanded
+    to the reason (their nodes are in neither list: the Module is Degraded).
+    """
+
+    targets: dict[str, Target]
+    nodes: dict[str, list[str]]
+    untargeted: list[str]
+    errors: dict[str, str]
+
+    def pairs(self) -> set[tuple[str, str]]:
+        """The (kernel, image) pairs that need a loader DaemonSet."""
+        return {(kernel, target.image) for kernel, target in self.targets.items()}
+
+
+def group_nodes(module: modules.Module, node_kernels: Iterable[tuple[str, str]]) -> Grouping:
+    """Group ``(node name, nodeInfo.kernelVersion)`` pairs by the Module's kernel mapping.
+
+    Each distinct kernel is resolved once, however many nodes run it.
+    """
+    resolved: dict[str, Target | None] = {}
+    errors: dict[str, str] = {}
+    nodes: dict[str, list[str]] = {}
+    untargeted: list[str] = []
+    for node, kernel_version in node_kernels:
+        kernel = node_kernel(kernel_version)
+        if kernel not in resolved and kernel not in errors:
+            try:
+                resolved[kernel] = target(module, kernel)
+            except KernelMappingError as err:
+                errors[kernel] = str(err)
+        if kernel in errors:
+            continue
+        if resolved[kernel] is None:
+            untargeted.append(node)
+        else:
+            nodes.setdefault(kernel, []).append(node)
+    targets = {k: t for k, t in resolved.items() if t is not None}
+    return Grouping(
+        targets=targets,
+        nodes={k: sorted(v) for k, v in sorted(nodes.items())},
+        untargeted=sorted(untargeted),
+        errors=errors,
+    )

@@ -40,6 +40,7 @@ __all__ = [
     "image_hash",
     "is_label_key",
     "is_label_value",
+    "kernel_value",
     "label_value",
     "module_labels",
     "module_loader_version",
@@ -181,6 +182,12 @@ def label_value(text: str) -> str:
         return safe
     head = safe[: MAX_LABEL_NAME - 11].strip("._-")
     return f"{head}-{_digest(text, 10)}" if head else _digest(text, 10)
+
+
+def kernel_value(kernel: str) -> str:
+    """The ``KERNEL_VERSION_FULL`` label value for a (trimmed) kernel, on nodes
+    and on loader DaemonSets alike, so a DaemonSet's selector always matches."""
+    return label_value(kernel)
 
 
 def image_hash(image: str) -> str:

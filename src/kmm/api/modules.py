@@ -435,7 +435,15 @@ class ModuleStatus(_Model):
     module_loader: DaemonSetStatus | None = None
     device_plugin: DaemonSetStatus | None = None
     dra: DaemonSetStatus | None = None
-    conditions: list[Condition] | None = None
+    conditions: (
+        Annotated[
+            list[Condition],
+            cel.SchemaExtra(
+                (("x-kubernetes-list-type", "map"), ("x-kubernetes-list-map-keys", ("type",)))
+            ),
+        ]
+        | None
+    ) = None
     observed_generation: int | None = None
 
 

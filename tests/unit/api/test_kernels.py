@@ -167,3 +167,35 @@ def test_expansion_never_leaves_a_placeholder(kernel: str, pieces: list[str]) ->
 def test_full_version_is_tag_safe(kernel: str) -> None:
     values = kernels.variables(kernel, module_name="m", module_namespace="n")
     assert all(c.isalnum() or c in "._-" for c in values["KERNEL_FULL_VERSION"])
+
+
+def test_group_nodes() -> None:
+    grouping = kernels.group_nodes(
+        _module(),
+        [
+            ("n1", "5.14.0-70.el9.x86_64+"),
+            ("n2", "5.14.0-162.el9.x86_64"),
+            ("n3", "5.14.0-70.el9.x86_64"),
+            ("n4", "5.15.0-1.fc37"),
+        ],
+    )
+    assert grouping.nodes == {
+        "5.14.0-162.el9.x86_64": ["n2"],
+        "5.14.0-70.el9.x86_64": ["n1", "n3"],
+    }
+    assert grouping.pairs() == {
+        ("5.14.0-70.el9.x86_64", "r/literal:v1"),
+        ("5.14.0-162.el9.x86_64", "r/drivers/kmod:5.14.0"),
+    }
+    assert grouping.untargeted == ["n4"]
+    assert grouping.errors == {}
+
+
+def test_group_nodes_reports_kernels_that_cannot_expand() -> None:
+    obj = copy.deepcopy(_MODULE)
+    obj["spec"]["moduleLoader"]["container"]["kernelMappings"] = [
+        {"regexp": ".", "containerImage": "r/x:${KERNEL_Z}"}
+    ]
+    grouping = kernels.group_nodes(validation.parse_module(obj), [("a", "6.1"), ("b", "6.1.0")])
+    assert set(grouping.errors) == {"6.1"}
+    assert grouping.nodes == {"6.1.0": ["b"]}
