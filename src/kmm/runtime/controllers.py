@@ -185,14 +185,7 @@ class Controller:
         try:
             for index in range(self.workers):
                 workers.spawn(self._work(), name=f"worker-{index}")
-            stopped = asyncio.ensure_future(stop.wait())
-            failed = asyncio.ensure_future(workers.failed.wait())
-            try:
-                await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopped.cancel()
-                failed.cancel()
-                await asyncio.wait({stopped, failed})
+            await tasks.wait_first(stop, workers.failed)
         finally:
             self.queue.shutdown()
             await workers.close()

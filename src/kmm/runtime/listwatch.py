@@ -16,7 +16,11 @@ cost memory and time the informer does not want. Watching uses
   on the Status body line) or as an ERROR event (Watch raises too): both
   surface as `ApiException(status=410)` and mean "relist".
 With `_preload_content=False` the client does not raise on non-2xx statuses,
-so `list_page` checks the status itself.
+so `list_page` checks the status itself. `_RawWatch` skips Watch's
+re-serialise-and-parse of every event into a "model" (for return type
+`object` that is the same dict, parsed twice more). Every request carries a
+socket read timeout, so a connection that dies silently ends in a reconnect
+instead of a watch that waits forever.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal, Protocol, TypedDict
 
+import aiohttp
 from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -59,6 +64,18 @@ def is_gone(error: BaseException) -> bool:
     return isinstance(error, ApiException) and error.status == 410
 
 
+# Margin past the server-side watch timeout before we call the socket dead.
+_WATCH_READ_MARGIN = 60.0
+_LIST_TIMEOUT = aiohttp.ClientTimeout(sock_connect=30.0, sock_read=120.0)
+
+
+class _RawWatch(k8s_watch.Watch):
+    def unmarshal_event(self, data: str | bytes, response_type: str | None) -> Any:
+        # No response type: the event keeps the parsed dict, resourceVersion
+        # tracking still works (Watch reads it from the dict), no second parse.
+        return super().unmarshal_event(data, None)
+
+
 class ApiListWatch:
     """ListWatch over a generated list method and its leading positional args."""
 
@@ -71,7 +88,11 @@ class ApiListWatch:
     async def list_page(
         self, *, label_selector: str | None, limit: int, continue_token: str | None
     ) -> ListPage:
-        kwargs: dict[str, Any] = {"limit": limit, "_preload_content": False}
+        kwargs: dict[str, Any] = {
+            "limit": limit,
+            "_preload_content": False,
+            "_request_timeout": _LIST_TIMEOUT,
+        }
         if label_selector:
             kwargs["label_selector"] = label_selector
         if continue_token:
@@ -98,11 +119,13 @@ class ApiListWatch:
             "resource_version": resource_version,
             "allow_watch_bookmarks": True,
             "timeout_seconds": timeout_seconds,
+            "_request_timeout": aiohttp.ClientTimeout(
+                sock_connect=30.0, sock_read=timeout_seconds + _WATCH_READ_MARGIN
+            ),
         }
         if label_selector:
             kwargs["label_selector"] = label_selector
-        # return_type="object" keeps events as plain dicts (no model classes).
-        async with k8s_watch.Watch(return_type="object") as stream:
+        async with _RawWatch(return_type="object") as stream:
             async for event in stream.stream(self._method, *self._args, **kwargs):
                 if not isinstance(event, dict):
                     # Watch passes a line that is not JSON through as a string.

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Callable
 from typing import Protocol
 
 from kmm.runtime import leaderelection, tasks
 
-__all__ = ["LeadershipLost", "Manager", "Runnable", "Syncable"]
+__all__ = ["LeadershipLost", "Manager", "Runnable", "Syncable", "stop_on_signals"]
 
 _log = logging.getLogger(__name__)
 
@@ -40,6 +41,21 @@ class Syncable(Runnable, Protocol):
     def has_synced(self) -> bool: ...
 
     async def wait_synced(self) -> None: ...
+
+
+def stop_on_signals(
+    stop: asyncio.Event, signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+) -> Callable[[], None]:
+    """Set `stop` on SIGTERM/SIGINT (a pod's graceful shutdown); return the undo."""
+    loop = asyncio.get_running_loop()
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+
+    def remove() -> None:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+    return remove
 
 
 class LeadershipLost(Exception):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 
@@ -173,3 +175,13 @@ async def test_losing_the_lease_stops_controllers_and_raises() -> None:
         await run
     assert controller.stopped
     assert informer.stopped
+
+
+async def test_a_signal_sets_stop() -> None:
+    stop = asyncio.Event()
+    remove = manager.stop_on_signals(stop, (signal.SIGUSR1,))
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        await stop.wait()
+    finally:
+        remove()
