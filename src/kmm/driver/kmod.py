@@ -245,11 +245,12 @@ class KmodPolicy:
     async def watch_health(self) -> AsyncIterator[Sequence[owners.DeviceHealthReport]]:
         last: list[tuple[str, owners.Health]] | None = None
         while True:
+            # Cleared before the scan, so a poke during the yield is not lost.
+            self._poke.clear()
             reports = self.health()
             summary = [(r.device_name, r.health) for r in reports]
             if summary != last:
                 last = summary
                 yield reports
-            self._poke.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), timeout=self._poll_interval)

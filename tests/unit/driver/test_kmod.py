@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import asyncio
+import pathlib
+
+import pytest
+
+from kmm.driver import kmod
+from kmm.kubeletplugin import checkpointing, claims, owners
+
+from .conftest import make_tree
+
+
+def policy(root: pathlib.Path, **kwargs: object) -> kmod.KmodPolicy:
+    return kmod.KmodPolicy(root=root, module="foo", node="node-a", device_class="foo", **kwargs)  # type: ignore[arg-type]
+
+
+def preparing(uid: str, *devices: str) -> owners.PreparingClaim:
+    return owners.PreparingClaim(
+        ref=claims.ClaimRef("ns", f"c-{uid}", claims.ClaimUID(uid)),
+        results=tuple(
+            {"request": "r", "driver": "d", "pool": "node-a", "device": d} for d in devices
+        ),
+        configs=(),
+    )
+
+
+def test_devices_and_attributes(root: pathlib.Path) -> None:
+    make_tree(root)
+    devices = policy(root).devices()
+    assert [d["name"] for d in devices] == ["foo0", "foo1"]
+    assert devices[0]["attributes"] == {
+        "module": {"string": "foo"},
+        "kernelVersion": {"string": "6.8.0-45-generic"},
+        "moduleVersion": {"string": "1.2.3"},
+        "major": {"int": 240},
+        "minor": {"int": 0},
+        "numaNode": {"int": 1},
+    }
+    assert "numaNode" not in devices[1]["attributes"]  # -1: no NUMA affinity
+
+
+def test_dev_glob_without_a_class(root: pathlib.Path) -> None:
+    make_tree(root)
+    (root / "dev/foo_extra").write_text("")
+    (root / "dev/other0").write_text("")
+    found = kmod.KmodPolicy(root=root, module="foo", node="n").devices()
+    assert [d["name"] for d in found] == ["foo0", "foo1", "foo-extra"]
+    assert "moduleVersion" in found[0]["attributes"]
+
+
+async def test_one_claim_per_device(root: pathlib.Path) -> None:
+    make_tree(root)
+    p = policy(root)
+    (allocation,) = await p.prepare(preparing("u1", "foo0"))
+    assert allocation.edits == {
+        "deviceNodes": [
+            {
+                "path": "/dev/foo0",
+                "hostPath": str(root / "dev/foo0"),
+                "type": "c",
+                "permissions": "rw",
+                "major": 240,
+                "minor": 0,
+            }
+        ]
+    }
+    assert await p.prepare(preparing("u1", "foo0"))  # idempotent for the same claim
+    with pytest.raises(ValueError, match="held by claim u1"):
+        await p.prepare(preparing("u2", "foo0"))
+    await p.unprepare(claims.ClaimUID("u1"))
+    await p.prepare(preparing("u2", "foo0"))
+    assert p.holder("foo0") == "u2"
+
+
+async def test_missing_device_and_foreign_pool_fail(root: pathlib.Path) -> None:
+    make_tree(root)
+    p = policy(root)
+    with pytest.raises(ValueError, match="not present"):
+        await p.prepare(preparing("u", "foo9"))
+    other = owners.PreparingClaim(
+        ref=claims.ClaimRef("ns", "c", claims.ClaimUID("u")),
+        results=({"request": "r", "driver": "d", "pool": "node-b", "device": "foo0"},),
+        configs=(),
+    )
+    with pytest.raises(ValueError, match="pool node-b"):
+        await p.prepare(other)
+
+
+def test_restore_relearns_holders(root: pathlib.Path) -> None:
+    make_tree(root)
+    p = policy(root)
+    device = checkpointing.PreparedDevice(("r",), "node-a", "foo1", ("x",), {})
+    p.restore({claims.ClaimUID("u"): [device]})
+    assert p.holder("foo1") == "u"
+
+
+async def test_a_disappearing_device_is_reported_unhealthy(root: pathlib.Path) -> None:
+    make_tree(root)
+    p = policy(root, poll_interval=3600)
+    stream = p.watch_health()
+    try:
+        first = await asyncio.wait_for(anext(stream), timeout=10)
+        assert {(r.device_name, r.health) for r in first} == {
+            ("foo0", owners.Health.HEALTHY),
+            ("foo1", owners.Health.HEALTHY),
+        }
+        (root / "dev/foo1").unlink()
+        p.poke()
+        second = await asyncio.wait_for(anext(stream), timeout=10)
+        assert {(r.device_name, r.health) for r in second} == {
+            ("foo0", owners.Health.HEALTHY),
+            ("foo1", owners.Health.UNHEALTHY),
+        }
+        assert "disappeared" in next(r.message for r in second if r.device_name == "foo1")
+    finally:
+        await stream.aclose()

@@ -1,0 +1,169 @@
+"""The node driver end to end on a fake host tree, a fake API and a test kubelet."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import sys
+from collections.abc import AsyncIterator
+
+import pytest
+from kubeletplugin import fakeapi, fakes
+from kubeletplugin.kubelet import Kubelet, devices_of
+
+from kmm.driver import config, kmod, owning
+from kmm.kubeletplugin import claimcache, errors, kubeapi, plugins
+
+from .conftest import make_tree
+
+DRIVER = "foo.example.com"
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[tuple[kubeapi.KubeAPI, fakeapi.FakeAPI]]:
+    fake = fakeapi.FakeAPI()
+    async for client in fakeapi.started(fake):
+        yield client, fake
+
+
+def make_driver(
+    root: pathlib.Path,
+    api: kubeapi.KubeAPI | None,
+    source: claimcache.StaticClaims,
+    enabled: bool | None = None,
+) -> owning.Driver:
+    cfg = config.Config(
+        node="node-a",
+        driver_name=DRIVER,
+        module="foo",
+        device_class="foo",
+        root=root,
+        dra=config.DRAConfig(enabled=enabled),
+    )
+    policy = kmod.KmodPolicy(root=root, module="foo", node="node-a", device_class="foo")
+    return owning.Driver(cfg, policy=policy, api=api, claim_source=source, rescan_interval=3600)
+
+
+async def run_until_started(driver: owning.Driver) -> asyncio.Task[str]:
+    task = asyncio.create_task(driver.run())
+    await asyncio.wait_for(driver.started.wait(), timeout=20)
+    return task
+
+
+async def test_driver_publishes_prepares_and_shuts_down(
+    root: pathlib.Path, api: tuple[kubeapi.KubeAPI, fakeapi.FakeAPI]
+) -> None:
+    client, fake = api
+    make_tree(root)
+    claim = fakes.make_claim("c", driver=DRIVER, devices=("foo1",))
+    source = claimcache.StaticClaims([claim])
+    driver = make_driver(root, client, source)
+    task = await run_until_started(driver)
+    paths = plugins.Paths.under(root, DRIVER)
+    try:
+        assert driver.plugin is not None
+        assert driver.plugin.publisher is not None
+        await asyncio.wait_for(driver.plugin.publisher.in_sync.wait(), timeout=20)
+        published = [d["name"] for s in fake.slices.values() for d in s["spec"]["devices"]]
+        assert published == ["foo0", "foo1"]
+        async with Kubelet(paths.registration_socket(DRIVER)) as kubelet:
+            uid = claim["metadata"]["uid"]
+            answer = (await kubelet.prepare(claim))[uid]
+            assert answer.error == ""
+            assert devices_of(answer) == [("node-a", "foo1", ["req0"], [f"{DRIVER}/claim={uid}-0"])]
+            spec = json.loads((paths.cdi_dir / f"{DRIVER}-claim_{uid}.json").read_text())
+            (node,) = spec["devices"][0]["containerEdits"]["deviceNodes"]
+            assert (node["path"], node["major"], node["minor"]) == ("/dev/foo1", 240, 1)
+            assert uid in driver.committed
+            assert (await kubelet.unprepare(claim))[uid] == ""
+            assert uid not in driver.committed
+    finally:
+        driver.request_shutdown("SIGTERM")
+        assert await asyncio.wait_for(task, timeout=30) == "SIGTERM"
+    assert not paths.dra_socket.exists()
+    assert not paths.registration_socket(DRIVER).exists()
+
+
+async def test_a_fatal_plugin_error_shuts_down_through_the_same_path(
+    root: pathlib.Path, api: tuple[kubeapi.KubeAPI, fakeapi.FakeAPI]
+) -> None:
+    client, _ = api
+    make_tree(root)
+    driver = make_driver(root, client, claimcache.StaticClaims())
+    task = await run_until_started(driver)
+    assert driver.plugin is not None
+    driver.plugin.handle_error(errors.FatalError("grpc server gave up"), "serving")
+    assert driver.plugin.started  # request_shutdown returned without stopping anything
+    reason = await asyncio.wait_for(task, timeout=30)
+    assert reason == "serving: grpc server gave up"
+    assert not driver.plugin.started
+
+
+async def test_no_cluster_access_keeps_dra_off(
+    root: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    make_tree(root)
+    driver = make_driver(root, None, claimcache.StaticClaims())
+    task = await run_until_started(driver)
+    assert driver.plugin is None
+    assert driver.decision is not None
+    assert driver.decision.warning is not None
+    assert "no cluster access" in caplog.text
+    driver.request_shutdown("SIGTERM")
+    assert await asyncio.wait_for(task, timeout=10) == "SIGTERM"
+    assert not (root / "var").exists()
+
+
+async def test_explicit_false_wins(
+    root: pathlib.Path, api: tuple[kubeapi.KubeAPI, fakeapi.FakeAPI]
+) -> None:
+    client, fake = api
+    make_tree(root)
+    driver = make_driver(root, client, claimcache.StaticClaims(), enabled=False)
+    task = await run_until_started(driver)
+    assert driver.plugin is None
+    driver.request_shutdown("SIGTERM")
+    await asyncio.wait_for(task, timeout=10)
+    assert fake.requests == {}
+
+
+def test_reconfigure_refuses_dra_changes(root: pathlib.Path) -> None:
+    driver = make_driver(root, None, claimcache.StaticClaims())
+    new = config.Config(
+        node="node-a", driver_name=DRIVER, module="foo", root=root, dra=config.DRAConfig(True)
+    )
+    with pytest.raises(config.ConfigError, match="restart"):
+        driver.reconfigure(new)
+
+
+async def test_cli_sigterm_takes_the_shutdown_path(root: pathlib.Path) -> None:
+    make_tree(root)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from kmm.cli import main; main()",
+        "driver",
+        "--node=node-a",
+        f"--driver-name={DRIVER}",
+        "--module=foo",
+        "--device-class=foo",
+        f"--root={root}",
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    try:
+        seen = b""
+        while b"DRA is off" not in seen:  # no cluster access here
+            line = await asyncio.wait_for(process.stderr.readline(), timeout=30)
+            assert line, seen.decode()
+            seen += line
+        assert b"no cluster access" in seen
+        process.terminate()
+        rest = await asyncio.wait_for(process.stderr.read(), timeout=30)
+        assert await process.wait() == 0
+        assert b"driver stopped: SIGTERM" in rest
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
