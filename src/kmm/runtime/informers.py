@@ -94,6 +94,7 @@ class Informer:
         source: listwatch.ListWatch,
         *,
         label_selector: str | None = None,
+        field_selector: str | None = None,
         projection: stores.Projection = drop_managed_fields,
         indexers: Mapping[str, stores.Indexer] | None = None,
         page_size: int = 500,
@@ -105,6 +106,7 @@ class Informer:
         self.name = name
         self.source = source
         self.label_selector = label_selector
+        self.field_selector = field_selector
         self.projection = projection
         self.store = stores.Store(indexers=indexers)
         self.page_size = page_size
@@ -156,7 +158,10 @@ class Informer:
         token: str | None = None
         while True:
             page = await self.source.list_page(
-                label_selector=self.label_selector, limit=self.page_size, continue_token=token
+                label_selector=self.label_selector,
+                field_selector=self.field_selector,
+                limit=self.page_size,
+                continue_token=token,
             )
             for item in page["items"]:
                 obj = self.projection(item)
@@ -184,6 +189,7 @@ class Informer:
         events = self.source.watch(
             resource_version=self.resource_version,
             label_selector=self.label_selector,
+            field_selector=self.field_selector,
             timeout_seconds=self.watch_timeout,
         )
         async with contextlib.aclosing(events):  # type: ignore[type-var]

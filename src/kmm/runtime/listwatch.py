@@ -51,11 +51,21 @@ class ListPage(TypedDict):
 
 class ListWatch(Protocol):
     async def list_page(
-        self, *, label_selector: str | None, limit: int, continue_token: str | None
+        self,
+        *,
+        label_selector: str | None,
+        field_selector: str | None,
+        limit: int,
+        continue_token: str | None,
     ) -> ListPage: ...
 
     def watch(
-        self, *, resource_version: str, label_selector: str | None, timeout_seconds: int
+        self,
+        *,
+        resource_version: str,
+        label_selector: str | None,
+        field_selector: str | None,
+        timeout_seconds: int,
     ) -> AsyncIterator[WatchEvent]: ...
 
 
@@ -86,7 +96,12 @@ class ApiListWatch:
         self.kind = kind
 
     async def list_page(
-        self, *, label_selector: str | None, limit: int, continue_token: str | None
+        self,
+        *,
+        label_selector: str | None,
+        field_selector: str | None,
+        limit: int,
+        continue_token: str | None,
     ) -> ListPage:
         kwargs: dict[str, Any] = {
             "limit": limit,
@@ -95,6 +110,8 @@ class ApiListWatch:
         }
         if label_selector:
             kwargs["label_selector"] = label_selector
+        if field_selector:
+            kwargs["field_selector"] = field_selector
         if continue_token:
             kwargs["_continue"] = continue_token
         response = await self._method(*self._args, **kwargs)
@@ -113,7 +130,12 @@ class ApiListWatch:
         )
 
     async def watch(
-        self, *, resource_version: str, label_selector: str | None, timeout_seconds: int
+        self,
+        *,
+        resource_version: str,
+        label_selector: str | None,
+        field_selector: str | None,
+        timeout_seconds: int,
     ) -> AsyncIterator[WatchEvent]:
         kwargs: dict[str, Any] = {
             "resource_version": resource_version,
@@ -125,6 +147,8 @@ class ApiListWatch:
         }
         if label_selector:
             kwargs["label_selector"] = label_selector
+        if field_selector:
+            kwargs["field_selector"] = field_selector
         async with _RawWatch(return_type="object") as stream:
             async for event in stream.stream(self._method, *self._args, **kwargs):
                 if not isinstance(event, dict):

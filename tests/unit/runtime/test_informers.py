@@ -60,22 +60,29 @@ async def test_lists_in_pages_then_watches_from_the_list_version(conn: wire.Conn
     server = conn.server
     server.lists.append((200, page([obj("a", "5")], "10", continue_token="tok")))
     server.lists.append((200, page([obj("b", "7")], "11")))
-    informer, recorder = make(conn, label_selector="app=x", page_size=1, watch_timeout=123)
+    informer, recorder = make(
+        conn,
+        label_selector="app=x",
+        field_selector="metadata.name!=z",
+        page_size=1,
+        watch_timeout=123,
+    )
     async with running(informer):
         await informer.wait_synced()
         await server.wait_until(lambda: len(server.watch_requests()) == 1)
     assert informer.has_synced()
     first, second = server.list_requests()
     assert first.path == "/api/v1/namespaces/ns/configmaps"
-    assert first.query == {"limit": "1", "labelSelector": "app=x"}
-    assert second.query == {"limit": "1", "labelSelector": "app=x", "continue": "tok"}
+    selectors = {"labelSelector": "app=x", "fieldSelector": "metadata.name!=z"}
+    assert first.query == {"limit": "1", **selectors}
+    assert second.query == {"limit": "1", "continue": "tok", **selectors}
     (watch,) = server.watch_requests()
     assert watch.query == {
         "watch": "True",  # the client spells booleans the Python way
         "resourceVersion": "11",
         "allowWatchBookmarks": "True",
         "timeoutSeconds": "123",
-        "labelSelector": "app=x",
+        **selectors,
     }
     assert sorted(recorder.events) == [("add", "ns/a", "5"), ("add", "ns/b", "7")]
 
