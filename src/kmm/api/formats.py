@@ -5,7 +5,7 @@ CEL can express it, the RE2 pattern the CRD uses, so both judge alike.
 
 Limits: Go's RE2 is approximated with Python's ``re`` plus a scan that rejects
 what RE2 lacks (lookarounds, backreferences, conditionals, atomic groups,
-possessive quantifiers, ``\\Z``). RE2-only syntax Python does not know (e.g.
+possessive quantifiers, ``\\Z``, the flags ``a``, ``L``, ``u``, ``x``). RE2-only syntax Python does not know (e.g.
 ``\\p{Greek}``) is rejected here although KMM would accept it.
 """
 
@@ -62,6 +62,8 @@ _UNSUPPORTED_GROUPS: Final = (
     ("(?#", "comment group"),
 )
 
+_FLAG_GROUP = re.compile(r"\(\?([A-Za-z-]+)[:)]")
+
 
 def image_error(image: str) -> str | None:
     """Why ``image`` is not an image reference with an explicit tag or digest."""
@@ -99,7 +101,7 @@ def _re2_gap(pattern: str) -> str | None:
         char = pattern[i]
         if char == "\\":
             escaped = pattern[i + 1 : i + 2]
-            if not in_class and escaped in "123456789" and escaped:
+            if escaped and not in_class and escaped in "123456789":
                 return f"backreference \\{escaped}"
             if escaped == "Z":
                 return "\\Z (use $ or \\z)"
@@ -119,6 +121,9 @@ def _re2_gap(pattern: str) -> str | None:
             for opener, what in _UNSUPPORTED_GROUPS:
                 if pattern.startswith(opener, i):
                     return what
+            flags = _FLAG_GROUP.match(pattern, i)
+            if flags and set(flags.group(1)) - set("imsU-"):
+                return f"flag group {flags.group(0)!r} (RE2 knows only the flags i, m, s, U)"
         elif char in "*+?}" and pattern[i + 1 : i + 2] == "+":
             return "possessive quantifier"
         i += 1

@@ -116,7 +116,7 @@ def target(module: modules.Module, kernel_version: str) -> Target | None:
 
     None when the Module has no ``moduleLoader`` or no mapping matches (the
     node is not targeted). Raises ``KernelMappingError`` when the image cannot
-    be expanded for this kernel.
+    be expanded for this kernel or expands to an invalid reference.
     """
     loader = module.spec.module_loader
     if loader is None:
@@ -141,7 +141,14 @@ def target(module: modules.Module, kernel_version: str) -> Target | None:
     else:
         listed, single = container.in_tree_modules_to_remove, container.in_tree_module_to_remove
     remove = tuple(listed or ()) + ((single,) if single and single not in (listed or ()) else ())
-    return Target(kernel, mapping, expand(template, values), remove)
+    image = expand(template, values)
+    # Only KERNEL_FULL_VERSION is made tag-safe (as in KMM); KERNEL_Z of
+    # "6.8.0+rt" is "0+rt". Refuse the image here, with the kernel named,
+    # rather than hand the kubelet a reference it cannot pull.
+    invalid = formats.image_error(image)
+    if invalid is not None:
+        raise KernelMappingError(f"for kernel {kernel!r}: {invalid}")
+    return Target(kernel, mapping, image, remove)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,6 +60,10 @@ def test_images_without_tag_or_digest(image: str) -> None:
         (r"(?>a)", "atomic group"),
         (r"(a)?(?(1)b|c)", "conditional"),
         (r"a\Z", r"\Z"),
+        (r"(?i)^5\.14", None),
+        (r"(?s:a.b)", None),
+        (r"(?x) a b", "flag group"),
+        (r"(?a:\w)", "flag group"),
     ],
 )
 def test_regexp_error(pattern: str, error: str | None) -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kmm.api import kernels, modules, validation
+from kmm.api import formats, kernels, modules, validation
 
 _MODULE: dict[str, Any] = {
     "apiVersion": "kmm.sigs.x-k8s.io/v1beta1",
@@ -199,3 +199,35 @@ def test_group_nodes_reports_kernels_that_cannot_expand() -> None:
     grouping = kernels.group_nodes(validation.parse_module(obj), [("a", "6.1"), ("b", "6.1.0")])
     assert set(grouping.errors) == {"6.1"}
     assert grouping.nodes == {"6.1.0": ["b"]}
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    kernel=st.from_regex(r"\A[0-9]{1,2}[.-][0-9]{1,3}[.-][0-9A-Za-z_.-]{1,30}\Z"),
+    tag=st.lists(st.sampled_from([*kernels.VARIABLES, "-", ".", "v1"]), min_size=1, max_size=4),
+)
+def test_expanded_images_are_valid_for_tag_safe_kernels(kernel: str, tag: list[str]) -> None:
+    template = "quay.io/${MOD_NAMESPACE}/${MOD_NAME}:" + "".join(
+        "${" + piece + "}" if piece in kernels.VARIABLES else piece for piece in tag
+    )
+    if formats.image_error(template) is not None:
+        return  # e.g. a tag starting with "-" or "."; refused before expansion
+    values = kernels.variables(kernel, module_name="kmod", module_namespace="drivers")
+    expanded = kernels.expand(template, values)
+    assert formats.image_error(expanded) is None, expanded
+
+
+def test_unsafe_kernel_parts_are_refused_not_expanded_into_bad_images() -> None:
+    obj = copy.deepcopy(_MODULE)
+    obj["spec"]["moduleLoader"]["container"]["kernelMappings"] = [
+        {"regexp": "^6", "containerImage": "r/x:${KERNEL_Z}"},
+    ]
+    module = validation.parse_module(obj)
+    with pytest.raises(kernels.KernelMappingError, match=r"for kernel '6\.8\.0\+rt'"):
+        kernels.target(module, "6.8.0+rt+")
+    obj["spec"]["moduleLoader"]["container"]["kernelMappings"][0]["containerImage"] = (
+        "r/x:${KERNEL_FULL_VERSION}"
+    )
+    found = kernels.target(validation.parse_module(obj), "6.8.0+rt+")
+    assert found is not None
+    assert found.image == "r/x:6.8.0_rt"
