@@ -1,0 +1,86 @@
+"""The ResourceSlice publisher against a real API server (the sandbox).
+
+300 devices make 3 slices of one generation; the same set again writes
+nothing; one changed device bumps the generation and removes the old slices.
+Writes are counted on the client (``KubeAPI.requests_by_verb``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from kubernetes_asyncio import client
+
+from kmm.kubeletplugin import claims, kubeapi, publishing
+from kmm.sandbox import testing
+
+pytestmark = pytest.mark.integration
+
+
+def devices(count: int, *, changed: int | None = None) -> list[publishing.Device]:
+    return [
+        {
+            "name": f"dev{i}",
+            "attributes": {
+                "index": {"int": i},
+                "model": {"string": "changed" if i == changed else "base"},
+            },
+            "capacity": {"memory": {"value": "1Gi"}},
+        }
+        for i in range(count)
+    ]
+
+
+def writes(api: kubeapi.KubeAPI) -> int:
+    return sum(api.requests_by_verb.get(verb, 0) for verb in ("POST", "PUT", "PATCH", "DELETE"))
+
+
+@pytest.fixture
+async def publisher(
+    sandbox: testing.RunningSandbox, api_client: client.ApiClient
+) -> AsyncIterator[tuple[publishing.Publisher, kubeapi.KubeAPI]]:
+    api = kubeapi.KubeAPI(api_client)
+    errors: list[BaseException] = []
+    pub = publishing.Publisher(
+        api,
+        driver=claims.DriverName(f"it-{uuid.uuid4().hex[:8]}.example.com"),
+        node=claims.NodeName(sandbox.node_names[0]),
+        on_error=lambda err, _msg: errors.append(err),
+    )
+    try:
+        yield pub, api
+    finally:
+        await pub.delete_all()
+    assert errors == []
+
+
+async def test_publishing_300_devices(
+    publisher: tuple[publishing.Publisher, kubeapi.KubeAPI],
+) -> None:
+    pub, api = publisher
+    pub.publish(devices(300))
+    first = await pub.sync()
+    assert first["created"] == 3
+    slices = await pub.list_slices()
+    assert len(slices) == 3
+    assert {s["spec"]["pool"]["generation"] for s in slices} == {first["generation"]}
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
+    assert sorted(len(s["spec"]["devices"]) for s in slices) == [44, 128, 128]
+
+    before = writes(api)
+    pub.publish(devices(300))
+    again = await pub.sync()
+    assert again == {"created": 0, "deleted": 0, "generation": first["generation"]}
+    assert writes(api) == before
+
+    old = {s["metadata"]["name"] for s in slices}
+    pub.publish(devices(300, changed=7))
+    bumped = await pub.sync()
+    assert bumped["generation"] == first["generation"] + 1
+    assert bumped["deleted"] == 3
+    now = await pub.list_slices()
+    assert len(now) == 3
+    assert {s["spec"]["pool"]["generation"] for s in now} == {bumped["generation"]}
+    assert not old & {s["metadata"]["name"] for s in now}
