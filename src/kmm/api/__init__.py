@@ -2,4 +2,15 @@
 
 Nothing here performs I/O or imports a client library; every other package may
 import it, and it imports none of them.
+
+- ``modules``: the ``Module`` models (KMM wire names), with their rules.
+- ``validation``: raw object -> ``Module`` or field-named violations.
+- ``labels``: every label, annotation and finalizer name; DaemonSet names.
+- ``kernels``: kernel mapping and image variable expansion.
+- ``scheduling``: selector match and "schedulable node".
+- ``conditions``: status condition types, reasons and setting.
+- ``formats``: image / DNS / label-value / RE2 checks shared by all of the above.
+- ``cel``: markers tying model fields to CRD rules; ``crd`` and ``admission``
+  render the CRD and the ValidatingAdmissionPolicy; ``manifests`` gathers
+  them (and ``examples``) into the files committed under ``deploy/``.
 """

@@ -128,13 +128,8 @@ def _model_schema(model: type[pydantic.BaseModel]) -> Schema:
     for name, field in model.model_fields.items():
         wire = field.alias or name
         properties[wire] = schema_for(_field_type(field))
+        # Pydantic lifts a field's own Annotated metadata into field.metadata.
         unsupported = [m for m in field.metadata if isinstance(m, cel.Unsupported)]
-        unsupported += [
-            m
-            for arg in typing.get_args(field.annotation)
-            for m in typing.get_args(arg)[1:]
-            if isinstance(m, cel.Unsupported)
-        ]
         for marker in unsupported:
             rules.append(
                 _rule(

@@ -15,6 +15,7 @@ schema cannot express live in :mod:`kmm.api.admission`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -68,7 +69,7 @@ _MAX_SELECTORS = 32
 PassThroughObject = Annotated[dict[str, Any], cel.PassThrough()]
 
 
-def _checked(check: Any) -> AfterValidator:
+def _checked(check: Callable[[str], str | None]) -> AfterValidator:
     """Turn a ``formats`` check (error text or None) into a Pydantic validator."""
 
     def validate(value: str) -> str:
