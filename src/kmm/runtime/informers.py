@@ -13,7 +13,9 @@ reflector:
 
 Handlers are synchronous and must be quick (they enqueue keys); an exception
 in one is logged and does not stop the informer. What the store keeps is the
-`projection` of each object (default: drop `metadata.managedFields`).
+`projection` of each object (default: drop `metadata.managedFields`); with
+`stores.keep_fields` for the fields its controllers read, 5,000 Nodes take
+about 14 MiB (tests/unit/runtime/test_memory.py).
 """
 
 from __future__ import annotations
@@ -70,10 +72,12 @@ class FuncHandler:
 
 
 def drop_managed_fields(obj: stores.RawObject) -> stores.RawObject:
+    """The default projection: everything but managedFields, compacted."""
     metadata = obj.get("metadata")
     if isinstance(metadata, dict):
         metadata.pop("managedFields", None)
-    return obj
+    result: stores.RawObject = stores.compact(obj)
+    return result
 
 
 def _resource_version(obj: Mapping[str, Any]) -> str | None:

@@ -1,0 +1,95 @@
+"""5,000 projected Nodes must fit comfortably: measure what the store retains.
+
+tracemalloc counts allocations, not time, so the bound is deterministic for a
+given Python; the bound leaves room (about 14 MiB measured on CPython 3.11).
+"""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from typing import Any
+
+from kmm.runtime import stores
+
+
+def node(i: int) -> dict[str, Any]:
+    name = f"node-{i:05d}"
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "uid": f"7b0c1f3e-0000-4000-8000-{i:012d}",
+            "resourceVersion": str(100000 + i),
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": "m5.large",
+                "topology.kubernetes.io/zone": f"zone-{i % 3}",
+                "type": "kwok",
+            },
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
+            "managedFields": [
+                {"manager": "kwok", "operation": "Update", "fieldsV1": {"f:status": {"x": {}}}}
+            ]
+            * 3,
+        },
+        "spec": {"taints": [{"key": "kwok.x-k8s.io/node", "effect": "NoSchedule"}]},
+        "status": {
+            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+            "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+            "conditions": [
+                {
+                    "type": t,
+                    "status": "False" if t != "Ready" else "True",
+                    "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    "reason": f"Kubelet{t}",
+                    "message": f"kubelet reports {t}",
+                }
+                for t in ("Ready", "MemoryPressure", "DiskPressure", "PIDPressure")
+            ],
+            "addresses": [{"type": "InternalIP", "address": f"10.0.{i // 256}.{i % 256}"}],
+            "nodeInfo": {
+                "kernelVersion": f"6.{i % 5}.0-45-generic",
+                "osImage": "Ubuntu 24.04",
+                "containerRuntimeVersion": "containerd://2.0.0",
+                "kubeletVersion": "v1.35.0",
+                "machineID": "0" * 32,
+                "systemUUID": "0" * 36,
+                "bootID": "0" * 36,
+            },
+            "images": [
+                {"names": [f"registry.example.com/image-{j}@sha256:{'0' * 64}"], "sizeBytes": 1}
+                for j in range(20)
+            ],
+        },
+    }
+
+
+def test_five_thousand_projected_nodes_stay_small() -> None:
+    # Raw JSON text stands in for what the list page holds before parsing.
+    pages = [json.dumps([node(i) for i in range(p, p + 500)]) for p in range(0, 5000, 500)]
+    project = stores.keep_fields(
+        "metadata.labels",
+        "spec.unschedulable",
+        "spec.taints",
+        "status.nodeInfo.kernelVersion",
+        "status.conditions",
+    )
+    store = stores.Store(indexers={"zone": stores.by_label("topology.kubernetes.io/zone")})
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for text in pages:
+            for item in json.loads(text):
+                store.put(project(item))
+        retained, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    mib = (retained - before) / 2**20
+    assert len(store) == 5000
+    assert mib < 24, f"5,000 projected nodes retain {mib:.1f} MiB"
