@@ -221,6 +221,7 @@ class Controller:
         self.metrics.reconciled(self.name, decision.outcome, self._clock.now() - started)
         apply(self.queue, key, decision)
         self.queue.done(key)
+        self.metrics.queue_depth(self.name, len(self.queue))
         return True
 
     async def _work(self) -> None:
