@@ -168,7 +168,8 @@ class ClaimCache:
 
     async def _watch(self, version: str) -> None:
         while True:
-            query = {"resourceVersion": version, "timeoutSeconds": "300"}
+            # Below the HTTP client's own timeouts, so the server ends the watch first.
+            query = {"resourceVersion": version, "timeoutSeconds": "240"}
             async for event in self._api.watch(_CLAIMS, query=query):
                 kind = event.get("type")
                 obj = event.get("object", {})

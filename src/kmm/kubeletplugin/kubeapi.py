@@ -98,8 +98,9 @@ class KubeAPI:
                 if line.strip():
                     event: dict[str, Any] = json.loads(line)
                     yield event
-        except aiohttp.ClientError as err:
-            raise errors.KubeAPIError(0, f"watch broken: {err}", method="GET", path=path) from err
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            # A broken or timed-out stream is routine: the informer re-lists.
+            raise errors.KubeAPIError(0, f"watch broken: {err!r}", method="GET", path=path) from err
         finally:
             response.release()
 
