@@ -1,15 +1,150 @@
-"""``kmm sandbox``: the local control plane commands."""
+"""``kmm sandbox``: bring a local control plane up, take it down, show it."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TimeElapsedColumn
+from rich.table import Table
+
+from kmm.cli import paths
+from kmm.sandbox import cluster, errors
 
 app = typer.Typer(
     help="Run a local Kubernetes control plane with fake nodes.", no_args_is_help=True
 )
+_console = Console()
+_errors = Console(stderr=True)
+
+DirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--dir", help="Sandbox directory (default: $KMM_SANDBOX_DIR or ~/.local/state/kmm/sandbox)."
+    ),
+]
+
+
+class _BuildBars:
+    """Draws one progress bar per Go tool being compiled."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._tasks: dict[str, TaskID] = {}
+
+    def started(self, tool: str, total_packages: int) -> None:
+        self._tasks[tool] = self._progress.add_task(f"building {tool}", total=total_packages)
+
+    def advanced(self, tool: str, packages: int) -> None:
+        self._progress.advance(self._tasks[tool], packages)
+
+    def finished(self, tool: str, *, cached: bool) -> None:
+        if tool in self._tasks:
+            task = self._tasks[tool]
+            self._progress.update(task, completed=self._progress.tasks[task].total)
+
+
+def _fail(err: Exception) -> typer.Exit:
+    _errors.print(f"[bold red]error:[/] {err}", highlight=False)
+    return typer.Exit(1)
 
 
 @app.command()
-def status() -> None:
-    """Say what runs where."""
-    raise typer.Exit(1)
+def up(
+    directory: DirOption = None,
+    nodes: Annotated[int, typer.Option(help="Number of fake nodes.")] = 3,
+    kernel: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Kernel version for the nodes' nodeInfo; repeat to spread nodes over several."
+        ),
+    ] = None,
+    port: Annotated[int, typer.Option(help="kube-apiserver port (default: a free one).")] = 0,
+) -> None:
+    """Start etcd, kube-apiserver, controller-manager, scheduler and KWOK with fake nodes."""
+    target = directory or paths.sandbox_dir()
+    options = cluster.Options(
+        directory=target,
+        cache_dir=paths.cache_dir(),
+        nodes=nodes,
+        kernels=tuple(kernel) if kernel else cluster.DEFAULT_KERNELS,
+        apiserver_port=port,
+    )
+    started = time.monotonic()
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_errors,
+        transient=True,
+    ) as progress:
+        try:
+            record = asyncio.run(cluster.up(options, progress=_BuildBars(progress)))
+        except (errors.SandboxError, ValueError) as err:
+            raise _fail(err) from err
+    elapsed = time.monotonic() - started
+    _console.print(
+        f"Sandbox up in {elapsed:.1f} s: API server {record.server}, "
+        f"{len(record.node_names)} node(s) Ready."
+    )
+    # soft_wrap: these lines are meant to be copied into a shell whole.
+    _console.print(f"Use it with:  export KUBECONFIG={record.kubeconfig}", soft_wrap=True)
+    _console.print(f"Stop it with: kmm sandbox down --dir {record.directory}", soft_wrap=True)
+
+
+@app.command()
+def down(directory: DirOption = None) -> None:
+    """Stop exactly the processes this sandbox started."""
+    target = directory or paths.sandbox_dir()
+    try:
+        stopped = cluster.down(target)
+    except errors.SandboxError as err:
+        raise _fail(err) from err
+    names = (
+        ", ".join(f"{process.name} ({process.pid})" for process in stopped) or "nothing was running"
+    )
+    _console.print(f"Stopped: {names}")
+
+
+@app.command()
+def status(directory: DirOption = None) -> None:
+    """Say what runs where: components, ports, memory, nodes."""
+    target = directory or paths.sandbox_dir()
+    try:
+        record = cluster.status(target)
+    except (errors.SandboxError, ValueError) as err:
+        raise _fail(err) from err
+    table = Table(title=f"kmm sandbox in {record.directory}")
+    for column in ("component", "pid", "state", "RSS MiB", "log"):
+        table.add_column(column)
+    total_rss = 0
+    running = 0
+    for process in record.launched:
+        alive = process.alive()
+        rss = process.rss_bytes() if alive else 0
+        total_rss += rss
+        running += alive
+        table.add_row(
+            process.name,
+            str(process.pid),
+            "[green]running[/]" if alive else "[red]stopped[/]",
+            f"{rss / 2**20:.0f}" if alive else "-",
+            str(process.log),
+        )
+    _console.print(table)
+    _console.print(f"API server {record.server}; control plane RSS {total_rss / 2**20:.0f} MiB")
+    _console.print(f"KUBECONFIG={record.kubeconfig}", soft_wrap=True)
+    if running != len(record.launched) or not record.launched:
+        raise typer.Exit(0 if running == 0 and not record.launched else 1)
+    node_rows = asyncio.run(cluster.node_table(record.kubeconfig))
+    nodes_table = Table(title="nodes")
+    for column in ("name", "Ready", "kernel"):
+        nodes_table.add_column(column)
+    for row in node_rows:
+        nodes_table.add_row(*row)
+    _console.print(nodes_table)

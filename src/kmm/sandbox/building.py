@@ -1,0 +1,140 @@
+"""Build the control-plane binaries from the pinned Go modules, once per version.
+
+Binaries land in ``<cache>/<tool>-<version>-<digest>/bin`` and are reused by
+every later start; a build goes to a temporary directory first and is renamed
+into place, so an interrupted build never leaves a half-filled cache entry.
+``go build -v`` names each package it compiles, which is what the progress
+callback counts against the package total from ``go list -deps``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Protocol
+
+from kmm.sandbox import components, errors
+
+__all__ = ["BuildProgress", "binary_dir", "ensure_built", "go_binary"]
+
+
+class BuildProgress(Protocol):
+    """Receives build progress; the CLI draws it, tests ignore it."""
+
+    def started(self, tool: str, total_packages: int) -> None: ...
+
+    def advanced(self, tool: str, packages: int) -> None: ...
+
+    def finished(self, tool: str, *, cached: bool) -> None: ...
+
+
+class _Silent:
+    def started(self, tool: str, total_packages: int) -> None:
+        pass
+
+    def advanced(self, tool: str, packages: int) -> None:
+        pass
+
+    def finished(self, tool: str, *, cached: bool) -> None:
+        pass
+
+
+def go_binary() -> str:
+    """The ``go`` executable, or a clear error saying how to get one."""
+    found = shutil.which("go")
+    if found is None:
+        raise errors.ToolchainMissing("no `go` executable on PATH")
+    return found
+
+
+def binary_dir(cache_dir: Path, tool: components.GoTool) -> Path:
+    return cache_dir / "sandbox" / tool.cache_key / "bin"
+
+
+def _is_complete(directory: Path, tool: components.GoTool) -> bool:
+    return all(os.access(directory / binary, os.X_OK) for binary in tool.binaries)
+
+
+async def _run(argv: list[str], *, cwd: Path, log: Path | None = None) -> tuple[int, bytes]:
+    process = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert process.stdout is not None
+    output = await process.stdout.read()
+    code = await process.wait()
+    if log is not None:
+        with log.open("ab") as stream:
+            stream.write(output)
+    return code, output
+
+
+async def _build(tool: components.GoTool, target: Path, log: Path, progress: BuildProgress) -> None:
+    go = go_binary()
+    packages = [package for _, package in tool.packages]
+    code, listing = await _run([go, "list", "-deps", *packages], cwd=tool.directory, log=None)
+    if code != 0:
+        log.write_bytes(listing)
+        raise errors.BuildFailed(tool.name, log)
+    total = len(listing.splitlines())
+    progress.started(tool.name, total)
+
+    staging = Path(tempfile.mkdtemp(prefix=f".{tool.name}-", dir=target.parent))
+    try:
+        with log.open("wb") as stream:
+            stream.write(f"$ go build -v -trimpath ({tool.directory})\n".encode())
+        # One `go build` per binary: `-o DIR` with several main packages works,
+        # but building them one by one keeps the log readable per binary.
+        for binary, package in tool.packages:
+            process = await asyncio.create_subprocess_exec(
+                go,
+                "build",
+                "-v",
+                "-trimpath",
+                "-o",
+                str(staging / binary),
+                package,
+                cwd=tool.directory,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            assert process.stdout is not None
+            with log.open("ab") as stream:
+                async for line in process.stdout:
+                    stream.write(line)
+                    if not line.startswith(b"#"):
+                        progress.advanced(tool.name, 1)
+            if await process.wait() != 0:
+                raise errors.BuildFailed(tool.name, log)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+async def ensure_built(
+    cache_dir: Path,
+    tools: tuple[components.GoTool, ...] = components.ALL,
+    *,
+    progress: BuildProgress | None = None,
+) -> dict[str, Path]:
+    """Return the path of every binary of ``tools``, building what is missing."""
+    reporter = progress or _Silent()
+    paths: dict[str, Path] = {}
+    for tool in tools:
+        directory = binary_dir(cache_dir, tool)
+        if not _is_complete(directory, tool):
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            if directory.exists():
+                shutil.rmtree(directory)
+            await _build(tool, directory, directory.parent / "build.log", reporter)
+            reporter.finished(tool.name, cached=False)
+        else:
+            reporter.finished(tool.name, cached=True)
+        for binary in tool.binaries:
+            paths[binary] = directory / binary
+    return paths

@@ -1,0 +1,338 @@
+"""Bring a sandbox up, take it down, report on it.
+
+``up`` starts etcd, then kube-apiserver, then controller-manager, scheduler and
+KWOK together, each on a free port of 127.0.0.1, and records every process in
+the sandbox directory as soon as it is launched, so ``down`` can stop a start
+that was interrupted half-way. Every ``up`` starts an empty cluster; only logs
+survive from one run to the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import shutil
+import ssl
+from importlib import resources
+from pathlib import Path
+
+from kubernetes_asyncio import client, config
+
+from kmm.sandbox import (
+    building,
+    components,
+    errors,
+    health,
+    kubeconfigs,
+    nodes,
+    pki,
+    ports,
+    processes,
+    state,
+)
+
+__all__ = ["DEFAULT_KERNELS", "Options", "api_client", "down", "node_table", "status", "up"]
+
+DEFAULT_KERNELS = ("6.8.0-45-generic",)
+
+_ADMIN = pki.ClientIdentity("admin", "kmm-sandbox-admin", ("system:masters",))
+_CONTROLLER_MANAGER = pki.ClientIdentity("controller-manager", "system:kube-controller-manager")
+_SCHEDULER = pki.ClientIdentity("scheduler", "system:kube-scheduler")
+_KWOK = pki.ClientIdentity("kwok", "kwok-controller", ("system:masters",))
+
+_SERVICE_CIDR = "10.96.0.0/12"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    directory: Path
+    cache_dir: Path
+    nodes: int = 3
+    kernels: tuple[str, ...] = DEFAULT_KERNELS
+    apiserver_port: int = 0
+    start_timeout: float = 180.0
+
+
+class _Launcher:
+    """Launches components and keeps the record on disk current."""
+
+    def __init__(self, record: state.SandboxState) -> None:
+        self.record = record
+
+    def launch(self, name: str, argv: list[str]) -> processes.Process:
+        process = processes.launch(name, argv, log=self.record.directory / "logs" / f"{name}.log")
+        self.record.launched.append(process)
+        state.save(self.record)
+        return process
+
+    def stop_all(self) -> None:
+        for process in reversed(self.record.launched):
+            process.stop()
+
+
+def _reset(directory: Path) -> None:
+    for name in ("pki", "etcd", "logs"):
+        shutil.rmtree(directory / name, ignore_errors=True)
+    (directory / "logs").mkdir(parents=True)
+
+
+def _stages_file(directory: Path) -> Path:
+    target = directory / "kwok.yaml"
+    stages = resources.files("kmm.sandbox").joinpath("stages/kwok.yaml").read_text()
+    target.write_text(stages)
+    return target
+
+
+def _client_ssl(credentials: pki.Pki) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(credentials.ca_cert))
+    context.load_cert_chain(
+        str(credentials.client_cert(_ADMIN)), str(credentials.client_key(_ADMIN))
+    )
+    return context
+
+
+def _insecure_ssl() -> ssl.SSLContext:
+    # controller-manager and scheduler serve health with self-signed certificates.
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+async def api_client(kubeconfig: Path) -> client.ApiClient:
+    """A kubernetes-asyncio client for the sandbox described by ``kubeconfig``."""
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+async def up(
+    options: Options, *, progress: building.BuildProgress | None = None
+) -> state.SandboxState:
+    """Start a sandbox; return once every fake node is Ready."""
+    directory = options.directory.resolve()
+    if options.nodes < 0:
+        raise ValueError("--nodes must be 0 or more")
+    if not options.kernels:
+        raise ValueError("at least one --kernel is needed")
+    _refuse_if_running(directory)
+    if options.apiserver_port:
+        ports.require_free(options.apiserver_port, what="kube-apiserver")
+
+    binaries = await building.ensure_built(options.cache_dir, progress=progress)
+    directory.mkdir(parents=True, exist_ok=True)
+    _reset(directory)
+    credentials = pki.create(directory / "pki", (_ADMIN, _CONTROLLER_MANAGER, _SCHEDULER, _KWOK))
+
+    etcd_port, peer_port, cm_port, scheduler_port, kwok_port, free_api_port = ports.free_ports(6)
+    api_port = options.apiserver_port or free_api_port
+    server = f"https://{ports.HOST}:{api_port}"
+
+    def kubeconfig_for(identity: pki.ClientIdentity, path: Path) -> Path:
+        return kubeconfigs.write(
+            path,
+            server=server,
+            ca_cert=credentials.ca_cert,
+            client_cert=credentials.client_cert(identity),
+            client_key=credentials.client_key(identity),
+        )
+
+    admin_kubeconfig = kubeconfig_for(_ADMIN, directory / "kubeconfig")
+    node_plan = nodes.spread(options.nodes, options.kernels)
+    record = state.SandboxState(
+        directory=directory,
+        server=server,
+        kubeconfig=admin_kubeconfig,
+        launched=[],
+        node_names=[name for name, _ in node_plan],
+        versions={tool.name: tool.version for tool in components.ALL},
+    )
+    launcher = _Launcher(record)
+    try:
+        etcd = launcher.launch(
+            "etcd", _etcd_argv(binaries["etcd"], directory, etcd_port, peer_port)
+        )
+        await health.wait_healthy(
+            etcd, f"http://{ports.HOST}:{etcd_port}/health", timeout=options.start_timeout
+        )
+        apiserver = launcher.launch(
+            "kube-apiserver",
+            _apiserver_argv(binaries["kube-apiserver"], credentials, etcd_port, api_port),
+        )
+        await health.wait_healthy(
+            apiserver,
+            f"{server}/readyz",
+            timeout=options.start_timeout,
+            ssl_context=_client_ssl(credentials),
+        )
+        controller_manager = launcher.launch(
+            "kube-controller-manager",
+            [
+                str(binaries["kube-controller-manager"]),
+                f"--kubeconfig={kubeconfig_for(_CONTROLLER_MANAGER, directory / 'controller-manager.kubeconfig')}",
+                f"--bind-address={ports.HOST}",
+                f"--secure-port={cm_port}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={credentials.service_account_key}",
+                f"--root-ca-file={credentials.ca_cert}",
+                f"--service-cluster-ip-range={_SERVICE_CIDR}",
+                "--controllers=*",
+                # Fake nodes have no kubelet to evict from; keep node
+                # lifecycle timing close to the defaults otherwise.
+                "--node-monitor-grace-period=60s",
+            ],
+        )
+        scheduler = launcher.launch(
+            "kube-scheduler",
+            [
+                str(binaries["kube-scheduler"]),
+                f"--kubeconfig={kubeconfig_for(_SCHEDULER, directory / 'scheduler.kubeconfig')}",
+                f"--bind-address={ports.HOST}",
+                f"--secure-port={scheduler_port}",
+                "--leader-elect=false",
+            ],
+        )
+        kwok = launcher.launch(
+            "kwok",
+            [
+                str(binaries["kwok"]),
+                f"--kubeconfig={kubeconfig_for(_KWOK, directory / 'kwok.kubeconfig')}",
+                f"--config={_stages_file(directory)}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector="
+                f"{nodes.FAKE_NODE_ANNOTATION[0]}={nodes.FAKE_NODE_ANNOTATION[1]}",
+                f"--server-address={ports.HOST}:{kwok_port}",
+                "--node-lease-duration-seconds=40",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.200.0.1",
+            ],
+        )
+        insecure = _insecure_ssl()
+        await asyncio.gather(
+            health.wait_healthy(
+                controller_manager,
+                f"https://{ports.HOST}:{cm_port}/healthz",
+                timeout=options.start_timeout,
+                ssl_context=insecure,
+            ),
+            health.wait_healthy(
+                scheduler,
+                f"https://{ports.HOST}:{scheduler_port}/healthz",
+                timeout=options.start_timeout,
+                ssl_context=insecure,
+            ),
+            health.wait_healthy(
+                kwok, f"http://{ports.HOST}:{kwok_port}/healthz", timeout=options.start_timeout
+            ),
+        )
+        async with await api_client(admin_kubeconfig) as api:
+            await nodes.create(api, node_plan)
+            try:
+                await nodes.wait_ready(api, record.node_names, timeout=options.start_timeout)
+            except TimeoutError as err:
+                raise errors.ComponentFailed(
+                    "kwok",
+                    f"did not bring {len(node_plan)} fake node(s) to Ready within "
+                    f"{options.start_timeout:.0f} s",
+                    kwok.log,
+                    processes.log_tail(kwok.log),
+                ) from err
+    except BaseException:
+        launcher.stop_all()
+        raise
+    return record
+
+
+def _refuse_if_running(directory: Path) -> None:
+    try:
+        existing = state.load(directory)
+    except ValueError:
+        existing = None
+    if existing is None:
+        return
+    running = existing.alive()
+    if running:
+        pids = ", ".join(f"{process.name} {process.pid}" for process in running)
+        raise errors.SandboxInUse(
+            f"a sandbox is already running in {directory} ({pids}). "
+            f"Run `kmm sandbox down --dir {directory}` first, or choose another --dir."
+        )
+
+
+def _etcd_argv(binary: Path, directory: Path, client_port: int, peer_port: int) -> list[str]:
+    client_url = f"http://{ports.HOST}:{client_port}"
+    peer_url = f"http://{ports.HOST}:{peer_port}"
+    return [
+        str(binary),
+        "--name=sandbox",
+        f"--data-dir={directory / 'etcd'}",
+        f"--listen-client-urls={client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=sandbox={peer_url}",
+        "--initial-cluster-state=new",
+        # A sandbox is thrown away on every start: durability buys nothing here
+        # and fsync dominates API latency on a shared disk.
+        "--unsafe-no-fsync=true",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_argv(binary: Path, credentials: pki.Pki, etcd_port: int, port: int) -> list[str]:
+    return [
+        str(binary),
+        f"--etcd-servers=http://{ports.HOST}:{etcd_port}",
+        f"--bind-address={ports.HOST}",
+        f"--advertise-address={ports.HOST}",
+        f"--secure-port={port}",
+        f"--tls-cert-file={credentials.serving_cert}",
+        f"--tls-private-key-file={credentials.serving_key}",
+        f"--client-ca-file={credentials.ca_cert}",
+        "--authorization-mode=RBAC",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={credentials.service_account_public_key}",
+        f"--service-account-signing-key-file={credentials.service_account_key}",
+        f"--service-cluster-ip-range={_SERVICE_CIDR}",
+        "--allow-privileged=true",
+        "--profiling=false",
+    ]
+
+
+def down(directory: Path) -> list[processes.Process]:
+    """Stop exactly the processes the sandbox in ``directory`` started.
+
+    Returns those that were still running. Processes are stopped in reverse
+    start order so etcd outlives the API server that writes to it.
+    """
+    record = state.load(directory.resolve())
+    if record is None:
+        raise errors.NotRunning(f"no sandbox recorded in {directory}; nothing to stop")
+    running = record.alive()
+    for process in reversed(record.launched):
+        process.stop()
+    return running
+
+
+def status(directory: Path) -> state.SandboxState:
+    record = state.load(directory.resolve())
+    if record is None:
+        raise errors.NotRunning(
+            f"no sandbox recorded in {directory}; start one with `kmm sandbox up --dir {directory}`"
+        )
+    return record
+
+
+async def node_table(kubeconfig: Path) -> list[tuple[str, str, str]]:
+    """(name, Ready status, kernel) of every node, for ``status``."""
+    async with await api_client(kubeconfig) as api:
+        listing = await client.CoreV1Api(api).list_node()
+    rows = []
+    for node in listing.items:
+        ready = next(
+            (c.status for c in node.status.conditions or [] if c.type == "Ready"), "Unknown"
+        )
+        kernel = node.status.node_info.kernel_version if node.status.node_info else ""
+        rows.append((node.metadata.name, ready, kernel))
+    return rows

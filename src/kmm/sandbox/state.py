@@ -1,0 +1,90 @@
+"""The record of a running sandbox, kept as ``sandbox.json`` in its directory.
+
+It is what ``down`` and ``status`` work from, so it is written atomically and
+names every process with its pid start time (see ``processes``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kmm.sandbox import processes
+
+__all__ = ["STATE_FILE", "SandboxState", "load", "save"]
+
+STATE_FILE = "sandbox.json"
+_FORMAT = 1
+
+
+@dataclasses.dataclass
+class SandboxState:
+    directory: Path
+    server: str
+    kubeconfig: Path
+    launched: list[processes.Process]
+    node_names: list[str]
+    versions: dict[str, str]
+
+    def alive(self) -> list[processes.Process]:
+        return [process for process in self.launched if process.alive()]
+
+
+def save(state: SandboxState) -> None:
+    document: dict[str, Any] = {
+        "format": _FORMAT,
+        "server": state.server,
+        "kubeconfig": str(state.kubeconfig),
+        "versions": state.versions,
+        "nodes": state.node_names,
+        "processes": [
+            {
+                "name": process.name,
+                "pid": process.pid,
+                "startTicks": process.start_ticks,
+                "log": str(process.log),
+                "argv": list(process.argv),
+            }
+            for process in state.launched
+        ],
+    }
+    target = state.directory / STATE_FILE
+    temporary = target.with_suffix(".tmp")
+    with temporary.open("w") as stream:
+        json.dump(document, stream, indent=2)
+        stream.flush()
+        os.fsync(stream.fileno())
+    temporary.replace(target)
+
+
+def load(directory: Path) -> SandboxState | None:
+    """The recorded state, or None when the directory holds no sandbox."""
+    path = directory / STATE_FILE
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path} is not a readable sandbox record: {err}") from err
+    if document.get("format") != _FORMAT:
+        raise ValueError(f"{path} has record format {document.get('format')!r}, expected {_FORMAT}")
+    return SandboxState(
+        directory=directory,
+        server=document["server"],
+        kubeconfig=Path(document["kubeconfig"]),
+        versions=dict(document["versions"]),
+        node_names=list(document["nodes"]),
+        launched=[
+            processes.Process(
+                name=entry["name"],
+                pid=entry["pid"],
+                start_ticks=entry["startTicks"],
+                log=Path(entry["log"]),
+                argv=tuple(entry["argv"]),
+            )
+            for entry in document["processes"]
+        ],
+    )

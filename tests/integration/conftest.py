@@ -1,0 +1,76 @@
+"""Integration fixtures: one real sandbox control plane for the whole session.
+
+``sandbox`` brings it up once (building the binaries on first use, cached per
+version under $KMM_CACHE_DIR or ~/.cache/kmm) and takes it down at the end;
+``api_client`` is a fresh kubernetes-asyncio client per test; ``namespace`` is a
+namespace of the test's own, deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client
+
+from kmm.sandbox import cluster, testing
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.path)).is_relative_to(Path(__file__).parent):
+            item.add_marker(pytest.mark.integration)
+
+
+#: Kernels the session's fake nodes are spread over (round robin).
+KERNELS = ("6.8.0-45-generic", "6.1.0-27-amd64", "5.14.0-427.el9.x86_64+")
+NODE_COUNT = 4
+
+
+def _cache_dir() -> Path:
+    override = os.environ.get("KMM_CACHE_DIR")
+    return Path(override) if override else Path.home() / ".cache" / "kmm"
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testing.RunningSandbox]:
+    directory = tmp_path_factory.mktemp("sandbox")
+    options = cluster.Options(
+        directory=directory, cache_dir=_cache_dir(), nodes=NODE_COUNT, kernels=KERNELS
+    )
+    record = asyncio.run(cluster.up(options))
+    try:
+        yield testing.RunningSandbox(
+            directory=directory,
+            kubeconfig=record.kubeconfig,
+            server=record.server,
+            node_names=record.node_names,
+            kernels=KERNELS,
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            cluster.down(directory)
+
+
+@pytest.fixture
+async def api_client(sandbox: testing.RunningSandbox) -> AsyncIterator[client.ApiClient]:
+    api = await cluster.api_client(sandbox.kubeconfig)
+    async with api:
+        yield api
+
+
+@pytest.fixture
+async def namespace(api_client: client.ApiClient) -> AsyncIterator[str]:
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    core = client.CoreV1Api(api_client)
+    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException):
+            await core.delete_namespace(name)

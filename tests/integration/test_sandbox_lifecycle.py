@@ -1,0 +1,122 @@
+"""A sandbox of its own per test here: ``up`` refuses a directory in use,
+``down`` stops every process it started and nothing else, the CLI reports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kmm.sandbox import cluster, errors, state
+
+
+def _processes_mentioning(directory: Path) -> list[int]:
+    """Pids whose command line names ``directory`` (every component's does)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            status = (entry / "stat").read_text()
+        except OSError:
+            continue
+        zombie = status[status.rindex(")") + 2] == "Z"
+        if str(directory).encode() in cmdline and not zombie:
+            found.append(int(entry.name))
+    return found
+
+
+def _cache_dir() -> Path:
+    override = os.environ.get("KMM_CACHE_DIR")
+    return Path(override) if override else Path.home() / ".cache" / "kmm"
+
+
+async def test_down_leaves_no_process_and_a_running_dir_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "own"
+    options = cluster.Options(directory=directory, cache_dir=_cache_dir(), nodes=1)
+    record = await cluster.up(options)
+    try:
+        pids = {process.pid for process in record.launched}
+        assert {process.name for process in record.launched} == {
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok",
+        }
+        assert set(_processes_mentioning(directory.resolve())) == pids
+        with pytest.raises(errors.SandboxInUse, match="already running"):
+            await cluster.up(options)
+        # The refused start changed nothing: the same processes still run.
+        assert {p.pid for p in state.load(directory.resolve()).alive()} == pids  # type: ignore[union-attr]
+    finally:
+        stopped = cluster.down(directory)
+    assert {process.pid for process in stopped} == pids
+    assert _processes_mentioning(directory.resolve()) == []
+    assert all(not os.path.exists(f"/proc/{pid}/cmdline") or not _alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return status[status.rindex(")") + 2] != "Z"
+
+
+def test_cli_up_status_down(tmp_path: Path) -> None:
+    kmm = shutil.which("kmm", path=str(Path(sys.executable).parent))
+    assert kmm is not None
+    directory = tmp_path / "cli"
+    env = dict(os.environ, KMM_CACHE_DIR=str(_cache_dir()))
+    up = subprocess.run(
+        [kmm, "sandbox", "up", "--dir", str(directory), "--nodes", "2", "--kernel", "6.8.0-1-test"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "2 node(s) Ready" in up.stdout
+        assert f"export KUBECONFIG={directory.resolve() / 'kubeconfig'}" in up.stdout
+        shown = subprocess.run(
+            [kmm, "sandbox", "status", "--dir", str(directory)],
+            env=dict(env, COLUMNS="200"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert shown.returncode == 0, shown.stderr
+        for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+            assert name in shown.stdout
+        assert shown.stdout.count("6.8.0-1-test") == 2
+        assert "control plane RSS" in shown.stdout
+    finally:
+        down = subprocess.run(
+            [kmm, "sandbox", "down", "--dir", str(directory)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert down.returncode == 0, down.stderr
+    assert _processes_mentioning(directory.resolve()) == []
+    again = subprocess.run(
+        [kmm, "sandbox", "status", "--dir", str(tmp_path / "nothing-here")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert again.returncode == 1
+    assert "no sandbox recorded" in again.stderr
