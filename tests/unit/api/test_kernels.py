@@ -203,7 +203,9 @@ def test_group_nodes_reports_kernels_that_cannot_expand() -> None:
 
 @settings(deadline=None, max_examples=200)
 @given(
-    kernel=st.from_regex(r"\A[0-9]{1,2}[.-][0-9]{1,3}[.-][0-9A-Za-z_.-]{1,30}\Z"),
+    # Tag-safe kernels whose first three parts are non-empty (an empty part,
+    # as in "6.1..", empties a variable: target() refuses that image).
+    kernel=st.from_regex(r"\A[0-9]{1,2}[.-][0-9]{1,3}[.-][0-9A-Za-z_][0-9A-Za-z_.-]{0,29}\Z"),
     tag=st.lists(st.sampled_from([*kernels.VARIABLES, "-", ".", "v1"]), min_size=1, max_size=4),
 )
 def test_expanded_images_are_valid_for_tag_safe_kernels(kernel: str, tag: list[str]) -> None:
@@ -215,6 +217,15 @@ def test_expanded_images_are_valid_for_tag_safe_kernels(kernel: str, tag: list[s
     values = kernels.variables(kernel, module_name="kmod", module_namespace="drivers")
     expanded = kernels.expand(template, values)
     assert formats.image_error(expanded) is None, expanded
+
+
+def test_empty_kernel_part_is_refused() -> None:
+    obj = copy.deepcopy(_MODULE)
+    obj["spec"]["moduleLoader"]["container"]["kernelMappings"] = [
+        {"regexp": "^6", "containerImage": "r/x:${KERNEL_Z}"},
+    ]
+    with pytest.raises(kernels.KernelMappingError, match="explicit tag"):
+        kernels.target(validation.parse_module(obj), "6.1..")
 
 
 def test_unsafe_kernel_parts_are_refused_not_expanded_into_bad_images() -> None:
