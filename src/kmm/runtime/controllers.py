@@ -181,11 +181,20 @@ class Controller:
         self.metrics.queue_depth(self.name, len(self.queue))
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Work until `stop`; then let in-flight reconciles finish.
+
+        The wait for in-flight work is unbounded here: the manager bounds it
+        (its grace period, or none when the lease is lost) by cancelling us.
+        """
         workers = tasks.TaskSet(f"controller/{self.name}")
         try:
             for index in range(self.workers):
                 workers.spawn(self._work(), name=f"worker-{index}")
             await tasks.wait_first(stop, workers.failed)
+            # Idle workers end with QueueShutDown; busy ones finish their key.
+            self.queue.shutdown()
+            if pending := workers.tasks():
+                await asyncio.wait(pending)
         finally:
             self.queue.shutdown()
             await workers.close()

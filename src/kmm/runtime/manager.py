@@ -120,8 +120,11 @@ class Manager:
             await tasks.wait_first(*waits)
             lost = elector is not None and elector.lost.is_set() and not stop.is_set()
         finally:
+            # A lost lease allows no grace: another replica may lead in
+            # lease_duration - renew_deadline seconds, so stop work at once.
+            lease_lost = self.elector is not None and self.elector.lost.is_set()
             leader_stop.set()
-            await self._drain(leader)
+            await self._drain(leader, grace=0.0 if lease_lost else self.grace)
             election_stop.set()
             await self._drain(base, only=lambda name: name.endswith("/leader-election"))
             base_stop.set()
@@ -138,13 +141,18 @@ class Manager:
         _log.info("manager: %d informer(s) synced", len(self._informers))
 
     async def _drain(
-        self, owned: tasks.TaskSet, *, only: Callable[[str], bool] | None = None
+        self,
+        owned: tasks.TaskSet,
+        *,
+        grace: float | None = None,
+        only: Callable[[str], bool] | None = None,
     ) -> None:
         """Let tasks end on their stop event for `grace` seconds, then cancel."""
         pending = owned.tasks()
         if only is not None:
             pending = [task for task in pending if only(task.get_name())]
-        if pending:
-            await asyncio.wait(pending, timeout=self.grace)
+        grace = self.grace if grace is None else grace
+        if pending and grace > 0:
+            await asyncio.wait(pending, timeout=grace)
         if only is None:
             await owned.close()

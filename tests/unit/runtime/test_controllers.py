@@ -183,3 +183,30 @@ async def test_prometheus_metrics_count_outcomes() -> None:
     assert sample("controller_runtime_reconcile_errors_total", {"controller": "c"}) == 1
     assert sample("controller_runtime_reconcile_time_seconds_count", {"controller": "c"}) == 2
     assert sample("workqueue_depth", {"name": "c"}) == 7
+
+
+async def test_stop_lets_an_in_flight_reconcile_finish() -> None:
+    clock = clocks.FakeClock()
+    entered = asyncio.Event()
+    release = asyncio.Event()
+    finished: list[str] = []
+
+    class Busy:
+        async def reconcile(self, key: str) -> Result:
+            entered.set()
+            await release.wait()
+            finished.append(key)
+            return Result()
+
+    controller, _ = make(Busy(), clock)
+    controller.workers = 2
+    stop = asyncio.Event()
+    controller.enqueue("k")
+    runner = asyncio.ensure_future(controller.run(stop))
+    await entered.wait()
+    stop.set()
+    await helpers.settle(lambda: controller.queue.shutting_down)
+    assert not runner.done()
+    release.set()
+    await runner
+    assert finished == ["k"]

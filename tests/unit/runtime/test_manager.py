@@ -35,15 +35,19 @@ class FakeController:
         self.name = name
         self.started = asyncio.Event()
         self.stopped = False
+        self.ended = False
         self.fail = fail
 
     async def run(self, stop: asyncio.Event) -> None:
         self.started.set()
-        if self.fail is not None:
-            await self.fail.wait()
-            raise RuntimeError("controller broke")
-        await stop.wait()
-        self.stopped = True
+        try:
+            if self.fail is not None:
+                await self.fail.wait()
+                raise RuntimeError("controller broke")
+            await stop.wait()
+            self.stopped = True
+        finally:
+            self.ended = True
 
 
 async def test_controllers_start_after_every_informer_synced_and_stop_first() -> None:
@@ -173,7 +177,7 @@ async def test_losing_the_lease_stops_controllers_and_raises() -> None:
         clock.advance(2.0)
     with pytest.raises(manager.LeadershipLost):
         await run
-    assert controller.stopped
+    assert controller.ended  # cancelled, not asked: a lost lease allows no grace
     assert informer.stopped
 
 
@@ -185,3 +189,42 @@ async def test_a_signal_sets_stop() -> None:
         await stop.wait()
     finally:
         remove()
+
+
+class Stubborn:
+    """A leader-only runnable that ignores its stop event."""
+
+    name = "stubborn"
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cancelled = False
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
+async def test_a_lost_lease_cancels_leader_work_without_grace() -> None:
+    clock = clocks.FakeClock()
+    leases = Breakable()
+    # A grace period this test would notice (it would hang for an hour).
+    mgr = manager.Manager(elector=make_elector(leases, "me", clock), grace=3600.0)
+    informer = FakeInformer("i")
+    informer.synced.set()
+    stubborn = Stubborn()
+    mgr.add_informer(informer)
+    mgr.add(stubborn, leader_only=True)
+    run = asyncio.ensure_future(mgr.run(asyncio.Event()))
+    await stubborn.started.wait()
+    leases.broken = True
+    for _ in range(6):
+        await helpers.settle(lambda: clock.pending == 1 or run.done())
+        clock.advance(2.0)
+    with pytest.raises(manager.LeadershipLost):
+        await run
+    assert stubborn.cancelled
