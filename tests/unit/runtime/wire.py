@@ -26,6 +26,8 @@ class Watch:
     # close: end the chunked body cleanly (server-side timeout);
     # drop: abort the connection mid-stream; hold: stay open until released.
     end: Literal["close", "drop", "hold"] = "hold"
+    # Send nothing until this is set (lets a test order events after writes).
+    gate: asyncio.Event | None = None
 
 
 @dataclasses.dataclass
@@ -72,10 +74,12 @@ class Server:
         self.lists: collections.deque[tuple[int, dict[str, Any]]] = collections.deque()
         self.watches: collections.deque[Watch] = collections.deque()
         self.requests: list[Request] = []
+        self.writes: list[tuple[str, str, Any]] = []  # (method, path, body)
         self._changed = asyncio.Condition()
         self._release = asyncio.Event()
         app = web.Application()
         app.router.add_get("/{tail:.*}", self._handle)
+        app.router.add_route("*", "/{tail:.*}", self._write)
         self._server = test_utils.TestServer(app)
 
     @property
@@ -91,6 +95,13 @@ class Server:
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
         async with self._changed:
             await self._changed.wait_for(predicate)
+
+    async def _write(self, request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else None
+        self.writes.append((request.method, request.path, body))
+        async with self._changed:
+            self._changed.notify_all()
+        return web.json_response(body or {})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         record = Request(request.path, dict(request.query))
@@ -109,6 +120,8 @@ class Server:
         response.enable_chunked_encoding()
         response.content_type = "application/json"
         await response.prepare(request)
+        if script.gate is not None:
+            await script.gate.wait()
         for line in script.lines:
             await response.write(json.dumps(line).encode() + b"\n")
         if script.end == "drop":
