@@ -7,9 +7,10 @@ reflector:
    of vanished ones), remember the list's resourceVersion, mark synced;
 2. watch from that resourceVersion with bookmarks, applying events and moving
    the resourceVersion forward (bookmarks move it without an object);
-3. a watch that ends normally (server timeout, dropped connection) resumes
-   from the last resourceVersion; 410 Gone relists; other errors back off
-   exponentially (`initial_backoff` doubling to `max_backoff`) and resume.
+3. a watch that ends normally (server timeout) resumes at once from the last
+   resourceVersion; 410 Gone relists at once; errors, and watches that end
+   without any event, back off exponentially (`initial_backoff` doubling to
+   `max_backoff`) and then resume.
 
 Handlers are synchronous and must be quick (they enqueue keys); an exception
 in one is logged and does not stop the informer. What the store keeps is the
@@ -144,8 +145,12 @@ class Informer:
             try:
                 if self.resource_version is None:
                     await self._relist()
-                await self._watch()
-                backoff = self.initial_backoff
+                if await self._watch():
+                    backoff = self.initial_backoff
+                    continue
+                # A watch that ends without a single event (bookmarks included)
+                # is a server or proxy cutting us off: back off, do not spin.
+                _log.info("%s: watch ended without events, retry in %.1fs", self.name, backoff)
             except _TRANSIENT as error:
                 if listwatch.is_gone(error):
                     # Relist at once: the server told us our version is too old.
@@ -153,8 +158,8 @@ class Informer:
                     self.resource_version = None
                     continue
                 _log.warning("%s: list/watch failed, retry in %.1fs: %s", self.name, backoff, error)
-                await self._clock.sleep(backoff)
-                backoff = min(self.max_backoff, backoff * 2)
+            await self._clock.sleep(backoff)
+            backoff = min(self.max_backoff, backoff * 2)
 
     async def _relist(self) -> None:
         self.lists += 1
@@ -187,18 +192,22 @@ class Informer:
         self.resource_version = page["resource_version"]
         self._synced.set()
 
-    async def _watch(self) -> None:
+    async def _watch(self) -> int:
+        """Apply one watch's events; return how many there were."""
         assert self.resource_version is not None
         self.watches += 1
+        count = 0
         events = self.source.watch(
             resource_version=self.resource_version,
             label_selector=self.label_selector,
             field_selector=self.field_selector,
             timeout_seconds=self.watch_timeout,
         )
-        async with contextlib.aclosing(events):  # type: ignore[type-var]
+        async with contextlib.aclosing(events):
             async for event in events:
+                count += 1
                 self._apply(event)
+        return count
 
     def _apply(self, event: listwatch.WatchEvent) -> None:
         raw = event["object"]

@@ -26,7 +26,7 @@ instead of a watch that waits forever.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Literal, Protocol, TypedDict
 
 import aiohttp
@@ -66,7 +66,7 @@ class ListWatch(Protocol):
         label_selector: str | None,
         field_selector: str | None,
         timeout_seconds: int,
-    ) -> AsyncIterator[WatchEvent]: ...
+    ) -> AsyncGenerator[WatchEvent, None]: ...
 
 
 def is_gone(error: BaseException) -> bool:
@@ -136,7 +136,7 @@ class ApiListWatch:
         label_selector: str | None,
         field_selector: str | None,
         timeout_seconds: int,
-    ) -> AsyncIterator[WatchEvent]:
+    ) -> AsyncGenerator[WatchEvent, None]:
         kwargs: dict[str, Any] = {
             "resource_version": resource_version,
             "allow_watch_bookmarks": True,

@@ -246,3 +246,19 @@ async def test_handler_failure_does_not_stop_the_informer(conn: wire.Connection)
     async with running(informer):
         await helpers.settle(lambda: informer.resource_version == "3")
     assert [e[1] for e in recorder.events] == ["ns/a", "ns/b"]
+
+
+async def test_a_watch_closed_without_events_backs_off_instead_of_spinning(
+    conn: wire.Connection,
+) -> None:
+    server = conn.server
+    clock = clocks.FakeClock()
+    server.lists.append((200, page([], "10")))
+    server.watches.append(wire.Watch(end="close"))
+    informer, _ = make(conn, clock, initial_backoff=1.0)
+    async with running(informer):
+        await helpers.settle(lambda: clock.pending == 1)
+        assert len(server.watch_requests()) == 1
+        clock.advance(1.0)
+        await server.wait_until(lambda: len(server.watch_requests()) == 2)
+    assert [r.query["resourceVersion"] for r in server.watch_requests()] == ["10", "10"]
