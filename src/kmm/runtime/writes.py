@@ -4,8 +4,10 @@
 every generated API call goes through) and counts POST, PUT, PATCH and DELETE
 by `(verb, resource)`, where resource is the plural name with any subresource
 (`daemonsets`, `nodes/status`) and the group (`apps/daemonsets`) parsed from
-the URL. Reads are not counted. `uninstall` restores the client. Counting is
-exact and synchronous with the call, so assertions need no waiting.
+the URL. Reads are not counted. A write is counted when it is sent, whether
+or not the server accepts it: "zero writes" means zero attempts. `uninstall`
+restores the client. Counting is synchronous with the call, so assertions
+need no waiting.
 """
 
 from __future__ import annotations
