@@ -1,0 +1,130 @@
+"""What the operator caches, and how each cached object maps back to Modules.
+
+Four informers (DESIGN §5, seed 000 step 7): Modules, the DaemonSets and pods
+kmm made (label ``role`` present), and Nodes. Each keeps only the fields the
+reconciler reads (``stores.keep_fields``), so 5,000 Nodes cost a few MiB.
+Indexes answer the reconciler's questions without scans:
+
+- DaemonSets and pods by ``MODULE_INDEX`` (``<ns>/<name>`` from their labels);
+- Nodes by ``MODULE_INDEX`` too, from the per-module labels they carry
+  (``<ns>.<name>.ready`` ...), so a Module finds the nodes it labelled;
+- Modules by ``SELECTOR_INDEX`` (one value per ``key=value`` of the
+  selector; ``""`` for an empty selector), so a node event finds the Modules
+  that select it without trying every Module.
+
+The ``*_keys`` functions are the event-to-key mappings the wiring hands to
+``runtime.handlers.enqueue_mapped``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from kmm.api import labels, scheduling
+from kmm.runtime import stores
+
+__all__ = [
+    "DAEMONSET_FIELDS",
+    "MODULE_INDEX",
+    "NODE_FIELDS",
+    "OWNED_SELECTOR",
+    "POD_FIELDS",
+    "SELECTOR_INDEX",
+    "module_of_label",
+    "module_of_object",
+    "module_selector_index",
+    "modules_of_node",
+    "node_module_index",
+    "object_module_index",
+]
+
+MODULE_INDEX: Final = "module"
+SELECTOR_INDEX: Final = "selector"
+
+# Objects kmm made carry the role label; informers list only those.
+OWNED_SELECTOR: Final = labels.ROLE
+
+NODE_FIELDS: Final = (
+    "metadata.labels",
+    "spec.unschedulable",
+    "spec.taints",
+    "status.nodeInfo.kernelVersion",
+)
+DAEMONSET_FIELDS: Final = (
+    "metadata.labels",
+    "metadata.annotations",
+    "metadata.deletionTimestamp",
+    "status.desiredNumberScheduled",
+    "status.numberAvailable",
+    "status.numberReady",
+)
+POD_FIELDS: Final = (
+    "metadata.labels",
+    "metadata.deletionTimestamp",
+    "spec.nodeName",
+    "status.conditions",
+)
+
+# Per-module node label suffixes the module loader and device plugin manage.
+_SUFFIXES: Final = (".ready", ".device-plugin-ready", ".dra-target", ".dra-ready")
+
+
+def module_of_label(key: str) -> str | None:
+    """``<ns>/<name>`` of a per-module node label key, or None for other labels.
+
+    A namespace has no dots (a DNS label), so the first dot ends it.
+    """
+    if not key.startswith(labels.PREFIX):
+        return None
+    name_part = key[len(labels.PREFIX) :]
+    for suffix in _SUFFIXES:
+        if name_part.endswith(suffix):
+            namespace, dot, name = name_part[: -len(suffix)].partition(".")
+            return f"{namespace}/{name}" if dot and namespace and name else None
+    return None
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    found: Mapping[str, str] = (obj.get("metadata") or {}).get("labels") or {}
+    return found
+
+
+def module_of_object(obj: Mapping[str, Any]) -> str | None:
+    """``<ns>/<name>`` of the Module a DaemonSet or pod was made for."""
+    found = _labels(obj)
+    namespace, name = found.get(labels.MODULE_NAMESPACE), found.get(labels.MODULE_NAME)
+    return f"{namespace}/{name}" if namespace and name else None
+
+
+def object_module_index(obj: stores.RawObject) -> Iterable[str]:
+    key = module_of_object(obj)
+    return (key,) if key else ()
+
+
+def node_module_index(obj: stores.RawObject) -> Iterable[str]:
+    return {key for label in _labels(obj) if (key := module_of_label(label))}
+
+
+def module_selector_index(obj: stores.RawObject) -> Iterable[str]:
+    selector: Mapping[str, str] = (obj.get("spec") or {}).get("selector") or {}
+    if not isinstance(selector, Mapping) or not selector:
+        return ("",)
+    return tuple(f"{key}={value}" for key, value in selector.items())
+
+
+def modules_of_node(node: Mapping[str, Any], modules_store: stores.Store) -> list[str]:
+    """Keys of the Modules a node event concerns: those selecting it, and
+    those whose labels it carries (it may have just stopped matching)."""
+    node_labels = _labels(node)
+    candidates: set[str] = set(modules_store.index_keys(SELECTOR_INDEX, ""))
+    for key, value in node_labels.items():
+        candidates.update(modules_store.index_keys(SELECTOR_INDEX, f"{key}={value}"))
+    found: set[str] = set()
+    for key in candidates:
+        module = modules_store.get(key)
+        selector = ((module or {}).get("spec") or {}).get("selector") or {}
+        if isinstance(selector, Mapping) and scheduling.matches_selector(node_labels, selector):
+            found.add(key)
+    found.update(m for label in node_labels if (m := module_of_label(label)))
+    return sorted(found)

@@ -1,0 +1,104 @@
+"""Pure builder for the device-plugin DaemonSet of a Module.
+
+It runs where the module is loaded: it selects the node label
+``<ns>.<name>.ready`` that the operator keeps true to the loader pod's
+readiness. A Module without ``moduleLoader`` (an in-tree driver) has nothing
+to wait for, so its device plugin selects ``spec.selector`` directly
+(DESIGN §4-§5). The kubelet's device-plugin socket directory is mounted, as
+every device plugin needs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kmm.api import labels, modules
+from kmm.operator import objects
+
+__all__ = ["daemonset", "daemonset_name", "node_selector", "pod_labels"]
+
+RawObject = dict[str, Any]
+
+_PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
+
+
+def pod_labels(module: modules.Module) -> dict[str, str]:
+    return labels.module_labels(
+        module.metadata.namespace or "", module.metadata.name, "device-plugin"
+    )
+
+
+def node_selector(module: modules.Module) -> dict[str, str]:
+    if module.spec.module_loader is None:
+        return dict(module.spec.selector)
+    return {labels.ready(module.metadata.namespace or "", module.metadata.name): ""}
+
+
+def daemonset_name(module: modules.Module) -> str:
+    return labels.daemonset_name(module.metadata.name, "device-plugin")
+
+
+def _container(spec: modules.ContainerSpec, name: str) -> RawObject:
+    container: RawObject = {"name": name, "image": spec.image}
+    for wire, value in (
+        ("command", spec.command),
+        ("args", spec.args),
+        ("env", spec.env),
+        ("imagePullPolicy", spec.image_pull_policy),
+        ("resources", spec.resources),
+    ):
+        if value is not None:
+            container[wire] = value
+    return container
+
+
+def daemonset(module: modules.Module) -> RawObject:
+    """The desired device-plugin DaemonSet, hash-stamped. Needs ``spec.devicePlugin``."""
+    plugin = module.spec.device_plugin
+    if plugin is None:
+        raise ValueError("a device-plugin DaemonSet needs spec.devicePlugin")
+    container = _container(plugin.container, "device-plugin")
+    container["securityContext"] = {"privileged": True}
+    container["volumeMounts"] = [
+        {"name": "kubelet-device-plugins", "mountPath": _PLUGINS_DIR},
+        *(plugin.container.volume_mounts or ()),
+    ]
+    pod_spec: RawObject = {
+        "containers": [container],
+        "nodeSelector": node_selector(module),
+        "priorityClassName": "system-node-critical",
+        "volumes": [
+            {"name": "kubelet-device-plugins", "hostPath": {"path": _PLUGINS_DIR}},
+            *(plugin.volumes or ()),
+        ],
+    }
+    if plugin.init_container is not None:
+        init = _container(plugin.init_container, "device-plugin-init")
+        if plugin.init_container.volume_mounts:
+            init["volumeMounts"] = list(plugin.init_container.volume_mounts)
+        pod_spec["initContainers"] = [init]
+    if module.spec.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in module.spec.tolerations
+        ]
+    if module.spec.image_repo_secret is not None:
+        pod_spec["imagePullSecrets"] = [{"name": module.spec.image_repo_secret.name}]
+    if plugin.service_account_name:
+        pod_spec["serviceAccountName"] = plugin.service_account_name
+    selected = pod_labels(module)
+    return objects.stamped(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {
+                "name": daemonset_name(module),
+                "namespace": module.metadata.namespace,
+                "labels": dict(selected),
+                "ownerReferences": [objects.controller_reference(module)],
+            },
+            "spec": {
+                "selector": {"matchLabels": dict(selected)},
+                "template": {"metadata": {"labels": dict(selected)}, "spec": pod_spec},
+            },
+        }
+    )

@@ -1,0 +1,163 @@
+"""Pure builders for module-loader DaemonSets: one per (kernel, image) pair.
+
+The loader pod loads the module in ``postStart`` and unloads it in
+``preStop`` (seed 000; DESIGN §5), so the pod is Ready exactly while the
+module is loaded. DESIGN §5 keeps KMM's early DaemonSet design and closes its
+hole: ``updateStrategy: OnDelete``, and the pod template is a function of the
+(kernel, image, modprobe) content and the Module's scheduling fields only, so
+an operator upgrade never changes it and never restarts a loader pod.
+
+Neighbours: ``objects`` (hash, owner), ``moduleloader`` (the reconciler that
+sends these), ``kmm.api.labels`` (every name used here).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from kmm.api import kernels, labels, modules
+from kmm.operator import objects
+
+__all__ = ["daemonset", "daemonset_name", "load_commands", "pair_labels", "unload_commands"]
+
+RawObject = dict[str, Any]
+
+_CONTAINER = "module-loader"
+_FIRMWARE_HOST_PATH = "/var/lib/firmware"
+
+
+def _modprobe(module: modules.Module) -> modules.ModprobeSpec:
+    loader = module.spec.module_loader
+    if loader is None:
+        raise ValueError("a loader DaemonSet needs spec.moduleLoader")
+    return loader.container.modprobe
+
+
+def load_commands(modprobe: modules.ModprobeSpec, target: kernels.Target) -> list[list[str]]:
+    """The commands ``postStart`` runs, in order.
+
+    In-tree modules the mapping names are removed first; firmware is copied
+    where the kernel looks for it; then ``modprobe -v -d <dirName> <module>
+    <parameters>`` (or ``rawArgs.load`` verbatim).
+    """
+    commands: list[list[str]] = []
+    if target.in_tree_modules_to_remove:
+        commands.append(["modprobe", "-rva", *target.in_tree_modules_to_remove])
+    if modprobe.firmware_path:
+        commands.append(["cp", "-r", f"{modprobe.firmware_path}/.", _FIRMWARE_HOST_PATH])
+    if modprobe.raw_args is not None and modprobe.raw_args.load is not None:
+        commands.append(["modprobe", *modprobe.raw_args.load])
+        return commands
+    assert modprobe.module_name is not None  # validation: moduleName unless rawArgs
+    extra = list(modprobe.args.load) if modprobe.args and modprobe.args.load else []
+    commands.append(
+        [
+            "modprobe",
+            "-v",
+            *extra,
+            "-d",
+            modprobe.dir_name,
+            modprobe.module_name,
+            *(modprobe.parameters or ()),
+        ]
+    )
+    return commands
+
+
+def unload_commands(modprobe: modules.ModprobeSpec) -> list[list[str]]:
+    """The commands ``preStop`` runs: ``modprobe -rv -d <dirName> <module>``
+    (with ``modulesLoadingOrder``, every listed module, in that order)."""
+    if modprobe.raw_args is not None and modprobe.raw_args.unload is not None:
+        return [["modprobe", *modprobe.raw_args.unload]]
+    assert modprobe.module_name is not None
+    extra = list(modprobe.args.unload) if modprobe.args and modprobe.args.unload else []
+    names = modprobe.modules_loading_order or [modprobe.module_name]
+    return [["modprobe", "-rv", *extra, "-d", modprobe.dir_name, *names]]
+
+
+def _shell(commands: list[list[str]]) -> list[str]:
+    return ["/bin/sh", "-c", " && ".join(shlex.join(command) for command in commands)]
+
+
+def pair_labels(module: modules.Module, kernel: str, image: str) -> dict[str, str]:
+    """The labels a loader DaemonSet and its pods carry: how the pair is found again."""
+    return {
+        **labels.module_labels(
+            module.metadata.namespace or "", module.metadata.name, "module-loader"
+        ),
+        labels.KERNEL_VERSION_FULL: labels.kernel_value(kernel),
+        labels.IMAGE_HASH: labels.image_hash(image),
+    }
+
+
+def daemonset_name(module: modules.Module, kernel: str, image: str) -> str:
+    """Deterministic per pair, so a create repeated after a crash cannot duplicate."""
+    return labels.daemonset_name(module.metadata.name, "module-loader", kernel, image)
+
+
+def daemonset(module: modules.Module, target: kernels.Target) -> RawObject:
+    """The desired loader DaemonSet for one (kernel, image) pair, hash-stamped."""
+    loader = module.spec.module_loader
+    assert loader is not None
+    modprobe = _modprobe(module)
+    container_spec = loader.container
+    pod_labels = pair_labels(module, target.kernel, target.image)
+    node_selector = {
+        **module.spec.selector,
+        labels.KERNEL_VERSION_FULL: labels.kernel_value(target.kernel),
+    }
+    container: RawObject = {
+        "name": _CONTAINER,
+        "image": target.image,
+        # The container only holds the module files; the hooks do the work.
+        "command": ["sleep", "infinity"],
+        "securityContext": {
+            "capabilities": {"add": ["SYS_MODULE"]},
+            "runAsUser": 0,
+        },
+        "lifecycle": {
+            "postStart": {"exec": {"command": _shell(load_commands(modprobe, target))}},
+            "preStop": {"exec": {"command": _shell(unload_commands(modprobe))}},
+        },
+    }
+    if container_spec.image_pull_policy is not None:
+        container["imagePullPolicy"] = container_spec.image_pull_policy
+    pod_spec: RawObject = {
+        "containers": [container],
+        "nodeSelector": node_selector,
+        "priorityClassName": "system-node-critical",
+    }
+    if modprobe.firmware_path:
+        container["volumeMounts"] = [{"name": "firmware", "mountPath": _FIRMWARE_HOST_PATH}]
+        pod_spec["volumes"] = [
+            {
+                "name": "firmware",
+                "hostPath": {"path": "/lib/firmware", "type": "DirectoryOrCreate"},
+            }
+        ]
+    if module.spec.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in module.spec.tolerations
+        ]
+    if module.spec.image_repo_secret is not None:
+        pod_spec["imagePullSecrets"] = [{"name": module.spec.image_repo_secret.name}]
+    if loader.service_account_name:
+        pod_spec["serviceAccountName"] = loader.service_account_name
+    return objects.stamped(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {
+                "name": daemonset_name(module, target.kernel, target.image),
+                "namespace": module.metadata.namespace,
+                "labels": dict(pod_labels),
+                "ownerReferences": [objects.controller_reference(module)],
+            },
+            "spec": {
+                "selector": {"matchLabels": dict(pod_labels)},
+                "updateStrategy": {"type": "OnDelete"},
+                "template": {"metadata": {"labels": dict(pod_labels)}, "spec": pod_spec},
+            },
+        }
+    )

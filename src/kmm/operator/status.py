@@ -1,0 +1,156 @@
+"""A Module's status, computed from what the reconcile saw (pure).
+
+Counts follow KMM: ``nodesMatchingSelectorNumber`` (nodes the DaemonSets'
+selection starts from), ``desiredNumber`` and ``availableNumber`` (sums of
+the DaemonSets' ``desiredNumberScheduled`` / ``numberAvailable``).
+Conditions (ours, DESIGN §3) come from the node labels' truth, not from the
+DaemonSets' lagging counters:
+
+- Degraded: True with ``InvalidSpec`` or ``KernelMappingFailed``, else False;
+- Ready: True when every targeted node has the module loaded (and its device
+  plugin Ready, when there is one); ``NoMatchingNodes`` when none is targeted;
+- Progressing: True (``RollingOut``) while some targeted node is not ready.
+
+``kmm.api.conditions.set_condition`` keeps transition times, and ``differs``
+compares only the fields this reconciler owns, so a converged Module gets no
+status write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pydantic
+
+from kmm.api import conditions, modules
+
+__all__ = ["Observed", "compute", "counts", "differs", "invalid", "patch_body"]
+
+RawObject = dict[str, Any]
+
+# The status fields this reconciler writes; ``dra`` belongs to the DRA reconciler.
+_OWNED = ("moduleLoader", "devicePlugin", "conditions", "observedGeneration")
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """What a reconcile saw, in numbers."""
+
+    selected: int
+    loader: modules.DaemonSetStatus | None
+    plugin: modules.DaemonSetStatus | None
+    targeted: int
+    ready: int
+    plugin_wanted: int
+    plugin_ready: int
+    mapping_errors: Mapping[str, str]
+
+
+def counts(matching: int, daemonsets: Iterable[Mapping[str, Any]]) -> modules.DaemonSetStatus:
+    desired = available = 0
+    for ds in daemonsets:
+        status = ds.get("status") or {}
+        desired += int(status.get("desiredNumberScheduled") or 0)
+        available += int(status.get("numberAvailable") or 0)
+    return modules.DaemonSetStatus(
+        nodes_matching_selector_number=matching, desired_number=desired, available_number=available
+    )
+
+
+def _old(raw: Mapping[str, Any]) -> modules.ModuleStatus | None:
+    try:
+        return modules.ModuleStatus.model_validate(raw.get("status") or {})
+    except pydantic.ValidationError:
+        return None  # a status we cannot read is rewritten whole
+
+
+def compute(raw: Mapping[str, Any], seen: Observed, *, now: str) -> modules.ModuleStatus:
+    old = _old(raw)
+    generation = (raw.get("metadata") or {}).get("generation")
+    found = old.conditions if old is not None else None
+    if seen.mapping_errors:
+        detail = "; ".join(f"{k}: {v}" for k, v in sorted(seen.mapping_errors.items()))
+        found = conditions.set_condition(
+            found, conditions.DEGRADED, "True",
+            reason=conditions.REASON_KERNEL_MAPPING_FAILED, message=detail, now=now,
+            observed_generation=generation,
+        )  # fmt: skip
+    else:
+        found = conditions.set_condition(
+            found, conditions.DEGRADED, "False",
+            reason=conditions.REASON_AS_EXPECTED, now=now, observed_generation=generation,
+        )  # fmt: skip
+    wanted = seen.targeted + seen.plugin_wanted
+    done = seen.ready + seen.plugin_ready
+    if wanted == 0:
+        ready = ("False", conditions.REASON_NO_MATCHING_NODES, "no node is targeted")
+        progressing = ("False", conditions.REASON_NO_MATCHING_NODES, "")
+    elif done < wanted:
+        message = f"{seen.ready}/{seen.targeted} nodes loaded"
+        if seen.plugin is not None:
+            message += f", {seen.plugin_ready}/{seen.plugin_wanted} device plugins ready"
+        ready = ("False", conditions.REASON_NODES_NOT_READY, message)
+        progressing = ("True", conditions.REASON_ROLLING_OUT, message)
+    else:
+        message = f"{seen.ready}/{seen.targeted} nodes loaded"
+        ready = ("True", conditions.REASON_AS_EXPECTED, message)
+        progressing = ("False", conditions.REASON_AS_EXPECTED, "")
+    for type_, (state, reason, text) in (
+        (conditions.READY, ready),
+        (conditions.PROGRESSING, progressing),
+    ):
+        found = conditions.set_condition(
+            found, type_, state,  # type: ignore[arg-type]
+            reason=reason, message=text, now=now, observed_generation=generation,
+        )  # fmt: skip
+    return modules.ModuleStatus(
+        module_loader=seen.loader,
+        device_plugin=seen.plugin,
+        dra=old.dra if old is not None else None,
+        conditions=found,
+        observed_generation=generation,
+    )
+
+
+def invalid(raw: Mapping[str, Any], message: str, *, now: str) -> modules.ModuleStatus:
+    """Status of a Module that breaks the admission rules: Degraded, nothing made."""
+    old = _old(raw)
+    generation = (raw.get("metadata") or {}).get("generation")
+    found = old.conditions if old is not None else None
+    for type_, state in (
+        (conditions.DEGRADED, "True"),
+        (conditions.READY, "False"),
+        (conditions.PROGRESSING, "False"),
+    ):
+        found = conditions.set_condition(
+            found, type_, state,  # type: ignore[arg-type]
+            reason=conditions.REASON_INVALID_SPEC, message=message, now=now,
+            observed_generation=generation,
+        )  # fmt: skip
+    return modules.ModuleStatus(
+        module_loader=old.module_loader if old is not None else None,
+        device_plugin=old.device_plugin if old is not None else None,
+        dra=old.dra if old is not None else None,
+        conditions=found,
+        observed_generation=generation,
+    )
+
+
+def _owned(status: modules.ModuleStatus | None) -> dict[str, Any]:
+    if status is None:
+        return {}
+    dumped = status.model_dump(by_alias=True, exclude_none=True)
+    return {key: dumped[key] for key in _OWNED if key in dumped}
+
+
+def differs(raw: Mapping[str, Any], new: modules.ModuleStatus) -> bool:
+    """Whether ``new`` changes any field this reconciler owns."""
+    return _owned(_old(raw)) != _owned(new)
+
+
+def patch_body(new: modules.ModuleStatus) -> RawObject:
+    """A JSON merge patch of ``status``: owned fields set, absent ones removed."""
+    owned = _owned(new)
+    return {"status": {key: owned.get(key) for key in _OWNED}}

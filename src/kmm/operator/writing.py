@@ -1,0 +1,196 @@
+"""Every API write the operator makes, in one place, with in-flight memory.
+
+Writes go as raw JSON (no model parsing): server-side apply of DaemonSets
+(field manager ``kmm``; a create and an update are one idempotent call, so a
+create repeated after a crash cannot duplicate), JSON merge patches of node
+labels, Module status and finalizers, deletes, and Event creates.
+
+The informer cache lags a write by one watch event. A reconcile that runs in
+that gap would see the old object and send the same write again. ``Pending``
+remembers, per object, the writes sent since the cache last showed that
+object, with the resourceVersion seen when sending; the same write against
+the same cached version is skipped. Any informer event for the object
+forgets its entries (the cache now shows the result), so nothing is skipped
+on stale grounds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from kmm.api import modules
+
+__all__ = ["FIELD_MANAGER", "Pending", "Writer"]
+
+FIELD_MANAGER: Final = "kmm"
+
+_log = logging.getLogger(__name__)
+
+RawObject = dict[str, Any]
+_MERGE: Final = "application/merge-patch+json"
+_APPLY: Final = "application/apply-patch+yaml"
+
+
+class Pending:
+    """Writes sent whose result the cache does not show yet, per object key."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, dict[str, tuple[str | None, str]]] = {}
+
+    def seen(self, key: str) -> None:
+        """The cache showed ``key`` again (any informer event): forget its writes."""
+        self._entries.pop(key, None)
+
+    def sent(self, key: str, part: str, version: str | None, body: object) -> None:
+        self._entries.setdefault(key, {})[part] = (version, _digest(body))
+
+    def in_flight(self, key: str, part: str, version: str | None, body: object) -> bool:
+        entry = self._entries.get(key, {}).get(part)
+        return entry is not None and entry == (version, _digest(body))
+
+    def __len__(self) -> int:
+        return sum(len(parts) for parts in self._entries.values())
+
+
+def _digest(body: object) -> str:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def _version(obj: RawObject | None) -> str | None:
+    if obj is None:
+        return None
+    value = (obj.get("metadata") or {}).get("resourceVersion")
+    return value if isinstance(value, str) else None
+
+
+async def _send(call: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int, bytes]:
+    response = await call(*args, _preload_content=False, **kwargs)
+    try:
+        body: bytes = await response.read()
+        status: int = response.status
+    finally:
+        response.release()
+    return status, body
+
+
+def _check(status: int, body: bytes, what: str, *, missing_ok: bool = False) -> None:
+    if status == 404 and missing_ok:
+        return
+    if not 200 <= status <= 299:
+        raise ApiException(status=status, reason=f"{what}: {body[:300]!r}")
+
+
+class Writer:
+    """The operator's writes; ``pending`` is shared with the informer handlers."""
+
+    def __init__(self, api: client.ApiClient, *, pending: Pending | None = None) -> None:
+        self.apps = client.AppsV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.pending = pending if pending is not None else Pending()
+
+    async def apply_daemonset(self, desired: RawObject, observed: RawObject | None) -> bool:
+        """Server-side apply; True when it created the DaemonSet, False otherwise
+        (also when skipped as already in flight)."""
+        metadata = desired["metadata"]
+        key = f"{metadata['namespace']}/{metadata['name']}"
+        if self.pending.in_flight(key, "apply", _version(observed), desired):
+            return False
+        status, body = await _send(
+            self.apps.patch_namespaced_daemon_set,
+            metadata["name"],
+            metadata["namespace"],
+            desired,
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type=_APPLY,
+        )
+        _check(status, body, f"apply daemonset {key}")
+        self.pending.sent(key, "apply", _version(observed), desired)
+        return status == 201
+
+    async def delete_daemonset(self, namespace: str, name: str, observed: RawObject) -> bool:
+        """Delete (background propagation: the garbage collector takes the pods)."""
+        key = f"{namespace}/{name}"
+        if self.pending.in_flight(key, "delete", _version(observed), None):
+            return False
+        status, body = await _send(
+            self.apps.delete_namespaced_daemon_set,
+            name,
+            namespace,
+            propagation_policy="Background",
+        )
+        _check(status, body, f"delete daemonset {key}", missing_ok=True)
+        self.pending.sent(key, "delete", _version(observed), None)
+        return status != 404
+
+    async def patch_node_labels(self, node: RawObject, change: dict[str, str | None]) -> None:
+        name = node["metadata"]["name"]
+        if self.pending.in_flight(name, "labels", _version(node), change):
+            return
+        status, body = await _send(
+            self.core.patch_node,
+            name,
+            {"metadata": {"labels": change}},
+            _content_type=_MERGE,
+        )
+        _check(status, body, f"label node {name}", missing_ok=True)
+        self.pending.sent(name, "labels", _version(node), change)
+
+    async def patch_module_status(self, module: RawObject, patch: RawObject) -> None:
+        metadata = module["metadata"]
+        key = f"{metadata['namespace']}/{metadata['name']}"
+        if self.pending.in_flight(key, "status", _version(module), patch):
+            return
+        status, body = await _send(
+            self.custom.patch_namespaced_custom_object_status,
+            modules.GROUP,
+            modules.VERSION,
+            metadata["namespace"],
+            modules.PLURAL,
+            metadata["name"],
+            patch,
+            _content_type=_MERGE,
+        )
+        _check(status, body, f"status of module {key}", missing_ok=True)
+        self.pending.sent(key, "status", _version(module), patch)
+
+    async def set_finalizers(self, module: RawObject, finalizers: list[str]) -> None:
+        """Replace the finalizer list, guarded by the observed resourceVersion (409 on a race)."""
+        metadata = module["metadata"]
+        key = f"{metadata['namespace']}/{metadata['name']}"
+        patch = {
+            "metadata": {"finalizers": finalizers, "resourceVersion": metadata["resourceVersion"]}
+        }
+        if self.pending.in_flight(key, "finalizers", _version(module), patch):
+            return
+        status, body = await _send(
+            self.custom.patch_namespaced_custom_object,
+            modules.GROUP,
+            modules.VERSION,
+            metadata["namespace"],
+            modules.PLURAL,
+            metadata["name"],
+            patch,
+            _content_type=_MERGE,
+        )
+        _check(status, body, f"finalizers of module {key}", missing_ok=True)
+        self.pending.sent(key, "finalizers", _version(module), patch)
+
+    async def create_event(self, event: RawObject) -> None:
+        """Best effort: an Event that cannot be written is logged, never retried."""
+        try:
+            status, body = await _send(
+                self.core.create_namespaced_event, event["metadata"]["namespace"], event
+            )
+        except (ApiException, OSError) as err:
+            _log.warning("event not written: %s", err)
+            return
+        if not 200 <= status <= 299:
+            _log.warning("event not written (%d): %s", status, body[:200])
