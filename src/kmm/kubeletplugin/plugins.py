@@ -17,9 +17,11 @@ Prepare, per call: refuse everything until ``allow_claims``; validate each
 claim reference (a bad UID or name fails that claim alone); answer claims
 already prepared from the checkpoint (rebuilding a lost CDI spec); record
 the rest as started (one checkpoint write), let the policy prepare each,
-write its CDI spec, commit through ``owner.claim_allocated``, and record
-them completed (a second write). A failing claim is undone and answered
-with its error; the others are unaffected.
+write their CDI specs (in parallel worker threads: separate files), commit
+each through ``owner.claim_allocated``, and record them completed (a second
+write). A failing claim is undone and answered with its error; the others
+are unaffected. File I/O runs in worker threads so health streams and the
+publisher keep running during a large prepare.
 """
 
 from __future__ import annotations
@@ -321,43 +323,69 @@ class Plugin:
                     namespace=ref.namespace, name=ref.name, state=checkpointing.STARTED
                 )
             try:
-                self.checkpoint.save()
+                await asyncio.to_thread(self.checkpoint.save)
             except errors.CheckpointError as err:
                 for claim in todo:
                     uid = claims.ref_of(claim).uid
                     del self.checkpoint.claims[uid]
                     answers[uid] = PrepareResult(error=str(err))
                 return answers
-            done: list[claims.ClaimRef] = []
+            staged: list[tuple[claims.ClaimRef, list[owners.DeviceAllocation]]] = []
             for claim in todo:
                 ref = claims.ref_of(claim)
                 try:
-                    devices = await self._prepare_one(ref, claim)
+                    staged.append((ref, await self._allocate(ref, claim)))
                 except Exception as err:
-                    logger.warning("preparing claim %s/%s failed: %s", ref.namespace, ref.name, err)
-                    answers[ref.uid] = PrepareResult(error=str(err) or type(err).__name__)
-                    await self._undo(ref.uid)
-                else:
-                    self.checkpoint.claims[ref.uid] = checkpointing.ClaimRecord(
-                        namespace=ref.namespace,
-                        name=ref.name,
-                        state=checkpointing.COMPLETED,
-                        devices=devices,
+                    await self._fail(answers, ref, err)
+            # The CDI specs are independent files: written in parallel threads,
+            # their fsyncs share journal commits and the event loop stays free.
+            written = await asyncio.gather(
+                *(asyncio.to_thread(self._write_spec, ref.uid, allocs) for ref, allocs in staged),
+                return_exceptions=True,
+            )
+            done: list[claims.ClaimRef] = []
+            for (ref, allocations), ids in zip(staged, written, strict=True):
+                if isinstance(ids, BaseException):
+                    if not isinstance(ids, Exception):
+                        raise ids
+                    await self._fail(answers, ref, ids)
+                    continue
+                self._crash_point("cdi-written")
+                try:
+                    await self._owner.claim_allocated(ref)
+                except Exception as err:
+                    await self._fail(answers, ref, err)
+                    continue
+                devices = tuple(
+                    checkpointing.PreparedDevice(
+                        request_names=a.request_names,
+                        pool_name=a.pool_name,
+                        device_name=a.device_name,
+                        cdi_device_ids=(ids[i],),
+                        edits=a.edits,
                     )
-                    answers[ref.uid] = PrepareResult(devices=devices)
-                    done.append(ref)
+                    for i, a in enumerate(allocations)
+                )
+                self.checkpoint.claims[ref.uid] = checkpointing.ClaimRecord(
+                    namespace=ref.namespace,
+                    name=ref.name,
+                    state=checkpointing.COMPLETED,
+                    devices=devices,
+                )
+                answers[ref.uid] = PrepareResult(devices=devices)
+                done.append(ref)
             self._crash_point("before-checkpoint-completed")
             try:
-                self.checkpoint.save()
+                await asyncio.to_thread(self.checkpoint.save)
             except errors.CheckpointError as err:
                 # The file still says "started"; a retry redoes these claims.
                 for ref in done:
                     answers[ref.uid] = PrepareResult(error=str(err))
         return answers
 
-    async def _prepare_one(
+    async def _allocate(
         self, ref: claims.ClaimRef, claim: claims.ResourceClaim
-    ) -> tuple[checkpointing.PreparedDevice, ...]:
+    ) -> list[owners.DeviceAllocation]:
         if not claims.is_allocated(claim):
             raise errors.ClaimError(f"claim {ref.namespace}/{ref.name} is not allocated")
         results = claims.driver_results(claim, self.driver)
@@ -371,19 +399,21 @@ class Plugin:
             raise errors.ClaimError(
                 f"policy prepared {len(allocations)} devices for {len(results)} results"
             )
-        ids = self._specs.write(ref.uid, [a.edits for a in allocations]) if allocations else []
-        self._crash_point("cdi-written")
-        await self._owner.claim_allocated(ref)
-        return tuple(
-            checkpointing.PreparedDevice(
-                request_names=a.request_names,
-                pool_name=a.pool_name,
-                device_name=a.device_name,
-                cdi_device_ids=(ids[i],),
-                edits=a.edits,
-            )
-            for i, a in enumerate(allocations)
-        )
+        return allocations
+
+    def _write_spec(
+        self, uid: claims.ClaimUID, allocations: Sequence[owners.DeviceAllocation]
+    ) -> list[str]:
+        if not allocations:
+            return []
+        return self._specs.write(uid, [a.edits for a in allocations])
+
+    async def _fail(
+        self, answers: dict[str, PrepareResult], ref: claims.ClaimRef, err: Exception
+    ) -> None:
+        logger.warning("preparing claim %s/%s failed: %s", ref.namespace, ref.name, err)
+        answers[ref.uid] = PrepareResult(error=str(err) or type(err).__name__)
+        await self._undo(ref.uid)
 
     def _answer_prepared(
         self, uid: claims.ClaimUID, record: checkpointing.ClaimRecord
@@ -425,7 +455,7 @@ class Plugin:
                     results[ref.uid] = err
             if changed:
                 try:
-                    self.checkpoint.save()
+                    await asyncio.to_thread(self.checkpoint.save)
                 except errors.CheckpointError as err:
                     for uid, error in results.items():
                         if error is None:

@@ -10,7 +10,8 @@
 Servicers only translate protobuf to the plugin's calls (``Handler``) and
 back: the claim logic lives in ``plugins``. ``Server`` owns one
 ``grpc.aio`` server bound to one unix socket: a stale socket is removed
-before binding, the socket is made owner-only, and it is removed on stop.
+before binding, the socket is made owner-only before it appears at its path,
+and it is removed on stop.
 """
 
 from __future__ import annotations
@@ -244,11 +245,21 @@ class Server:
         self.server: aio.Server = aio.server()
 
     async def start(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()  # stale, from a previous run that did not exit cleanly
-        self.server.add_insecure_port(f"unix://{self.socket}")
+        """Serve on the socket; it appears at its path only once serving and private.
+
+        The kubelet's plugin watcher reacts to the file's creation, so the
+        server binds a temporary name, starts, restricts the permissions and
+        only then renames the socket into place: nobody can connect before it
+        answers, or while it is still world-accessible.
+        """
+        staging = self.socket.with_name(f".{self.socket.name}.tmp")
+        for stale in (self.socket, staging):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()  # left by a previous run that did not exit cleanly
+        self.server.add_insecure_port(f"unix://{staging}")
         await self.server.start()
-        os.chmod(self.socket, 0o600)
+        os.chmod(staging, 0o600)
+        os.replace(staging, self.socket)
 
     async def stop(self, grace: float | None) -> None:
         """Refuse new calls, wait up to ``grace`` for those in flight, remove the socket."""
