@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
+from kmm.cli import paths
 from kmm.sandbox import cluster, testing
 
 
@@ -32,16 +32,11 @@ KERNELS = ("6.8.0-45-generic", "6.1.0-27-amd64", "5.14.0-427.el9.x86_64+")
 NODE_COUNT = 4
 
 
-def _cache_dir() -> Path:
-    override = os.environ.get("KMM_CACHE_DIR")
-    return Path(override) if override else Path.home() / ".cache" / "kmm"
-
-
 @pytest.fixture(scope="session")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testing.RunningSandbox]:
     directory = tmp_path_factory.mktemp("sandbox")
     options = cluster.Options(
-        directory=directory, cache_dir=_cache_dir(), nodes=NODE_COUNT, kernels=KERNELS
+        directory=directory, cache_dir=paths.cache_dir(), nodes=NODE_COUNT, kernels=KERNELS
     )
     record = asyncio.run(cluster.up(options))
     try:

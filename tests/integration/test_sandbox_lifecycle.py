@@ -11,34 +11,37 @@ from pathlib import Path
 
 import pytest
 
+from kmm.cli import paths
 from kmm.sandbox import cluster, errors, state
 
 
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie waiting to be reaped."""
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return status[status.rindex(")") + 2] != "Z"
+
+
 def _processes_mentioning(directory: Path) -> list[int]:
-    """Pids whose command line names ``directory`` (every component's does)."""
+    """Live pids whose command line names ``directory`` (every component's does)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            status = (entry / "stat").read_text()
         except OSError:
             continue
-        zombie = status[status.rindex(")") + 2] == "Z"
-        if str(directory).encode() in cmdline and not zombie:
+        if str(directory).encode() in cmdline and _alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 
 
-def _cache_dir() -> Path:
-    override = os.environ.get("KMM_CACHE_DIR")
-    return Path(override) if override else Path.home() / ".cache" / "kmm"
-
-
 async def test_down_leaves_no_process_and_a_running_dir_is_refused(tmp_path: Path) -> None:
     directory = tmp_path / "own"
-    options = cluster.Options(directory=directory, cache_dir=_cache_dir(), nodes=1)
+    options = cluster.Options(directory=directory, cache_dir=paths.cache_dir(), nodes=1)
     record = await cluster.up(options)
     try:
         pids = {process.pid for process in record.launched}
@@ -58,22 +61,14 @@ async def test_down_leaves_no_process_and_a_running_dir_is_refused(tmp_path: Pat
         stopped = cluster.down(directory)
     assert {process.pid for process in stopped} == pids
     assert _processes_mentioning(directory.resolve()) == []
-    assert all(not os.path.exists(f"/proc/{pid}/cmdline") or not _alive(pid) for pid in pids)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return status[status.rindex(")") + 2] != "Z"
+    assert not any(_alive(pid) for pid in pids)
 
 
 def test_cli_up_status_down(tmp_path: Path) -> None:
     kmm = shutil.which("kmm", path=str(Path(sys.executable).parent))
     assert kmm is not None
     directory = tmp_path / "cli"
-    env = dict(os.environ, KMM_CACHE_DIR=str(_cache_dir()))
+    env = dict(os.environ, KMM_CACHE_DIR=str(paths.cache_dir()))
     up = subprocess.run(
         [kmm, "sandbox", "up", "--dir", str(directory), "--nodes", "2", "--kernel", "6.8.0-1-test"],
         env=env,

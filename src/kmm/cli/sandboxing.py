@@ -120,7 +120,7 @@ def status(directory: DirOption = None) -> None:
     except (errors.SandboxError, ValueError) as err:
         raise _fail(err) from err
     table = Table(title=f"kmm sandbox in {record.directory}")
-    for column in ("component", "pid", "state", "RSS MiB", "log"):
+    for column in ("component", "pid", "state", "RSS MiB", "health endpoint", "log"):
         table.add_column(column)
     total_rss = 0
     running = 0
@@ -134,6 +134,7 @@ def status(directory: DirOption = None) -> None:
             str(process.pid),
             "[green]running[/]" if alive else "[red]stopped[/]",
             f"{rss / 2**20:.0f}" if alive else "-",
+            process.health_url,
             str(process.log),
         )
     _console.print(table)

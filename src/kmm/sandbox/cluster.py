@@ -59,8 +59,10 @@ class _Launcher:
     def __init__(self, record: state.SandboxState) -> None:
         self.record = record
 
-    def launch(self, name: str, argv: list[str]) -> processes.Process:
-        process = processes.launch(name, argv, log=self.record.directory / "logs" / f"{name}.log")
+    def launch(self, name: str, argv: list[str], *, health_url: str) -> processes.Process:
+        process = processes.launch(
+            name, argv, log=self.record.directory / "logs" / f"{name}.log", health_url=health_url
+        )
         self.record.launched.append(process)
         state.save(self.record)
         return process
@@ -150,20 +152,18 @@ async def up(
     launcher = _Launcher(record)
     try:
         etcd = launcher.launch(
-            "etcd", _etcd_argv(binaries["etcd"], directory, etcd_port, peer_port)
+            "etcd",
+            _etcd_argv(binaries["etcd"], directory, etcd_port, peer_port),
+            health_url=f"http://{ports.HOST}:{etcd_port}/health",
         )
-        await health.wait_healthy(
-            etcd, f"http://{ports.HOST}:{etcd_port}/health", timeout=options.start_timeout
-        )
+        await health.wait_healthy(etcd, timeout=options.start_timeout)
         apiserver = launcher.launch(
             "kube-apiserver",
             _apiserver_argv(binaries["kube-apiserver"], credentials, etcd_port, api_port),
+            health_url=f"{server}/readyz",
         )
         await health.wait_healthy(
-            apiserver,
-            f"{server}/readyz",
-            timeout=options.start_timeout,
-            ssl_context=_client_ssl(credentials),
+            apiserver, timeout=options.start_timeout, ssl_context=_client_ssl(credentials)
         )
         controller_manager = launcher.launch(
             "kube-controller-manager",
@@ -178,10 +178,11 @@ async def up(
                 f"--root-ca-file={credentials.ca_cert}",
                 f"--service-cluster-ip-range={_SERVICE_CIDR}",
                 "--controllers=*",
-                # Fake nodes have no kubelet to evict from; keep node
-                # lifecycle timing close to the defaults otherwise.
+                # KWOK's status heartbeats are jittered up to 35 s; a grace
+                # above that keeps a busy machine from marking nodes NotReady.
                 "--node-monitor-grace-period=60s",
             ],
+            health_url=f"https://{ports.HOST}:{cm_port}/healthz",
         )
         scheduler = launcher.launch(
             "kube-scheduler",
@@ -192,6 +193,7 @@ async def up(
                 f"--secure-port={scheduler_port}",
                 "--leader-elect=false",
             ],
+            health_url=f"https://{ports.HOST}:{scheduler_port}/healthz",
         )
         kwok = launcher.launch(
             "kwok",
@@ -207,24 +209,15 @@ async def up(
                 "--cidr=10.244.0.0/16",
                 "--node-ip=10.200.0.1",
             ],
+            health_url=f"http://{ports.HOST}:{kwok_port}/healthz",
         )
         insecure = _insecure_ssl()
         await asyncio.gather(
             health.wait_healthy(
-                controller_manager,
-                f"https://{ports.HOST}:{cm_port}/healthz",
-                timeout=options.start_timeout,
-                ssl_context=insecure,
+                controller_manager, timeout=options.start_timeout, ssl_context=insecure
             ),
-            health.wait_healthy(
-                scheduler,
-                f"https://{ports.HOST}:{scheduler_port}/healthz",
-                timeout=options.start_timeout,
-                ssl_context=insecure,
-            ),
-            health.wait_healthy(
-                kwok, f"http://{ports.HOST}:{kwok_port}/healthz", timeout=options.start_timeout
-            ),
+            health.wait_healthy(scheduler, timeout=options.start_timeout, ssl_context=insecure),
+            health.wait_healthy(kwok, timeout=options.start_timeout),
         )
         async with await api_client(admin_kubeconfig) as api:
             await nodes.create(api, node_plan)
@@ -247,8 +240,13 @@ async def up(
 def _refuse_if_running(directory: Path) -> None:
     try:
         existing = state.load(directory)
-    except ValueError:
-        existing = None
+    except ValueError as err:
+        # Without a readable record we cannot tell what still runs: refuse
+        # rather than start a second control plane beside unknown processes.
+        raise errors.SandboxInUse(
+            f"{err}. Stop any sandbox process still running from {directory}, "
+            f"remove {directory / state.STATE_FILE}, and run the command again."
+        ) from err
     if existing is None:
         return
     running = existing.alive()

@@ -15,13 +15,13 @@ __all__ = ["wait_healthy"]
 
 async def wait_healthy(
     process: processes.Process,
-    url: str,
     *,
     timeout: float,
     ssl_context: ssl.SSLContext | bool = True,
 ) -> None:
-    """Poll ``url`` until it answers 200; raise ComponentFailed if the process
-    exits first or the endpoint stays unhealthy past ``timeout``."""
+    """Poll the process's health URL until it answers 200; raise ComponentFailed
+    if the process exits first or the endpoint stays unhealthy past ``timeout``."""
+    url = process.health_url
     deadline = time.monotonic() + timeout
     last_problem = "no answer yet"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:

@@ -40,6 +40,7 @@ class Process:
     start_ticks: int
     log: Path
     argv: tuple[str, ...]
+    health_url: str = ""
 
     def alive(self) -> bool:
         self._reap()
@@ -79,7 +80,14 @@ class Process:
                 time.sleep(0.05)
 
 
-def launch(name: str, argv: list[str], *, log: Path, env: dict[str, str] | None = None) -> Process:
+def launch(
+    name: str,
+    argv: list[str],
+    *,
+    log: Path,
+    health_url: str = "",
+    env: dict[str, str] | None = None,
+) -> Process:
     """Start ``argv`` in a new session with stdout and stderr appended to ``log``.
 
     posix_spawn rather than subprocess.Popen: the child must outlive any Popen
@@ -101,7 +109,9 @@ def launch(name: str, argv: list[str], *, log: Path, env: dict[str, str] | None 
     if ticks is None:
         # It died before we could look at it; record a value that never matches.
         ticks = -1
-    return Process(name=name, pid=pid, start_ticks=ticks, log=log, argv=tuple(argv))
+    return Process(
+        name=name, pid=pid, start_ticks=ticks, log=log, argv=tuple(argv), health_url=health_url
+    )
 
 
 def log_tail(path: Path, lines: int = 25) -> str:

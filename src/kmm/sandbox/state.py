@@ -47,6 +47,7 @@ def save(state: SandboxState) -> None:
                 "startTicks": process.start_ticks,
                 "log": str(process.log),
                 "argv": list(process.argv),
+                "healthUrl": process.health_url,
             }
             for process in state.launched
         ],
@@ -84,6 +85,7 @@ def load(directory: Path) -> SandboxState | None:
                 start_ticks=entry["startTicks"],
                 log=Path(entry["log"]),
                 argv=tuple(entry["argv"]),
+                health_url=entry.get("healthUrl", ""),
             )
             for entry in document["processes"]
         ],

@@ -46,7 +46,9 @@ def test_state_round_trip(tmp_path: Path) -> None:
         server="https://127.0.0.1:6443",
         kubeconfig=tmp_path / "kubeconfig",
         launched=[
-            processes.Process("etcd", 10, 20, tmp_path / "etcd.log", ("etcd", "--x")),
+            processes.Process(
+                "etcd", 10, 20, tmp_path / "etcd.log", ("etcd", "--x"), "http://127.0.0.1:1/health"
+            ),
         ],
         node_names=["kmm-worker-0"],
         versions={"etcd": "v3.6.16"},
@@ -86,9 +88,10 @@ async def test_a_component_that_exits_during_start_is_reported_with_its_log(
         "doomed",
         [shell, "-c", "echo 'listen tcp: address already in use' >&2; exit 3"],
         log=tmp_path / "doomed.log",
+        health_url="http://127.0.0.1:9/healthz",
     )
     with pytest.raises(errors.ComponentFailed) as caught:
-        await health.wait_healthy(process, "http://127.0.0.1:9/healthz", timeout=60)
+        await health.wait_healthy(process, timeout=60)
     message = str(caught.value)
     assert "doomed exited during start" in message
     assert "address already in use" in message
