@@ -97,3 +97,36 @@ async def test_static_claims_counts_lookups() -> None:
     with pytest.raises(errors.ClaimNotFoundError):
         await source.get(ref(claim))
     assert source.gets == 2
+
+
+async def test_watch_end_and_expiry_are_survived(
+    api: kubeapi.KubeAPI, fake_api: fakeapi.FakeAPI
+) -> None:
+    reported: list[BaseException] = []
+    cache = claimcache.ClaimCache(
+        api, on_error=lambda e, m: reported.append(e), backoff=lambda _attempt: 0.0
+    )
+    await cache.start()
+    try:
+        await asyncio.wait_for(cache.synced.wait(), timeout=10)
+        await fake_api.wait_for_watch()
+        fake_api.end_watches()  # the server ends a watch: re-watch from the last version
+        for _ in range(2000):
+            if fake_api.requests["WATCH"] == 2 and fake_api._watchers:
+                break
+            await asyncio.sleep(0.005)
+        assert fake_api.requests["WATCH"] == 2
+        assert fake_api.requests["GET"] == 1  # no relist for a clean end
+        for queue in fake_api._watchers:  # history expired: relist
+            queue.put_nowait({"type": "ERROR", "object": {"code": 410, "message": "too old"}})
+        for _ in range(2000):
+            if fake_api.requests["GET"] == 2 and fake_api._watchers:
+                break
+            await asyncio.sleep(0.005)
+        assert fake_api.requests["GET"] == 2
+        later = fakes.make_claim("later")
+        fake_api.put_claim(later)
+        await wait_until_cached(cache, later)
+    finally:
+        await cache.stop()
+    assert [type(e) for e in reported] == [errors.RecoverableError]

@@ -38,7 +38,7 @@ def make_plugin(
     *,
     policy: fakes.FakePolicy | None = None,
     owner: fakes.FakeOwner | None = None,
-    source: claimcache.StaticClaims | None = None,
+    source: claimcache.ClaimSource | None = None,
     api: kubeapi.KubeAPI | None = None,
 ) -> plugins.Plugin:
     return plugins.Plugin(
@@ -366,5 +366,30 @@ async def test_devices_published_before_start_go_out_at_start(
         await asyncio.wait_for(plugin.publisher.in_sync.wait(), timeout=10)
         assert len(fake_api.slices) == 1
         assert [s["spec"]["pool"]["generation"] for s in fake_api.slices.values()] == [2]
+    finally:
+        await plugin.stop()
+
+
+async def test_zero_api_calls_per_prepare_with_a_warm_cache(
+    root: pathlib.Path, api: kubeapi.KubeAPI, fake_api: fakeapi.FakeAPI
+) -> None:
+    warm = [fakes.make_claim(f"c{i}") for i in range(5)]
+    for claim in warm:
+        fake_api.put_claim(claim)
+    cache = claimcache.ClaimCache(api, on_error=lambda e, m: None)
+    plugin = make_plugin(root, source=cache)
+    await plugin.start()
+    plugin.allow_claims()
+    try:
+        await asyncio.wait_for(cache.synced.wait(), timeout=10)
+        before = api.requests
+        async with Kubelet(plugin.paths.registration_socket(fakes.DRIVER)) as kubelet:
+            answers = await kubelet.prepare(*warm)
+            assert all(answer.error == "" for answer in answers.values())
+            assert api.requests == before
+            cold = fakes.make_claim("cold")
+            fake_api.put_claim(cold, notify=False)
+            assert (await kubelet.prepare(cold))[cold["metadata"]["uid"]].error == ""
+            assert api.requests == before + 1  # one GET, for the miss
     finally:
         await plugin.stop()
