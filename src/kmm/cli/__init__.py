@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from kmm.cli import driving, manifesting, sandboxing
+from kmm.cli import driving, manifesting, operating, sandboxing
 
 __all__ = ["app", "main"]
 
@@ -22,6 +22,7 @@ app = typer.Typer(
 app.add_typer(sandboxing.app, name="sandbox")
 app.command("driver")(driving.driver)
 app.command("manifests")(manifesting.manifests)
+app.command("operator")(operating.operator)
 
 
 def main() -> None:

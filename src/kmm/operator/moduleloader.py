@@ -148,6 +148,11 @@ def ready_nodes(node_pairs: Mapping[str, tuple[str, str]], pods: Iterable[RawObj
     ready: set[str] = set()
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
-        if isinstance(node, str) and node in node_pairs and is_pod_ready(pod) and _pair_of(pod) == node_pairs[node]:
+        if (
+            isinstance(node, str)
+            and node in node_pairs
+            and is_pod_ready(pod)
+            and _pair_of(pod) == node_pairs[node]
+        ):
             ready.add(node)
     return ready

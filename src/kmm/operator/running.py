@@ -1,0 +1,88 @@
+"""The operator process: API client in, Operator + HTTP endpoints, until stopped.
+
+``run`` installs a ``runtime.writes.WriteCounter`` on the client (exposed as
+``kmm_api_writes_total``), serves ``/healthz`` ``/readyz`` ``/metrics``, and
+runs the manager. It returns when ``stop`` is set and raises
+``runtime.manager.LeadershipLost`` when the lease is lost (the process should
+exit and be restarted, as client-go's do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from kubernetes_asyncio import client
+
+from kmm.operator import metrics, probes, wiring
+from kmm.runtime import tasks, writes
+
+__all__ = ["Settings", "run"]
+
+_TEXT = "text/plain; charset=utf-8"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    identity: str
+    election: wiring.Election | None
+    metrics_port: int = 8080
+    health_port: int = 8081
+    host: str = "0.0.0.0"
+    workers: int = 4
+
+
+async def run(api: client.ApiClient, settings: Settings, stop: asyncio.Event) -> None:
+    counter = writes.WriteCounter().install(api)
+    holder: list[wiring.Operator] = []
+    registry = metrics.OperatorMetrics(
+        counter,
+        leading=lambda: bool(holder) and holder[0].leading(),
+        cached=lambda: holder[0].cached() if holder else {},
+    )
+    operator = wiring.Operator(
+        api,
+        election=settings.election,
+        metrics=registry.controllers,
+        workers=settings.workers,
+        instance=settings.identity,
+    )
+    holder.append(operator)
+
+    def healthz() -> tuple[int, bytes, str]:
+        return 200, b"ok\n", _TEXT
+
+    def readyz() -> tuple[int, bytes, str]:
+        synced = operator.manager.ready()
+        return (200, b"ok\n", _TEXT) if synced else (503, b"caches not synced\n", _TEXT)
+
+    def scrape() -> tuple[int, bytes, str]:
+        return 200, registry.render(), "text/plain; version=0.0.4; charset=utf-8"
+
+    health: probes.Routes = {"/healthz": healthz, "/readyz": readyz}
+    served: list[probes.Server] = []
+    if settings.metrics_port == settings.health_port:
+        served.append(
+            probes.Server(
+                "http", settings.host, settings.health_port, {**health, "/metrics": scrape}
+            )
+        )
+    else:
+        served.append(probes.Server("health", settings.host, settings.health_port, health))
+        served.append(
+            probes.Server("metrics", settings.host, settings.metrics_port, {"/metrics": scrape})
+        )
+    servers = tasks.TaskSet("operator")
+    server_stop = asyncio.Event()
+    try:
+        for server in served:
+            servers.spawn(server.run(server_stop), name=server.name)
+        await operator.run(stop)
+    finally:
+        server_stop.set()
+        pending = servers.tasks()
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+        await servers.close()
+        counter.uninstall()
+    servers.raise_failure()
