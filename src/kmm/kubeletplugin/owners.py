@@ -44,7 +44,10 @@ class Owner(Protocol):
         ...
 
     async def claim_released(self, claim: claims.ClaimRef) -> None:
-        """Commit what the policy just released for ``claim``; called under the lock."""
+        """Commit what the policy just released for ``claim``; called under the lock.
+
+        Also called for a claim whose prepare was interrupted by a crash
+        (``claim_allocated`` may not have run for it): it must be idempotent."""
         ...
 
     def request_shutdown(self, reason: str) -> None:

@@ -161,16 +161,22 @@ class Plugin:
             self._serve_health = self._policy.health_supported()
             self._stopping.clear()
             await self._claims.start()
-            dra = serving.Server(self.paths.dra_socket)
-            serving.add_dra_services(
-                dra.server, self, stopping=self._stopping, health=self._serve_health
-            )
-            await dra.start()
-            self._dra = dra
-            registration = serving.Server(self.paths.registration_socket(self.driver))
-            serving.add_registration_service(registration.server, self)
-            await registration.start()
-            self._registration = registration
+            try:
+                dra = serving.Server(self.paths.dra_socket)
+                self._dra = dra
+                serving.add_dra_services(
+                    dra.server, self, stopping=self._stopping, health=self._serve_health
+                )
+                await dra.start()
+                registration = serving.Server(self.paths.registration_socket(self.driver))
+                self._registration = registration
+                serving.add_registration_service(registration.server, self)
+                await registration.start()
+            except BaseException:
+                # Half a start would leave a socket the kubelet can find but
+                # nobody to stop it: undo what did come up.
+                await self._shutdown(grace=0)
+                raise
             if self._publisher is not None:
                 self._publisher.publish(self._devices)
                 self._publish_task = tasks.guard(
@@ -190,17 +196,20 @@ class Plugin:
             if not self._started:
                 return
             self._started = False
-            self._stopping.set()  # ends health streams, which would hold the drain
-            registration, self._registration = self._registration, None
-            if registration is not None:
-                await registration.stop(0)
-            dra, self._dra = self._dra, None
-            if dra is not None:
-                await dra.stop(self._stop_grace)
-            task, self._publish_task = self._publish_task, None
-            await tasks.cancel(task)
-            await self._claims.stop()
+            await self._shutdown(grace=self._stop_grace)
             logger.info("DRA plugin %s stopped", self.driver)
+
+    async def _shutdown(self, *, grace: float) -> None:
+        self._stopping.set()  # ends health streams, which would hold the drain
+        registration, self._registration = self._registration, None
+        if registration is not None:
+            await registration.stop(0)
+        dra, self._dra = self._dra, None
+        if dra is not None:
+            await dra.stop(grace)
+        task, self._publish_task = self._publish_task, None
+        await tasks.cancel(task)
+        await self._claims.stop()
 
     @property
     def started(self) -> bool:

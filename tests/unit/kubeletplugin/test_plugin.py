@@ -393,3 +393,24 @@ async def test_zero_api_calls_per_prepare_with_a_warm_cache(
             assert api.requests == before + 1  # one GET, for the miss
     finally:
         await plugin.stop()
+
+
+async def test_a_failed_start_leaves_no_socket_behind(
+    root: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin = make_plugin(root)
+
+    def broken(server: object, handler: object) -> None:
+        raise RuntimeError("cannot add the registration service")
+
+    monkeypatch.setattr(serving, "add_registration_service", broken)
+    with pytest.raises(RuntimeError, match="registration service"):
+        await plugin.start()
+    assert not plugin.started
+    assert not plugin.paths.dra_socket.exists()
+    monkeypatch.undo()
+    await plugin.start()  # and a later start works
+    try:
+        assert plugin.paths.registration_socket(fakes.DRIVER).exists()
+    finally:
+        await plugin.stop()
