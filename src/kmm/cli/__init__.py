@@ -22,7 +22,7 @@ app = typer.Typer(
 app.add_typer(sandboxing.app, name="sandbox")
 app.command("driver")(driving.driver)
 app.command("manifests")(manifesting.manifests)
-app.command("operator")(operating.operator)
+operating.register(app)
 
 
 def main() -> None:

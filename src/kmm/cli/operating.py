@@ -16,34 +16,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 
+from kmm.cli import applying, clients, listing
 from kmm.operator import jsonlogs, running, wiring
 from kmm.runtime import manager
 
-__all__ = ["operator"]
+__all__ = ["operator", "register"]
 
 _log = logging.getLogger(__name__)
 
 
-async def api_client(kubeconfig: Path | None) -> k8s.ApiClient:
-    """A client from ``kubeconfig``, else the in-cluster service account."""
-    configuration = k8s.Configuration()
-    try:
-        if kubeconfig is not None:
-            await k8s_config.load_kube_config(
-                config_file=str(kubeconfig), client_configuration=configuration
-            )
-        else:
-            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except k8s_config.ConfigException as err:
-        raise typer.BadParameter(f"no cluster access: {err}") from err
-    return k8s.ApiClient(configuration)
-
-
 async def _main(kubeconfig: Path | None, settings: running.Settings) -> None:
-    api = await api_client(kubeconfig)
+    api = await clients.api_client(kubeconfig)
     stop = asyncio.Event()
     undo = manager.stop_on_signals(stop)
     try:
@@ -92,3 +76,10 @@ def operator(
     except manager.LeadershipLost:
         _log.error("lost the lease; exiting so the replica restarts")
         raise typer.Exit(1) from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``operator`` and the commands its demo uses (``apply``, ``modules``)."""
+    app.command("operator")(operator)
+    app.command("apply")(applying.apply)
+    app.command("modules")(listing.modules)
