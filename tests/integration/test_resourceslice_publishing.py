@@ -68,6 +68,8 @@ async def test_publishing_300_devices(
     assert {s["spec"]["pool"]["generation"] for s in slices} == {first["generation"]}
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
     assert sorted(len(s["spec"]["devices"]) for s in slices) == [44, 128, 128]
+    # owned by the Node, so they go when the node goes
+    assert {s["metadata"]["ownerReferences"][0]["kind"] for s in slices} == {"Node"}
 
     before = writes(api)
     pub.publish(devices(300))

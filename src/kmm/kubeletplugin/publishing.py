@@ -109,6 +109,8 @@ class Publisher:
         self._changed.set()
         self.syncs = 0
         self.in_sync = asyncio.Event()
+        self._owner_ref: dict[str, Any] | None = None
+        self._owner_looked_up = False
 
     def publish(self, devices: Sequence[Device]) -> None:
         """Replace the devices to publish; the running loop picks them up."""
@@ -144,7 +146,10 @@ class Publisher:
         return {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceSlice",
-            "metadata": {"generateName": prefix},
+            "metadata": {
+                "generateName": prefix,
+                **({"ownerReferences": [self._owner_ref]} if self._owner_ref else {}),
+            },
             "spec": {
                 "driver": self._driver,
                 "nodeName": self._node,
@@ -156,6 +161,28 @@ class Publisher:
                 "devices": devices,
             },
         }
+
+    async def _node_owner(self) -> None:
+        # Owned by the Node, slices go with it when the node is deleted (as the
+        # Go helper does); looked up once, and optional: without it (no such
+        # node, no RBAC to read nodes) slices are simply not garbage-collected.
+        if self._owner_looked_up:
+            return
+        try:
+            node = await self._api.request("GET", f"/api/v1/nodes/{self._node}")
+        except errors.KubeAPIError as err:
+            if err.retriable:
+                raise
+            logger.info("slices get no owner: cannot read node %s (%s)", self._node, err)
+        else:
+            self._owner_ref = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self._node,
+                "uid": node["metadata"]["uid"],
+                "controller": True,
+            }
+        self._owner_looked_up = True
 
     async def list_slices(self) -> list[dict[str, Any]]:
         selector = f"spec.nodeName={self._node},spec.driver={self._driver}"
@@ -173,6 +200,7 @@ class Publisher:
         older = [s for s in existing if s["spec"]["pool"]["generation"] != newest]
         created = 0
         if not (existing and self._equal(current, wanted)):
+            await self._node_owner()
             newest += 1
             for devices in wanted:
                 body = self._slice(devices, generation=newest, count=len(wanted))

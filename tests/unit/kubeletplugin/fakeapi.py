@@ -29,6 +29,7 @@ class FakeAPI:
         self.slices: dict[str, dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: Counter[str] = Counter()
+        self.nodes: dict[str, str] = {"node-a": "uid-of-node-a"}
         self.fail_next: list[int] = []
         self._rv = itertools.count(100)
         self._names = itertools.count()
@@ -38,6 +39,7 @@ class FakeAPI:
         app.router.add_post(f"{BASE}/resourceslices", self._create_slice)
         app.router.add_delete(f"{BASE}/resourceslices/{{name}}", self._delete_slice)
         app.router.add_get(f"{BASE}/resourceclaims", self._list_claims)
+        app.router.add_get("/api/v1/nodes/{name}", self._get_node)
         app.router.add_get(f"{BASE}/namespaces/{{ns}}/resourceclaims/{{name}}", self._get_claim)
         self.server = TestServer(app)
 
@@ -128,6 +130,14 @@ class FakeAPI:
     def end_watches(self) -> None:
         for queue in self._watchers:
             queue.put_nowait(None)
+
+    async def _get_node(self, request: web.Request) -> web.StreamResponse:
+        if (failed := self._count(request)) is not None:
+            return failed
+        name = request.match_info["name"]
+        if name not in self.nodes:
+            return web.json_response({"kind": "Status", "message": "not found"}, status=404)
+        return web.json_response({"metadata": {"name": name, "uid": self.nodes[name]}})
 
     async def _get_claim(self, request: web.Request) -> web.StreamResponse:
         if (failed := self._count(request)) is not None:

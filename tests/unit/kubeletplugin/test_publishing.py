@@ -48,6 +48,15 @@ async def test_300_devices_make_three_slices_of_one_generation(
     assert sorted(len(s["spec"]["devices"]) for s in fake_api.slices.values()) == [44, 128, 128]
     assert generations(fake_api) == {1}
     for s in fake_api.slices.values():
+        assert s["metadata"]["ownerReferences"] == [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": NODE,
+                "uid": "uid-of-node-a",
+                "controller": True,
+            }
+        ]
         assert s["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 3}
         assert s["spec"]["nodeName"] == NODE
         assert s["spec"]["driver"] == DRIVER
@@ -157,3 +166,6 @@ async def test_other_nodes_slices_are_left_alone(
     await pub.sync()
     nodes = sorted(s["spec"]["nodeName"] for s in fake_api.slices.values())
     assert nodes == ["node-a", "node-b"]
+    # node-b does not exist: its slice simply has no owner
+    (orphan,) = [s for s in fake_api.slices.values() if s["spec"]["nodeName"] == "node-b"]
+    assert "ownerReferences" not in orphan["metadata"]
