@@ -39,6 +39,28 @@ def _processes_mentioning(directory: Path) -> list[int]:
     return found
 
 
+def _listening_addresses(pids: set[int]) -> list[str]:
+    """Local addresses (hex ip:port, as /proc/net shows them) of sockets the
+    given processes listen on, over TCP and TCP6."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # 0A: TCP_LISTEN
+                listening.append(local)
+    return listening
+
+
 async def test_down_leaves_no_process_and_a_running_dir_is_refused(tmp_path: Path) -> None:
     directory = tmp_path / "own"
     options = cluster.Options(directory=directory, cache_dir=paths.cache_dir(), nodes=1)
@@ -53,6 +75,10 @@ async def test_down_leaves_no_process_and_a_running_dir_is_refused(tmp_path: Pat
             "kwok",
         }
         assert set(_processes_mentioning(directory.resolve())) == pids
+        # Every component listens, and only on 127.0.0.1 (0100007F in /proc/net/tcp).
+        addresses = _listening_addresses(pids)
+        assert len(addresses) >= len(pids)
+        assert {address.split(":")[0] for address in addresses} == {"0100007F"}
         with pytest.raises(errors.SandboxInUse, match="already running"):
             await cluster.up(options)
         # The refused start changed nothing: the same processes still run.
