@@ -1,0 +1,277 @@
+"""The module loader on the sandbox: DaemonSets per (kernel, image), pods, labels.
+
+Each test selects nodes with a label of its own (restored afterwards) and runs
+the operator in process, with a write counter on its client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import test_operator_support as support
+from kubernetes_asyncio import client
+
+from kmm.api import kernels, labels, modules
+from kmm.sandbox import testing
+
+manifests = support.manifests
+
+
+def _kernel(sandbox: testing.RunningSandbox, index: int) -> str:
+    return kernels.node_kernel(sandbox.kernels[index % len(sandbox.kernels)])
+
+
+async def _converged(
+    api: client.ApiClient, namespace: str, name: str, expected_ready: set[str]
+) -> bool:
+    module = await support.get_module(api, namespace, name)
+    ready = support.condition(module, "Ready")
+    if ready is None or ready["status"] != "True":
+        return False
+    loader = (module or {}).get("status", {}).get("moduleLoader") or {}
+    if loader.get("availableNumber") != len(expected_ready):
+        return False
+    if loader.get("desiredNumber") != len(expected_ready):
+        return False
+    key = labels.ready(namespace, name)
+    have = {n for n, lbl in (await support.node_labels(api)).items() if key in lbl}
+    return have == expected_ready
+
+
+async def test_three_kernels_three_daemonsets_pods_and_ready_labels(
+    sandbox: testing.RunningSandbox, manifests: None, api_client: client.ApiClient, namespace: str
+) -> None:
+    name = "three"
+    select = f"kmm-test/{namespace}"
+    chosen = sandbox.node_names[:3]  # one node per kernel; worker-3 (6.8 again) not selected
+    objects = client.CustomObjectsApi(api_client)
+    async with (
+        support.selecting(api_client, chosen, select),
+        support.operator_in_process(sandbox.kubeconfig) as running,
+    ):
+        await objects.create_namespaced_custom_object(
+            modules.GROUP,
+            modules.VERSION,
+            namespace,
+            modules.PLURAL,
+            support.module_body(name, {select: "yes"}),
+        )
+        await testing.eventually(
+            lambda: _converged(api_client, namespace, name, set(chosen)), "module loaded on 3 nodes"
+        )
+        daemonsets = await support.loader_daemonsets(api_client, namespace)
+        assert len(daemonsets) == 3
+        images = {
+            "6.8.0-45-generic": "example.com/literal/kmm-test:6.8.0",
+            "6.1.0-27-amd64": "example.com/regexp/three:6.1.0-27-amd64",
+            "5.14.0-427.el9.x86_64": "example.com/default/three:5.14",
+        }
+        by_kernel = {d.metadata.labels[labels.KERNEL_VERSION_FULL]: d for d in daemonsets}
+        assert set(by_kernel) == set(images)
+        for kernel, ds in by_kernel.items():
+            image = images[kernel]
+            assert ds.metadata.labels == {
+                labels.MODULE_NAME: name,
+                labels.MODULE_NAMESPACE: namespace,
+                labels.ROLE: "module-loader",
+                labels.KERNEL_VERSION_FULL: kernel,
+                labels.IMAGE_HASH: labels.image_hash(image),
+            }
+            owner = ds.metadata.owner_references[0]
+            assert (owner.kind, owner.name, owner.controller, owner.block_owner_deletion) == (
+                "Module",
+                name,
+                True,
+                True,
+            )
+            pod = ds.spec.template.spec
+            container = pod.containers[0]
+            assert container.image == image
+            assert pod.node_selector == {select: "yes", labels.KERNEL_VERSION_FULL: kernel}
+            assert pod.priority_class_name == "system-node-critical"
+            assert container.security_context.capabilities.add == ["SYS_MODULE"]
+            assert (
+                "modprobe -v -d /opt kmm_test debug=1"
+                in container.lifecycle.post_start._exec.command[-1]
+            )
+            assert "modprobe -rv -d /opt kmm_test" in container.lifecycle.pre_stop._exec.command[-1]
+            assert [t.key for t in pod.tolerations] == ["kmm-test"]
+            assert [s.name for s in pod.image_pull_secrets] == ["kmm-test-pull"]
+            assert ds.spec.update_strategy.type == "OnDelete"
+
+        pods = await client.CoreV1Api(api_client).list_namespaced_pod(
+            namespace, label_selector=f"{labels.ROLE}=module-loader"
+        )
+        placed = {
+            p.spec.node_name: p.metadata.labels[labels.KERNEL_VERSION_FULL] for p in pods.items
+        }
+        assert placed == {node: _kernel(sandbox, i) for i, node in enumerate(chosen)}
+        everywhere = await support.node_labels(api_client)
+        ready_key = labels.ready(namespace, name)
+        assert {n for n, lbl in everywhere.items() if ready_key in lbl} == set(chosen)
+        for i, node in enumerate(chosen):
+            assert everywhere[node][labels.KERNEL_VERSION_FULL] == _kernel(sandbox, i)
+        assert running.counter.total > 0
+        await _delete_and_wait_clean(api_client, namespace, name)
+
+
+async def _delete_and_wait_clean(api: client.ApiClient, namespace: str, name: str) -> None:
+    await client.CustomObjectsApi(api).delete_namespaced_custom_object(
+        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, name
+    )
+    key = labels.ready(namespace, name)
+
+    async def clean() -> bool:
+        if await support.get_module(api, namespace, name) is not None:
+            return False
+        if await support.loader_daemonsets(api, namespace):
+            return False
+        return not any(key in lbl for lbl in (await support.node_labels(api)).values())
+
+    await testing.eventually(clean, "module, its DaemonSets and its labels gone")
+
+
+async def _set_kernel(api: client.ApiClient, node: str, kernel: str) -> None:
+    """What a reboot into another kernel looks like to the API (status subresource)."""
+    await client.CoreV1Api(api).patch_node_status(
+        node, {"status": {"nodeInfo": {"kernelVersion": kernel}}}
+    )
+
+
+def _by_kernel(daemonsets: list[Any]) -> dict[str, Any]:
+    return {d.metadata.labels[labels.KERNEL_VERSION_FULL]: d for d in daemonsets}
+
+
+async def test_image_change_selector_change_kernel_change_and_delete(
+    sandbox: testing.RunningSandbox, manifests: None, api_client: client.ApiClient, namespace: str
+) -> None:
+    name = "moving"
+    select = f"kmm-test/{namespace}"
+    chosen = sandbox.node_names[:3]
+    objects = client.CustomObjectsApi(api_client)
+    moved, moved_from = chosen[1], sandbox.kernels[1]
+    body = support.module_body(name, {select: "yes"})
+    try:
+        async with (
+            support.selecting(api_client, chosen, select),
+            support.operator_in_process(sandbox.kubeconfig),
+        ):
+            await objects.create_namespaced_custom_object(
+                modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body
+            )
+            await testing.eventually(
+                lambda: _converged(api_client, namespace, name, set(chosen)), "loaded on 3 nodes"
+            )
+            before = _by_kernel(await support.loader_daemonsets(api_client, namespace))
+
+            # 1. One mapping's image changes: only that kernel's DaemonSet changes.
+            patch = {"spec": {"moduleLoader": {"container": {"kernelMappings": [
+                body["spec"]["moduleLoader"]["container"]["kernelMappings"][0],
+                {"regexp": r"^6\.1\.\d+-\d+-amd64$", "containerImage": "example.com/new/x:v2"},
+                body["spec"]["moduleLoader"]["container"]["kernelMappings"][2],
+            ]}}}}  # fmt: skip
+            await objects.patch_namespaced_custom_object(
+                modules.GROUP,
+                modules.VERSION,
+                namespace,
+                modules.PLURAL,
+                name,
+                patch,
+                _content_type="application/merge-patch+json",
+            )
+
+            async def image_moved() -> bool:
+                now = _by_kernel(await support.loader_daemonsets(api_client, namespace))
+                ds = now.get("6.1.0-27-amd64")
+                return (
+                    len(now) == 3
+                    and ds is not None
+                    and ds.spec.template.spec.containers[0].image == "example.com/new/x:v2"
+                    and await _converged(api_client, namespace, name, set(chosen))
+                )
+
+            await testing.eventually(image_moved, "6.1 DaemonSet on the new image")
+            after = _by_kernel(await support.loader_daemonsets(api_client, namespace))
+            for kernel in ("6.8.0-45-generic", "5.14.0-427.el9.x86_64"):
+                assert after[kernel].metadata.uid == before[kernel].metadata.uid
+                assert after[kernel].metadata.generation == before[kernel].metadata.generation
+            assert after["6.1.0-27-amd64"].metadata.uid != before["6.1.0-27-amd64"].metadata.uid
+
+            # 2. The last node of a kernel leaves the selector: its DaemonSet goes.
+            await client.CoreV1Api(api_client).patch_node(
+                chosen[2], {"metadata": {"labels": {select: None}}}
+            )
+
+            async def el9_gone() -> bool:
+                now = _by_kernel(await support.loader_daemonsets(api_client, namespace))
+                return set(now) == {"6.8.0-45-generic", "6.1.0-27-amd64"} and await _converged(
+                    api_client, namespace, name, set(chosen[:2])
+                )
+
+            await testing.eventually(el9_gone, "el9 DaemonSet deleted, its .ready label gone")
+
+            # 3. A node's kernel changes: it moves to the right DaemonSet (and the
+            # 6.1 DaemonSet, now without nodes, goes).
+            await _set_kernel(api_client, moved, "6.8.0-45-generic")
+
+            async def kernel_moved() -> bool:
+                now = _by_kernel(await support.loader_daemonsets(api_client, namespace))
+                if set(now) != {"6.8.0-45-generic"}:
+                    return False
+                pods = await client.CoreV1Api(api_client).list_namespaced_pod(
+                    namespace, label_selector=f"{labels.ROLE}=module-loader"
+                )
+                placed = {
+                    p.spec.node_name: p.metadata.labels[labels.KERNEL_VERSION_FULL]
+                    for p in pods.items
+                    if p.metadata.deletion_timestamp is None
+                }
+                return placed == {
+                    chosen[0]: "6.8.0-45-generic",
+                    moved: "6.8.0-45-generic",
+                } and await _converged(api_client, namespace, name, set(chosen[:2]))
+
+            await testing.eventually(kernel_moved, "node moved to the 6.8 DaemonSet")
+            labels_now = await support.node_labels(api_client)
+            assert labels_now[moved][labels.KERNEL_VERSION_FULL] == "6.8.0-45-generic"
+
+            # 4. Deleting the Module removes everything it made.
+            await _delete_and_wait_clean(api_client, namespace, name)
+    finally:
+        await _set_kernel(api_client, moved, moved_from)
+
+
+async def test_noop_resync_and_restart_make_zero_writes(
+    sandbox: testing.RunningSandbox, manifests: None, api_client: client.ApiClient, namespace: str
+) -> None:
+    name = "still"
+    select = f"kmm-test/{namespace}"
+    chosen = sandbox.node_names
+    objects = client.CustomObjectsApi(api_client)
+    async with support.selecting(api_client, chosen, select):
+        async with support.operator_in_process(sandbox.kubeconfig) as first:
+            await objects.create_namespaced_custom_object(
+                modules.GROUP,
+                modules.VERSION,
+                namespace,
+                modules.PLURAL,
+                support.module_body(name, {select: "yes"}),
+            )
+            await testing.eventually(
+                lambda: _converged(api_client, namespace, name, set(chosen)), "loaded on 4 nodes"
+            )
+            await first.wait_idle("converged")
+            assert first.counter.total > 0
+            first.counter.reset()
+            first.op.resync()
+            await first.wait_idle("resync done")
+            assert dict(first.counter.counts) == {}
+
+        # A restart on the converged cluster: fresh caches, every Module
+        # reconciled from scratch, still nothing to write.
+        async with support.operator_in_process(sandbox.kubeconfig) as second:
+            await second.wait_idle("restart reconciled")
+            assert second.op.counting.done >= 1
+            assert dict(second.counter.counts) == {}
+        async with support.operator_in_process(sandbox.kubeconfig):
+            await _delete_and_wait_clean(api_client, namespace, name)

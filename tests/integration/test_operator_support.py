@@ -1,0 +1,190 @@
+"""Shared helpers for the operator's integration tests (no tests here).
+
+- ``install_manifests``: the CRD and admission policy from ``deploy/``,
+  applied with ``kmm apply``'s own code, waited for until both bite;
+- ``operator_in_process``: the wired operator (no leader election) on a
+  client of its own with a ``WriteCounter``, so a test counts exactly the
+  writes the operator makes;
+- ``selecting``: labels nodes for one test and restores them afterwards
+  (the session sandbox is shared).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from kmm.api import labels, modules
+from kmm.cli import applying
+from kmm.operator import wiring
+from kmm.runtime import writes
+from kmm.sandbox import cluster, testing
+
+Obj = dict[str, Any]
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+async def refusal(api: client.ApiClient, namespace: str, obj: Obj) -> str | None:
+    """The apiserver's message refusing a dry-run create of ``obj``, or None."""
+    body = copy.deepcopy(obj)
+    body["metadata"]["namespace"] = namespace
+    try:
+        await client.CustomObjectsApi(api).create_namespaced_custom_object(
+            modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body, dry_run="All"
+        )
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        message: str = json.loads(err.body)["message"]
+        return message
+    return None
+
+
+@pytest.fixture(scope="session")
+def manifests(sandbox: testing.RunningSandbox) -> None:
+    """The CRD and admission policy from deploy/ in the session sandbox."""
+    asyncio.run(install_manifests(sandbox.kubeconfig))
+
+
+async def install_manifests(kubeconfig: Path) -> None:
+    api = await cluster.api_client(kubeconfig)
+    async with api:
+        docs = []
+        for folder in ("crd", "admission"):
+            for path in sorted((DEPLOY / folder).glob("*.yaml")):
+                docs.extend(applying.load_documents(path.read_text()))
+        await applying.apply_documents(api, docs)
+        probe = module_body("n" * labels.MAX_NAME_AND_NAMESPACE, {"probe": "x"})
+        for _ in range(240):
+            if await refusal(api, "default", probe) is not None:
+                return
+            await asyncio.sleep(0.5)
+    raise AssertionError("the CRD or the admission policy from deploy/ never took effect")
+
+
+def module_body(name: str, selector: dict[str, str], **spec: Any) -> Obj:
+    """A Module over three kernels: one literal, two regexp mappings (one using
+    the container's default image), images with variables."""
+    loader = {
+        "container": {
+            "modprobe": {"moduleName": "kmm_test", "parameters": ["debug=1"]},
+            "containerImage": "example.com/default/${MOD_NAME}:${KERNEL_X}.${KERNEL_Y}",
+            "kernelMappings": [
+                {
+                    "literal": "6.8.0-45-generic",
+                    "containerImage": "example.com/literal/kmm-test:${KERNEL_XYZ}",
+                },
+                {
+                    "regexp": r"^6\.1\.\d+-\d+-amd64$",
+                    "containerImage": "example.com/regexp/${MOD_NAME}:${KERNEL_FULL_VERSION}",
+                },
+                {"regexp": r"^5\.14\..*\.el9\.x86_64$"},
+            ],
+        }
+    }
+    return {
+        "apiVersion": modules.API_VERSION,
+        "kind": modules.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "selector": selector,
+            "tolerations": [{"key": "kmm-test", "operator": "Exists", "effect": "NoSchedule"}],
+            "imageRepoSecret": {"name": "kmm-test-pull"},
+            "moduleLoader": loader,
+            **spec,
+        },
+    }
+
+
+@dataclasses.dataclass
+class InProcess:
+    op: wiring.Operator
+    counter: writes.WriteCounter
+
+    async def wait_idle(self, what: str) -> None:
+        """Wait until the caches synced, at least one more reconcile ran, and
+        nothing is queued or running."""
+        start = self.op.counting.done
+
+        async def idle() -> bool:
+            return self.op.manager.ready() and self.op.counting.done > start and self.op.idle()
+
+        await testing.eventually(idle, what)
+        # Two loop turns: a handler may enqueue from an event read just now.
+        await asyncio.sleep(0.5)
+        if not self.op.idle():
+            await self.wait_idle(what)
+
+
+@contextlib.asynccontextmanager
+async def operator_in_process(kubeconfig: Path) -> AsyncIterator[InProcess]:
+    api = await cluster.api_client(kubeconfig)
+    async with api:
+        counter = writes.WriteCounter().install(api)
+        op = wiring.Operator(api, workers=2)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(op.run(stop))
+        try:
+            yield InProcess(op, counter)
+        finally:
+            stop.set()
+            await task
+            counter.uninstall()
+
+
+@contextlib.asynccontextmanager
+async def selecting(
+    api: client.ApiClient, nodes: Sequence[str], key: str, value: str = "yes"
+) -> AsyncIterator[None]:
+    """Label ``nodes`` with ``key=value`` for the block; remove it afterwards."""
+    core = client.CoreV1Api(api)
+    try:
+        for node in nodes:
+            await core.patch_node(node, {"metadata": {"labels": {key: value}}})
+        yield
+    finally:
+        for node in nodes:
+            with contextlib.suppress(client.ApiException):
+                await core.patch_node(node, {"metadata": {"labels": {key: None}}})
+
+
+async def node_labels(api: client.ApiClient) -> dict[str, dict[str, str]]:
+    listing = await client.CoreV1Api(api).list_node()
+    return {n.metadata.name: dict(n.metadata.labels or {}) for n in listing.items}
+
+
+async def loader_daemonsets(api: client.ApiClient, namespace: str) -> list[Any]:
+    listing = await client.AppsV1Api(api).list_namespaced_daemon_set(
+        namespace, label_selector=f"{labels.ROLE}=module-loader"
+    )
+    return sorted(listing.items, key=lambda d: d.metadata.labels[labels.KERNEL_VERSION_FULL])
+
+
+async def get_module(api: client.ApiClient, namespace: str, name: str) -> Obj | None:
+    try:
+        found: Obj = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+            modules.GROUP, modules.VERSION, namespace, modules.PLURAL, name
+        )
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return found
+
+
+def condition(module: Obj | None, type_: str) -> Obj | None:
+    for entry in ((module or {}).get("status") or {}).get("conditions") or ():
+        if entry["type"] == type_:
+            found: Obj = entry
+            return found
+    return None
