@@ -111,6 +111,9 @@ class InProcess:
     op: wiring.Operator
     counter: writes.WriteCounter
 
+    async def synced(self) -> bool:
+        return self.op.manager.ready()
+
     async def wait_idle(self, what: str) -> None:
         """Wait until the caches synced, at least one more reconcile ran, and
         nothing is queued or running."""

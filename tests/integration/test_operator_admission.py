@@ -1,0 +1,96 @@
+"""Admission with the manifests from deploy/, while the operator runs.
+
+Each invalid Module is refused by the API server (CRD rules or the
+ValidatingAdmissionPolicy) with a message naming the field; since it never
+exists, the operator creates nothing for it: no DaemonSet, no Event, no label.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import test_operator_support as support
+from kubernetes_asyncio import client
+
+from kmm.api import labels, modules
+from kmm.sandbox import testing
+
+manifests = support.manifests
+
+Obj = dict[str, Any]
+
+
+def _mapping(index: int, key: str, value: Any) -> Callable[[Obj], None]:
+    def mutate(obj: Obj) -> None:
+        obj["spec"]["moduleLoader"]["container"]["kernelMappings"][index][key] = value
+
+    return mutate
+
+
+def _container(key: str, value: Any) -> Callable[[Obj], None]:
+    return lambda obj: obj["spec"]["moduleLoader"]["container"].__setitem__(key, value)
+
+
+CASES: list[tuple[str, Callable[[Obj], None], tuple[str, ...]]] = [
+    ("regexp-does-not-compile", _mapping(1, "regexp", "^(6.1"), ("kernelMappings[1].regexp",)),
+    (
+        "image-without-tag",
+        _mapping(0, "containerImage", "example.com/literal/kmm-test"),
+        ("kernelMappings[0].containerImage", "tag"),
+    ),
+    (
+        "literal-and-regexp",
+        _mapping(0, "regexp", "^6$"),
+        ("kernelMappings[0]", "literal", "regexp"),
+    ),
+    (
+        "name-too-long",
+        lambda obj: obj["metadata"].__setitem__("name", "n" * labels.MAX_NAME_AND_NAMESPACE),
+        ("metadata.name",),
+    ),
+    (
+        "build",
+        _mapping(0, "build", {"dockerfileConfigMap": {"name": "x"}}),
+        ("kernelMappings[0].build", "not supported"),
+    ),
+    ("sign", _container("sign", {"keySecret": {"name": "k"}}), ("sign", "not supported")),
+]
+
+
+@pytest.mark.parametrize(("mutate", "fragments"), [pytest.param(m, f, id=i) for i, m, f in CASES])
+async def test_refused_naming_the_field_and_nothing_created(
+    sandbox: testing.RunningSandbox,
+    manifests: None,
+    api_client: client.ApiClient,
+    namespace: str,
+    mutate: Callable[[Obj], None],
+    fragments: tuple[str, ...],
+) -> None:
+    select = f"kmm-test/{namespace}"
+    body = copy.deepcopy(support.module_body("refused", {select: "yes"}))
+    mutate(body)
+    objects = client.CustomObjectsApi(api_client)
+    async with (
+        support.selecting(api_client, sandbox.node_names[:1], select),
+        support.operator_in_process(sandbox.kubeconfig) as running,
+    ):
+        await testing.eventually(running.synced, "caches synced")
+        with pytest.raises(client.ApiException) as refused:
+            await objects.create_namespaced_custom_object(
+                modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body
+            )
+        assert refused.value.status in (400, 403, 422)
+        message = refused.value.body if isinstance(refused.value.body, str) else ""
+        for fragment in fragments:
+            assert fragment in message, message
+        listed = await objects.list_namespaced_custom_object(
+            modules.GROUP, modules.VERSION, namespace, modules.PLURAL
+        )
+        assert listed["items"] == []
+        assert await support.loader_daemonsets(api_client, namespace) == []
+        events = await client.CoreV1Api(api_client).list_namespaced_event(namespace)
+        assert events.items == []
+        assert dict(running.counter.counts) == {}
