@@ -1,0 +1,71 @@
+"""Raw objects for operator unit tests: Modules, nodes, DaemonSets, pods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kmm.api import labels, modules, validation
+
+Obj = dict[str, Any]
+
+KERNELS = ("6.8.0-45-generic", "6.1.0-27-amd64", "5.14.0-427.el9.x86_64+")
+
+
+def module_raw(name: str = "m", namespace: str = "ns", **spec: Any) -> Obj:
+    base: Obj = {
+        "selector": {"pick": "yes"},
+        "moduleLoader": {
+            "container": {
+                "modprobe": {"moduleName": "kmod_x", "parameters": ["a=1"]},
+                "containerImage": "r.io/default:${KERNEL_X}.${KERNEL_Y}",
+                "kernelMappings": [
+                    {"literal": "6.8.0-45-generic", "containerImage": "r.io/lit:${KERNEL_XYZ}"},
+                    {"regexp": r"^6\.1\.", "containerImage": "r.io/${MOD_NAME}:v1"},
+                    {"regexp": r"\.el9\.x86_64$"},
+                ],
+            }
+        },
+    }
+    base.update(spec)
+    return {
+        "apiVersion": modules.API_VERSION,
+        "kind": modules.KIND,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": "uid-1",
+            "generation": 1,
+            "resourceVersion": "10",
+            "finalizers": [labels.FINALIZER],
+        },
+        "spec": base,
+    }
+
+
+def module(raw: Obj | None = None) -> modules.Module:
+    return validation.parse_module(raw or module_raw())
+
+
+def node(
+    name: str, kernel: str, *, pick: bool = True, extra: dict[str, str] | None = None, **spec: Any
+) -> Obj:
+    node_labels = {"kubernetes.io/hostname": name, **(extra or {})}
+    if pick:
+        node_labels["pick"] = "yes"
+    return {
+        "metadata": {"name": name, "labels": node_labels, "resourceVersion": "1"},
+        "spec": spec,
+        "status": {"nodeInfo": {"kernelVersion": kernel}},
+    }
+
+
+def pod(ds: Obj, node_name: str, *, ready: bool = True) -> Obj:
+    return {
+        "metadata": {
+            "name": f"{ds['metadata']['name']}-{node_name}",
+            "namespace": ds["metadata"]["namespace"],
+            "labels": dict(ds["spec"]["template"]["metadata"]["labels"]),
+        },
+        "spec": {"nodeName": node_name},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
