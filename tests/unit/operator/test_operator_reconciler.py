@@ -1,0 +1,183 @@
+"""The Module reconciler against in-memory caches and a recording writer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import operator_fixtures as fixtures
+import pytest
+
+from kmm.api import conditions, labels
+from kmm.operator import caches, reconciler, writing
+from kmm.runtime import stores
+
+K68, K61, KEL9 = fixtures.KERNELS
+
+
+class RecordingWriter:
+    """The writer's interface; every call recorded, results applied to the stores."""
+
+    def __init__(self, cached: reconciler.Caches) -> None:
+        self.cached = cached
+        self.calls: list[tuple[str, Any]] = []
+        self.pending = writing.Pending()
+
+    async def apply_daemonset(self, desired: dict, observed: dict | None) -> bool:
+        self.calls.append(("apply", desired["metadata"]["name"]))
+        self.cached.daemonsets.put(desired)
+        return observed is None
+
+    async def delete_daemonset(self, namespace: str, name: str, observed: dict) -> bool:
+        self.calls.append(("delete", name))
+        self.cached.daemonsets.delete(f"{namespace}/{name}")
+        return True
+
+    async def patch_node_labels(self, node: dict, change: dict) -> None:
+        self.calls.append(("labels", (node["metadata"]["name"], change)))
+        updated = {**node, "metadata": {**node["metadata"]}}
+        current = dict(updated["metadata"].get("labels") or {})
+        for key, value in change.items():
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+        updated["metadata"]["labels"] = current
+        self.cached.nodes.put(updated)
+
+    async def patch_module_status(self, module: dict, patch: dict) -> None:
+        self.calls.append(("status", patch))
+        key = f"{module['metadata']['namespace']}/{module['metadata']['name']}"
+        current = self.cached.modules.get(key)
+        assert current is not None
+        self.cached.modules.put({**current, "status": patch["status"]})
+
+    async def set_finalizers(self, module: dict, finalizers: list[str]) -> None:
+        self.calls.append(("finalizers", finalizers))
+        key = f"{module['metadata']['namespace']}/{module['metadata']['name']}"
+        current = self.cached.modules.get(key)
+        assert current is not None
+        metadata = {**current["metadata"], "finalizers": finalizers}
+        if not finalizers and metadata.get("deletionTimestamp"):
+            self.cached.modules.delete(key)
+        else:
+            self.cached.modules.put({**current, "metadata": metadata})
+
+    async def create_event(self, event: dict) -> None:
+        self.calls.append(("event", (event["reason"], event["message"])))
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in self.calls]
+
+
+@pytest.fixture
+def world() -> tuple[reconciler.ModuleReconciler, RecordingWriter, reconciler.Caches]:
+    cached = reconciler.Caches(
+        modules=stores.Store(indexers={caches.SELECTOR_INDEX: caches.module_selector_index}),
+        daemonsets=stores.Store(indexers={caches.MODULE_INDEX: caches.object_module_index}),
+        pods=stores.Store(indexers={caches.MODULE_INDEX: caches.object_module_index}),
+        nodes=stores.Store(indexers={caches.MODULE_INDEX: caches.node_module_index}),
+    )
+    for node in (
+        fixtures.node("n0", K68),
+        fixtures.node("n1", K61),
+        fixtures.node("x", K68, pick=False),
+    ):
+        cached.nodes.put(node)
+    writer = RecordingWriter(cached)
+    rec = reconciler.ModuleReconciler(cached, writer, now=lambda: "2026-01-01T00:00:00Z")  # type: ignore[arg-type]
+    return rec, writer, cached
+
+
+async def test_converges_then_a_resync_writes_nothing(world: Any) -> None:
+    rec, writer, cached = world
+    cached.modules.put(fixtures.module_raw())
+    await rec.reconcile("ns/m")
+    assert writer.kinds().count("apply") == 2
+    assert [c[1][0] for c in writer.calls if c[0] == "event"] == ["DaemonSetCreated"] * 2
+    # Pods come up Ready: the .ready labels follow.
+    for ds in cached.daemonsets.objects():
+        node = "n0" if ds["metadata"]["labels"][labels.KERNEL_VERSION_FULL] == K68 else "n1"
+        cached.pods.put(fixtures.pod(ds, node))
+    await rec.reconcile("ns/m")
+    ready_key = labels.ready("ns", "m")
+    assert {
+        n["metadata"]["name"]
+        for n in cached.nodes.objects()
+        if ready_key in n["metadata"]["labels"]
+    } == {"n0", "n1"}
+    module = cached.modules.get("ns/m")
+    ready = next(c for c in module["status"]["conditions"] if c["type"] == conditions.READY)
+    assert ready["status"] == "True"
+
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    await rec.reconcile("ns/m")
+    assert writer.calls == []
+
+
+async def test_invalid_module_is_degraded_with_one_event_and_nothing_made(world: Any) -> None:
+    rec, writer, cached = world
+    raw = fixtures.module_raw()
+    raw["spec"]["moduleLoader"]["container"]["kernelMappings"][0]["containerImage"] = "r.io/no-tag"
+    cached.modules.put(raw)
+    await rec.reconcile("ns/m")
+    assert writer.kinds() == ["status", "event"]
+    degraded = next(
+        c for c in writer.calls[0][1]["status"]["conditions"] if c["type"] == conditions.DEGRADED
+    )
+    assert degraded["reason"] == conditions.REASON_INVALID_SPEC
+    assert "kernelMappings[0].containerImage" in degraded["message"]
+    assert writer.calls[1][1][0] == "InvalidSpec"
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    assert writer.calls == []
+    assert cached.daemonsets.objects() == []
+
+
+async def test_finalizer_added_and_labels_cleaned_on_delete(world: Any) -> None:
+    rec, writer, cached = world
+    raw = fixtures.module_raw()
+    raw["metadata"]["finalizers"] = []
+    cached.modules.put(raw)
+    await rec.reconcile("ns/m")
+    assert writer.calls[0] == ("finalizers", [labels.FINALIZER])
+    for ds in cached.daemonsets.objects():
+        node = "n0" if ds["metadata"]["labels"][labels.KERNEL_VERSION_FULL] == K68 else "n1"
+        cached.pods.put(fixtures.pod(ds, node))
+    await rec.reconcile("ns/m")
+    current = cached.modules.get("ns/m")
+    current["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    assert writer.kinds() == ["labels", "labels", "finalizers"]
+    ready_key = labels.ready("ns", "m")
+    assert not any(ready_key in n["metadata"]["labels"] for n in cached.nodes.objects())
+    assert cached.modules.get("ns/m") is None
+
+
+async def test_node_leaving_the_selector_loses_label_and_pair(world: Any) -> None:
+    rec, writer, cached = world
+    cached.modules.put(fixtures.module_raw())
+    await rec.reconcile("ns/m")
+    for ds in cached.daemonsets.objects():
+        node = "n0" if ds["metadata"]["labels"][labels.KERNEL_VERSION_FULL] == K68 else "n1"
+        cached.pods.put(fixtures.pod(ds, node))
+    await rec.reconcile("ns/m")
+    n1 = cached.nodes.get("n1")
+    cached.nodes.put({**n1, "metadata": {**n1["metadata"], "labels": {
+        k: v for k, v in n1["metadata"]["labels"].items() if k != "pick"
+    }}})  # fmt: skip
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    assert writer.kinds()[:2] == ["delete", "event"]
+    assert ("labels", ("n1", {labels.ready("ns", "m"): None})) in writer.calls
+
+
+def test_pending_skips_a_repeat_until_the_cache_moves() -> None:
+    pending = writing.Pending()
+    pending.sent("n1", "labels", "5", {"a": ""})
+    assert pending.in_flight("n1", "labels", "5", {"a": ""})
+    assert not pending.in_flight("n1", "labels", "6", {"a": ""})
+    assert not pending.in_flight("n1", "labels", "5", {"a": None})
+    pending.seen("n1")
+    assert not pending.in_flight("n1", "labels", "5", {"a": ""})
