@@ -130,11 +130,18 @@ class InProcess:
 
 
 @contextlib.asynccontextmanager
-async def operator_in_process(kubeconfig: Path) -> AsyncIterator[InProcess]:
+async def operator_in_process(
+    kubeconfig: Path,
+    *,
+    impersonate: str | None = None,
+    election: wiring.Election | None = None,
+) -> AsyncIterator[InProcess]:
     api = await cluster.api_client(kubeconfig)
     async with api:
+        if impersonate is not None:
+            api.set_default_header("Impersonate-User", impersonate)
         counter = writes.WriteCounter().install(api)
-        op = wiring.Operator(api, workers=2)
+        op = wiring.Operator(api, workers=2, election=election)
         stop = asyncio.Event()
         task = asyncio.ensure_future(op.run(stop))
         try:
