@@ -1,0 +1,398 @@
+"""The operator on 500 fake nodes and 5 kernels: convergence, API writes, memory.
+
+Run: ``.venv/bin/python bench/bench_operator.py [--nodes 500] [--cached-nodes 5000]``
+
+1. A dedicated sandbox (``kmm.sandbox.cluster.up``) with ``--nodes`` KWOK
+   nodes over 5 kernels, in a temporary directory; the CRD from ``deploy/``.
+2. The operator (the real wiring, in process, a ``WriteCounter`` on its
+   client) converges one Module selecting every node: 5 loader DaemonSets,
+   one pod per node (the real DaemonSet controller and scheduler; KWOK makes
+   pods Ready), ``kernel-version.full`` and ``.ready`` labels on every node,
+   status Ready. Printed: time from create to converged, the time the last
+   loader pod turned Ready (the cluster's part), the operator's lag after it,
+   and the operator's API writes by (verb, resource).
+3. The floor: a minimal script sends the same number of writes of the same
+   kinds (node label merge patches, DaemonSet applies, Module status patches,
+   Event creates, finalizer patch) straight to the same API server, with the
+   same 16 writes in flight. Printed: its time and operator/floor ratio.
+4. Memory: ``--cached-nodes`` minus ``--nodes`` bare Node objects (no KWOK
+   annotation, realistic payloads: conditions, addresses, capacity, 20
+   images) are created, then ``kmm operator`` runs as a process; its VmRSS is
+   read once its caches have synced and it has reconciled the Module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pathlib
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client
+
+from kmm.api import labels, modules
+from kmm.cli import applying
+from kmm.operator import wiring
+from kmm.runtime import writes
+from kmm.sandbox import cluster
+
+KERNELS = (
+    "6.8.0-45-generic",
+    "6.1.0-27-amd64",
+    "5.14.0-427.el9.x86_64+",
+    "6.11.0-1009-aws",
+    "5.15.0-122-generic",
+)
+DEPLOY = pathlib.Path(__file__).resolve().parents[1] / "deploy"
+PARALLEL = 16
+NAMESPACE = "bench"
+
+
+def module_body(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": modules.API_VERSION,
+        "kind": modules.KIND,
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "selector": {"type": "kwok"},
+            "moduleLoader": {
+                "container": {
+                    "modprobe": {"moduleName": "kmm_bench"},
+                    "containerImage": "example.com/${MOD_NAME}:${KERNEL_FULL_VERSION}",
+                    "kernelMappings": [
+                        {"literal": "6.8.0-45-generic"},
+                        {"regexp": r"^6\.1\.\d+-\d+-amd64$"},
+                        {"regexp": r"\.el9\.x86_64$"},
+                        {"regexp": r"-aws$", "containerImage": "example.com/aws:${KERNEL_XYZ}"},
+                        {"regexp": r"^5\.15\."},
+                    ],
+                }
+            },
+        },
+    }
+
+
+async def _until(predicate: Any, interval: float = 0.05) -> None:
+    while True:
+        if predicate():
+            return
+        await asyncio.sleep(interval)
+
+
+def _converged(op: wiring.Operator, key: str, nodes: int) -> bool:
+    module = op.modules.store.get(key)
+    conditions = ((module or {}).get("status") or {}).get("conditions") or ()
+    if not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+        return False
+    namespace, name = key.split("/")
+    ready = labels.ready(namespace, name)
+    return sum(ready in (n["metadata"].get("labels") or {}) for n in op.nodes.store) == nodes
+
+
+def _pods_ready(op: wiring.Operator, nodes: int) -> bool:
+    ready = 0
+    for pod in op.pods.store:
+        conditions = (pod.get("status") or {}).get("conditions") or ()
+        ready += any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return ready == nodes
+
+
+async def converge(
+    api: client.ApiClient, nodes: int
+) -> tuple[float, float, Counter[tuple[str, str]]]:
+    counter = writes.WriteCounter().install(api)
+    op = wiring.Operator(api, workers=4)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(op.run(stop))
+    try:
+        await _until(op.manager.ready)
+        name = f"bench-{uuid.uuid4().hex[:6]}"
+        started = time.perf_counter()
+        await client.CustomObjectsApi(api).create_namespaced_custom_object(
+            modules.GROUP, modules.VERSION, NAMESPACE, modules.PLURAL, module_body(name)
+        )
+        pods_ready_at = None
+        while not _converged(op, f"{NAMESPACE}/{name}", nodes):
+            if pods_ready_at is None and _pods_ready(op, nodes):
+                pods_ready_at = time.perf_counter() - started
+            await asyncio.sleep(0.05)
+        total = time.perf_counter() - started
+        await _until(op.idle)
+        counts = Counter(counter.counts)
+        return total, pods_ready_at or total, counts
+    finally:
+        stop.set()
+        await task
+        counter.uninstall()
+
+
+async def floor(api: client.ApiClient, counts: Counter[tuple[str, str]], nodes: list[str]) -> float:
+    """The same writes, sent directly, 16 in flight."""
+    core = client.CoreV1Api(api)
+    apps = client.AppsV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    merge = "application/merge-patch+json"
+    target = f"floor-{uuid.uuid4().hex[:6]}"
+    await custom.create_namespaced_custom_object(
+        modules.GROUP, modules.VERSION, NAMESPACE, modules.PLURAL, module_body(target)
+    )
+    calls: list[Any] = []
+    for (verb, resource), count in counts.items():
+        for i in range(count):
+            if resource == "nodes":
+                calls.append(
+                    lambda i=i: core.patch_node(
+                        nodes[i % len(nodes)],
+                        {"metadata": {"labels": {"bench-floor": str(i)}}},
+                        _content_type=merge,
+                    )
+                )
+            elif resource == "apps/daemonsets":
+                body = {
+                    "apiVersion": "apps/v1",
+                    "kind": "DaemonSet",
+                    "metadata": {"name": f"floor-{i}", "namespace": NAMESPACE},
+                    "spec": {
+                        "selector": {"matchLabels": {"floor": str(i)}},
+                        "template": {
+                            "metadata": {"labels": {"floor": str(i)}},
+                            "spec": {
+                                "nodeSelector": {"no-such-node": "x"},
+                                "containers": [{"name": "c", "image": "example.com/x:1"}],
+                            },
+                        },
+                    },
+                }
+                calls.append(
+                    lambda body=body: apps.patch_namespaced_daemon_set(
+                        body["metadata"]["name"], NAMESPACE, body, field_manager="floor",
+                        force=True, _content_type="application/apply-patch+yaml",
+                    )
+                )  # fmt: skip
+            elif resource == "kmm.sigs.x-k8s.io/modules/status":
+                calls.append(
+                    lambda i=i: custom.patch_namespaced_custom_object_status(
+                        modules.GROUP, modules.VERSION, NAMESPACE, modules.PLURAL, target,
+                        {"status": {"observedGeneration": i}}, _content_type=merge,
+                    )
+                )  # fmt: skip
+            elif resource == "kmm.sigs.x-k8s.io/modules":
+                calls.append(
+                    lambda i=i: custom.patch_namespaced_custom_object(
+                        modules.GROUP, modules.VERSION, NAMESPACE, modules.PLURAL, target,
+                        {"metadata": {"annotations": {"floor": str(i)}}}, _content_type=merge,
+                    )
+                )  # fmt: skip
+            elif resource == "events":
+                calls.append(
+                    lambda i=i: core.create_namespaced_event(
+                        NAMESPACE,
+                        {
+                            "metadata": {"generateName": "floor."},
+                            "involvedObject": {"kind": "Module", "name": target,
+                                               "namespace": NAMESPACE},
+                            "reason": "Floor", "message": str(i), "type": "Normal",
+                        },
+                    )
+                )  # fmt: skip
+            else:
+                raise SystemExit(f"no floor for {verb} {resource}")
+    limit = asyncio.Semaphore(PARALLEL)
+
+    async def one(call: Any) -> None:
+        async with limit:
+            await call()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(call) for call in calls))
+    return time.perf_counter() - started
+
+
+def realistic_node(name: str, index: int) -> dict[str, Any]:
+    """A Node as a kubelet would report it (minus the churn), without the KWOK annotation."""
+    kernel = KERNELS[index % len(KERNELS)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "beta.kubernetes.io/os": "linux",
+                "beta.kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": "m5.2xlarge",
+                "topology.kubernetes.io/region": "eu-west-1",
+                "topology.kubernetes.io/zone": f"eu-west-1{'abc'[index % 3]}",
+                "type": "bare",
+            },
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+            },
+        },
+        "spec": {"podCIDR": f"10.{index // 250}.{index % 250}.0/24", "providerID": f"aws:///{name}"},
+        "status": {
+            "capacity": {"cpu": "8", "memory": "32475340Ki", "pods": "110", "ephemeral-storage": "104845292Ki"},
+            "allocatable": {"cpu": "7910m", "memory": "31458508Ki", "pods": "110", "ephemeral-storage": "95551679124"},
+            "conditions": [
+                {"type": t, "status": "False", "reason": f"Kubelet{t}", "message": f"kubelet reports no {t}",
+                 "lastHeartbeatTime": "2026-11-30T10:00:00Z", "lastTransitionTime": "2026-11-01T00:00:00Z"}
+                for t in ("MemoryPressure", "DiskPressure", "PIDPressure")
+            ] + [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
+                  "lastHeartbeatTime": "2026-11-30T10:00:00Z", "lastTransitionTime": "2026-11-01T00:00:00Z"}],
+            "addresses": [
+                {"type": "InternalIP", "address": f"10.1.{index // 250}.{index % 250}"},
+                {"type": "Hostname", "address": name},
+                {"type": "InternalDNS", "address": f"{name}.eu-west-1.compute.internal"},
+            ],
+            "nodeInfo": {
+                "machineID": uuid.uuid4().hex, "systemUUID": str(uuid.uuid4()), "bootID": str(uuid.uuid4()),
+                "kernelVersion": kernel, "osImage": "Ubuntu 24.04.1 LTS", "containerRuntimeVersion": "containerd://1.7.22",
+                "kubeletVersion": "v1.35.0", "kubeProxyVersion": "v1.35.0", "operatingSystem": "linux", "architecture": "amd64",
+            },
+            "images": [
+                {"names": [f"registry.example.com/team/image-{j}@sha256:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+                           f"registry.example.com/team/image-{j}:v{j}.0"], "sizeBytes": 10_000_000 + j}
+                for j in range(20)
+            ],
+        },
+    }  # fmt: skip
+
+
+async def create_bare_nodes(api: client.ApiClient, count: int) -> None:
+    core = client.CoreV1Api(api)
+    limit = asyncio.Semaphore(32)
+
+    async def one(index: int) -> None:
+        async with limit:
+            await core.create_node(realistic_node(f"bare-{index:05d}", index))
+
+    await asyncio.gather(*(one(i) for i in range(count)))
+
+
+def _rss_mib(pid: int) -> float:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+async def _metric(port: int, name: str, label: str) -> float | None:
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/metrics") as response,
+        ):
+            text = await response.text()
+    except aiohttp.ClientError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name) and label in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def operator_rss(
+    kubeconfig: pathlib.Path, nodes: int, log: pathlib.Path
+) -> tuple[float, float]:
+    """(RSS once synced with ``nodes`` Nodes cached, RSS after 10 s more)."""
+    port = 18080 + os.getpid() % 1000
+    argv = [str(pathlib.Path(sys.executable).with_name("kmm")), "operator", f"--kubeconfig={kubeconfig}",
+            f"--metrics-port={port}", f"--health-port={port}", "--bind-address=127.0.0.1",
+            "--no-leader-election"]  # fmt: skip
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=out)
+    try:
+        while True:
+            if await _metric(port, "kmm_cached_objects", 'informer="nodes"') == nodes:
+                break
+            if process.returncode is not None:
+                raise SystemExit(f"operator exited: {log.read_text()[-2000:]}")
+            await asyncio.sleep(0.5)
+        while True:
+            if await _metric(port, "controller_runtime_reconcile_total", 'result="success"'):
+                break
+            await asyncio.sleep(0.5)
+        synced = _rss_mib(process.pid)
+        await asyncio.sleep(10)
+        return synced, _rss_mib(process.pid)
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), 30)
+
+
+async def main(args: argparse.Namespace) -> None:
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="kmm-bench-"))
+    cache = pathlib.Path(os.environ.get("KMM_CACHE_DIR", pathlib.Path.home() / ".cache" / "kmm"))
+    options = cluster.Options(
+        directory=directory, cache_dir=cache, nodes=args.nodes, kernels=KERNELS, start_timeout=600
+    )
+    started = time.perf_counter()
+    record = await cluster.up(options)
+    print(
+        f"sandbox: {args.nodes} KWOK nodes, {len(KERNELS)} kernels, up in {time.perf_counter() - started:.1f} s"
+    )
+    try:
+        async with await cluster.api_client(record.kubeconfig) as api:
+            docs = applying.load_documents(
+                (DEPLOY / "crd" / "modules.kmm.sigs.x-k8s.io.yaml").read_text()
+            )
+            docs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+            await applying.apply_documents(api, docs)
+            while True:  # the CRD serves once Established
+                try:
+                    await client.CustomObjectsApi(api).list_namespaced_custom_object(
+                        modules.GROUP, modules.VERSION, NAMESPACE, modules.PLURAL
+                    )
+                    break
+                except client.ApiException:
+                    await asyncio.sleep(0.5)
+            await asyncio.sleep(2)  # the default ServiceAccount of the new namespace
+
+            total, pods_ready, counts = await converge(api, args.nodes)
+            written = sum(counts.values())
+            print(
+                f"converged: {total:.2f} s from create to {args.nodes} .ready labels + status Ready"
+            )
+            print(
+                f"  last loader pod Ready at {pods_ready:.2f} s (cluster); operator lag after it {total - pods_ready:.2f} s"
+            )
+            print(f"  operator API writes: {written}")
+            for (verb, resource), count in sorted(counts.items()):
+                print(f"    {verb:6} {resource:40} {count}")
+            floor_time = await floor(api, counts, record.node_names)
+            print(
+                f"floor: the same {written} writes sent directly ({PARALLEL} in flight): {floor_time:.2f} s"
+            )
+            print(
+                f"  ratio converge/floor: {total / floor_time:.1f}x; writes/node {written / args.nodes:.2f}"
+            )
+
+            extra = args.cached_nodes - args.nodes
+            if extra > 0:
+                t0 = time.perf_counter()
+                await create_bare_nodes(api, extra)
+                print(f"created {extra} bare realistic Nodes in {time.perf_counter() - t0:.1f} s")
+        synced, later = await operator_rss(
+            record.kubeconfig, args.cached_nodes, directory / "operator.log"
+        )
+        print(f"operator RSS with {args.cached_nodes} Nodes cached (+{args.nodes} pods, 5 DaemonSets, 2 Modules):"
+              f" {synced:.1f} MiB once synced and reconciled, {later:.1f} MiB 10 s later")  # fmt: skip
+    finally:
+        cluster.down(directory)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--cached-nodes", type=int, default=5000)
+    asyncio.run(main(parser.parse_args()))
