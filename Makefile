@@ -19,9 +19,20 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
+# The operator on the sandbox: CRD + admission policy, `kmm operator` in the
+# background, the demo Module (deploy/operator/examples), then where it is loaded.
+DEMO_DIR ?= $(HOME)/.local/state/kmm/demo
+DEMO_KUBECONFIG := $(DEMO_DIR)/kubeconfig
+
 demo: venv
-	$(BIN)/kmm sandbox up --nodes 3 --kernel 6.8.0-45-generic --kernel 6.1.0-27-amd64 --kernel 5.14.0-427.el9.x86_64
-	$(BIN)/kmm sandbox status
+	-$(BIN)/kmm sandbox down --dir $(DEMO_DIR) >/dev/null 2>&1
+	$(BIN)/kmm sandbox up --dir $(DEMO_DIR) --nodes 4 --kernel 6.8.0-45-generic --kernel 6.1.0-27-amd64 --kernel 5.14.0-427.el9.x86_64+
+	$(BIN)/kmm apply --kubeconfig $(DEMO_KUBECONFIG) -f deploy/crd/modules.kmm.sigs.x-k8s.io.yaml -f deploy/admission/modules.kmm.sigs.x-k8s.io.yaml
+	$(BIN)/kmm operator --kubeconfig $(DEMO_KUBECONFIG) --bind-address 127.0.0.1 --metrics-port 0 --health-port 0 --no-leader-election >$(DEMO_DIR)/operator.log 2>&1 & echo $$! >$(DEMO_DIR)/operator.pid
+	$(BIN)/kmm apply --kubeconfig $(DEMO_KUBECONFIG) -f deploy/operator/examples/demo-module.yaml
+	$(BIN)/kmm modules --kubeconfig $(DEMO_KUBECONFIG) --wait 120
+	@echo "operator: pid $$(cat $(DEMO_DIR)/operator.pid), JSON logs in $(DEMO_DIR)/operator.log"
+	@echo "try: KUBECONFIG=$(DEMO_KUBECONFIG) kubectl get ds,pods -o wide; stop: kill $$(cat $(DEMO_DIR)/operator.pid); $(BIN)/kmm sandbox down --dir $(DEMO_DIR)"
 
 lint: venv
 	$(BIN)/ruff check src tests bench

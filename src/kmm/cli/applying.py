@@ -157,14 +157,18 @@ async def _apply(kubeconfig: Path | None, text: str, namespace: str) -> list[str
 
 
 def apply(
-    filename: Annotated[str, typer.Option("--filename", "-f", help="YAML file, or - for stdin.")],
+    filename: Annotated[
+        list[str], typer.Option("--filename", "-f", help="YAML file, or - for stdin; repeatable.")
+    ],
     kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig to use.")] = None,
     namespace: Annotated[
         str, typer.Option("--namespace", "-n", help="Namespace for documents without one.")
     ] = "default",
 ) -> None:
     """Server-side apply every document of a YAML file (field manager "kmm")."""
-    text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
+    text = "\n---\n".join(
+        sys.stdin.read() if name == "-" else Path(name).read_text() for name in filename
+    )
     try:
         lines = asyncio.run(_apply(kubeconfig, text, namespace))
     except (ApplyError, ApiException, yaml.YAMLError) as err:

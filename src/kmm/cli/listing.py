@@ -67,10 +67,18 @@ async def modules_table(api: k8s.ApiClient, namespace: str | None) -> list[list[
     return rows
 
 
-async def _rows(kubeconfig: Path | None, namespace: str | None) -> list[list[str]]:
+async def _rows(kubeconfig: Path | None, namespace: str | None, wait: float) -> list[list[str]]:
+    """The table; with ``wait`` > 0, once every Module is Ready (or the wait ends)."""
     api = await clients.api_client(kubeconfig)
     async with api:
-        return await modules_table(api, namespace)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            rows = await modules_table(api, namespace)
+            settled = rows and all(row[2].startswith("True") for row in rows)
+            if settled or loop.time() >= deadline:
+                return rows
+            await asyncio.sleep(1.0)
 
 
 def modules(
@@ -78,9 +86,12 @@ def modules(
     namespace: Annotated[
         str | None, typer.Option("--namespace", "-n", help="Only this namespace.")
     ] = None,
+    wait: Annotated[
+        float, typer.Option(help="Seconds to wait for every Module to be Ready first.")
+    ] = 0.0,
 ) -> None:
     """Modules, their Ready condition and the nodes where each module is loaded."""
     table = Table("NAMESPACE", "NAME", "READY", "AVAILABLE/DESIRED", "LOADED ON", "DAEMONSETS")
-    for row in asyncio.run(_rows(kubeconfig, namespace)):
+    for row in asyncio.run(_rows(kubeconfig, namespace, wait)):
         table.add_row(*row)
     Console().print(table)
