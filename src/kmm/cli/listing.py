@@ -94,4 +94,7 @@ def modules(
     table = Table("NAMESPACE", "NAME", "READY", "AVAILABLE/DESIRED", "LOADED ON", "DAEMONSETS")
     for row in asyncio.run(_rows(kubeconfig, namespace, wait)):
         table.add_row(*row)
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # make, CI logs: no 80-column squeeze
+        console = Console(width=200)
+    console.print(table)
