@@ -21,8 +21,9 @@ import contextlib
 import logging
 import os
 import pathlib
+import types
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import grpc
 from grpc import aio
@@ -105,15 +106,18 @@ def _refs(request_claims: Sequence[Any]) -> list[claims.ClaimRef]:
     ]
 
 
-class _DRAv1(dra_v1_pb2_grpc.DRAPluginServicer):
-    def __init__(self, handler: Handler) -> None:
-        self._handler = handler
+class _DRA:
+    """One servicer for both DRA versions: v1 and v1beta1 declare the same
+    messages (v1beta1 lacks ``share_id``, which we never set), so only the
+    module holding the message classes differs."""
 
-    async def NodePrepareResources(
-        self, request: dra_v1_pb2.NodePrepareResourcesRequest, context: Context
-    ) -> dra_v1_pb2.NodePrepareResourcesResponse:
+    def __init__(self, handler: Handler, messages: types.ModuleType) -> None:
+        self._handler = handler
+        self._messages = messages
+
+    async def NodePrepareResources(self, request: Any, context: Context) -> Any:
         answers = await self._handler.node_prepare(_refs(request.claims))
-        response = dra_v1_pb2.NodePrepareResourcesResponse()
+        response = self._messages.NodePrepareResourcesResponse()
         for uid, answer in answers.items():
             entry = response.claims[uid]
             entry.error = answer.error
@@ -126,42 +130,9 @@ class _DRAv1(dra_v1_pb2_grpc.DRAPluginServicer):
                 )
         return response
 
-    async def NodeUnprepareResources(
-        self, request: dra_v1_pb2.NodeUnprepareResourcesRequest, context: Context
-    ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
+    async def NodeUnprepareResources(self, request: Any, context: Context) -> Any:
         answers = await self._handler.node_unprepare(_refs(request.claims))
-        response = dra_v1_pb2.NodeUnprepareResourcesResponse()
-        for uid, error in answers.items():
-            response.claims[uid].error = error
-        return response
-
-
-class _DRAv1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
-    def __init__(self, handler: Handler) -> None:
-        self._handler = handler
-
-    async def NodePrepareResources(
-        self, request: dra_v1beta1_pb2.NodePrepareResourcesRequest, context: Context
-    ) -> dra_v1beta1_pb2.NodePrepareResourcesResponse:
-        answers = await self._handler.node_prepare(_refs(request.claims))
-        response = dra_v1beta1_pb2.NodePrepareResourcesResponse()
-        for uid, answer in answers.items():
-            entry = response.claims[uid]
-            entry.error = answer.error
-            for device in answer.devices:
-                entry.devices.add(
-                    request_names=device.request_names,
-                    pool_name=device.pool_name,
-                    device_name=device.device_name,
-                    cdi_device_ids=device.cdi_device_ids,
-                )
-        return response
-
-    async def NodeUnprepareResources(
-        self, request: dra_v1beta1_pb2.NodeUnprepareResourcesRequest, context: Context
-    ) -> dra_v1beta1_pb2.NodeUnprepareResourcesResponse:
-        answers = await self._handler.node_unprepare(_refs(request.claims))
-        response = dra_v1beta1_pb2.NodeUnprepareResourcesResponse()
+        response = self._messages.NodeUnprepareResourcesResponse()
         for uid, error in answers.items():
             response.claims[uid].error = error
         return response
@@ -229,8 +200,13 @@ def add_registration_service(server: aio.Server, handler: Handler) -> None:
 def add_dra_services(
     server: aio.Server, handler: Handler, *, stopping: asyncio.Event, health: bool
 ) -> None:
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_DRAv1(handler), server)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_DRAv1beta1(handler), server)
+    # The generated adders only look the methods up by name; the casts say so.
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
+        cast("dra_v1_pb2_grpc.DRAPluginServicer", _DRA(handler, dra_v1_pb2)), server
+    )
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+        cast("dra_v1beta1_pb2_grpc.DRAPluginServicer", _DRA(handler, dra_v1beta1_pb2)), server
+    )
     if health:
         dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
             _Health(handler, stopping), server

@@ -44,7 +44,12 @@ class Kubelet:
             await channel.close()
 
     def _channel(self, socket: str | pathlib.Path) -> aio.Channel:
-        channel = aio.insecure_channel(f"unix://{socket}")
+        # A private subchannel pool, as each kubelet process has: gRPC otherwise
+        # shares connections per target across channels in this process, and a
+        # test that restarts a plugin would be handed the dead one's connection.
+        channel = aio.insecure_channel(
+            f"unix://{socket}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         self._channels.append(channel)
         return channel
 
