@@ -36,7 +36,7 @@ class ToolchainMissing(SandboxError):
     def __init__(self, detail: str) -> None:
         super().__init__(
             f"{detail}. kmm sandbox builds its control plane from Go modules: install "
-            "Go >= 1.25 and put `go` on PATH, then run the command again."
+            "Go >= 1.26 and put `go` on PATH, then run the command again."
         )
 
 
