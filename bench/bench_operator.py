@@ -106,10 +106,18 @@ def _pods_ready(op: wiring.Operator, nodes: int) -> bool:
 
 
 async def converge(
-    api: client.ApiClient, nodes: int
+    api: client.ApiClient, kubeconfig: pathlib.Path, nodes: int
 ) -> tuple[float, float, Counter[tuple[str, str]]]:
-    counter = writes.WriteCounter().install(api)
-    op = wiring.Operator(api, workers=4)
+    """Converge one Module; the operator has a client of its own, so only its writes count."""
+    async with await cluster.api_client(kubeconfig) as own:
+        return await _converge(api, own, nodes)
+
+
+async def _converge(
+    api: client.ApiClient, own: client.ApiClient, nodes: int
+) -> tuple[float, float, Counter[tuple[str, str]]]:
+    counter = writes.WriteCounter().install(own)
+    op = wiring.Operator(own, workers=4)
     stop = asyncio.Event()
     task = asyncio.ensure_future(op.run(stop))
     try:
