@@ -8,7 +8,8 @@ Level-based (``runtime.controllers.Reconciler``). For a live Module it:
    (``deviceplugin``): DaemonSets sent only when missing or changed, stale
    ones deleted, an Event for each create and delete;
 4. brings node labels to the truth (``nodelabels``);
-5. writes the status (``status``) only when a field it owns changes.
+5. writes the status (``status``) only when a field it owns changes, and
+   counts-only changes at most once per ``STATUS_INTERVAL`` (requeued).
 For a Module being deleted it removes its node labels, then the finalizer;
 the garbage collector deletes the DaemonSets it owns (seed 000 step 6).
 Everything is read from the informer caches; a converged Module costs no write.
@@ -20,6 +21,7 @@ import asyncio
 import dataclasses
 import datetime
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -36,6 +38,11 @@ RawObject = dict[str, Any]
 # Node label patches in flight at once: enough to converge 500 nodes quickly,
 # few enough not to swamp the API server's inflight limit.
 _PARALLEL_WRITES = 16
+# While a rollout progresses, counts change with every pod; a status write
+# that only moves counts waits until this long after the previous one (a
+# condition changing state is written at once). 500 nodes: ~30 status
+# writes instead of ~450.
+STATUS_INTERVAL = 1.0
 
 
 def rfc3339_now() -> str:
@@ -65,15 +72,21 @@ class ModuleReconciler:
         *,
         instance: str = "kmm-operator",
         now: Callable[[], str] = rfc3339_now,
+        monotonic: Callable[[], float] = time.monotonic,
+        status_interval: float = STATUS_INTERVAL,
     ) -> None:
         self.caches = cached
         self.writer = writer
         self.instance = instance
         self.now = now
+        self.monotonic = monotonic
+        self.status_interval = status_interval
+        self._status_written: dict[str, float] = {}
 
     async def reconcile(self, key: str) -> controllers.Result:
         raw = self.caches.modules.get(key)
         if raw is None:
+            self._status_written.pop(key, None)
             return controllers.Result()  # gone; its finalizer already cleaned up
         metadata = raw["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
@@ -135,8 +148,14 @@ class ModuleReconciler:
             mapping_errors=loader.grouping.errors,
         )
         new = status.compute(raw, seen, now=self.now())
-        if status.differs(raw, new):
-            await self.writer.patch_module_status(raw, status.patch_body(new))
+        if not status.differs(raw, new):
+            return controllers.Result()
+        if status.only_progress(raw, new):
+            wait = self._status_written.get(key, -1e9) + self.status_interval - self.monotonic()
+            if wait > 0:
+                return controllers.Result(requeue_after=wait)
+        await self.writer.patch_module_status(raw, status.patch_body(new))
+        self._status_written[key] = self.monotonic()
         return controllers.Result()
 
     async def _send_daemonsets(self, raw: RawObject, desired: list[RawObject]) -> None:

@@ -26,7 +26,7 @@ import pydantic
 
 from kmm.api import conditions, modules
 
-__all__ = ["Observed", "compute", "counts", "differs", "invalid", "patch_body"]
+__all__ = ["Observed", "compute", "counts", "differs", "invalid", "only_progress", "patch_body"]
 
 RawObject = dict[str, Any]
 
@@ -154,3 +154,19 @@ def patch_body(new: modules.ModuleStatus) -> RawObject:
     """A JSON merge patch of ``status``: owned fields set, absent ones removed."""
     owned = _owned(new)
     return {"status": {key: owned.get(key) for key in _OWNED}}
+
+
+def _states(status: modules.ModuleStatus | None) -> tuple[object, ...]:
+    if status is None:
+        return ()
+    found = sorted(
+        (c.type, c.status, c.reason, c.observed_generation) for c in status.conditions or ()
+    )
+    return (status.observed_generation, tuple(found))
+
+
+def only_progress(raw: Mapping[str, Any], new: modules.ModuleStatus) -> bool:
+    """Whether ``new`` differs from the observed status only in counts and
+    messages (no condition changes state or reason, no new generation)."""
+    old = _old(raw)
+    return old is not None and bool(old.conditions) and _states(old) == _states(new)

@@ -61,7 +61,15 @@ class Counting:
 
 
 def _seen(pending: writing.Pending) -> informers.FuncHandler:
-    return informers.FuncHandler.each(lambda obj: pending.seen(stores.key_of(obj)))
+    def version(obj: stores.RawObject) -> str | None:
+        value = (obj.get("metadata") or {}).get("resourceVersion")
+        return value if isinstance(value, str) else None
+
+    return informers.FuncHandler(
+        add=lambda obj: pending.seen(stores.key_of(obj), version(obj)),
+        update=lambda _old, new: pending.seen(stores.key_of(new), version(new)),
+        delete=lambda obj: pending.seen(stores.key_of(obj), None),
+    )
 
 
 class Operator:

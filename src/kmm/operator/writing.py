@@ -7,11 +7,8 @@ labels, Module status and finalizers, deletes, and Event creates.
 
 The informer cache lags a write by one watch event. A reconcile that runs in
 that gap would see the old object and send the same write again. ``Pending``
-remembers, per object, the writes sent since the cache last showed that
-object, with the resourceVersion seen when sending; the same write against
-the same cached version is skipped. Any informer event for the object
-forgets its entries (the cache now shows the result), so nothing is skipped
-on stale grounds.
+remembers, per object, the writes whose result the cache does not show yet;
+the same write is skipped until it does.
 """
 
 from __future__ import annotations
@@ -38,24 +35,56 @@ _APPLY: Final = "application/apply-patch+yaml"
 
 
 class Pending:
-    """Writes sent whose result the cache does not show yet, per object key."""
+    """Writes sent whose result the cache does not show yet, per object key.
+
+    An entry lives until the cache shows the object at (or past) the
+    resourceVersion our write returned. Only then: an unrelated update that
+    landed just before ours (a node heartbeat) must not make us repeat the
+    write. resourceVersions are opaque in the API contract; etcd's are
+    increasing integers, which this compares, and anything else counts as
+    caught up (at worst one repeated write).
+    """
 
     def __init__(self) -> None:
-        self._entries: dict[str, dict[str, tuple[str | None, str]]] = {}
+        self._entries: dict[str, dict[str, tuple[str, str | None]]] = {}
 
-    def seen(self, key: str) -> None:
-        """The cache showed ``key`` again (any informer event): forget its writes."""
-        self._entries.pop(key, None)
+    def seen(self, key: str, version: str | None) -> None:
+        """The cache shows ``key`` at ``version`` (None: deleted)."""
+        parts = self._entries.get(key)
+        if parts is None:
+            return
+        for part, (_, result) in list(parts.items()):
+            if _caught_up(version, result):
+                del parts[part]
+        if not parts:
+            del self._entries[key]
 
-    def sent(self, key: str, part: str, version: str | None, body: object) -> None:
-        self._entries.setdefault(key, {})[part] = (version, _digest(body))
+    def sent(self, key: str, part: str, body: object, result: str | None) -> None:
+        self._entries.setdefault(key, {})[part] = (_digest(body), result)
 
     def in_flight(self, key: str, part: str, version: str | None, body: object) -> bool:
         entry = self._entries.get(key, {}).get(part)
-        return entry is not None and entry == (version, _digest(body))
+        return entry is not None and entry[0] == _digest(body) and not _caught_up(version, entry[1])
 
     def __len__(self) -> int:
         return sum(len(parts) for parts in self._entries.values())
+
+
+def _caught_up(version: str | None, result: str | None) -> bool:
+    if version is None or result is None:
+        return True
+    try:
+        return int(version) >= int(result)
+    except ValueError:
+        return True
+
+
+def _result_version(body: bytes) -> str | None:
+    try:
+        value = json.loads(body).get("metadata", {}).get("resourceVersion")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _digest(body: object) -> str:
@@ -112,7 +141,7 @@ class Writer:
             _content_type=_APPLY,
         )
         _check(status, body, f"apply daemonset {key}")
-        self.pending.sent(key, "apply", _version(observed), desired)
+        self.pending.sent(key, "apply", desired, _result_version(body))
         return status == 201
 
     async def delete_daemonset(self, namespace: str, name: str, observed: RawObject) -> bool:
@@ -127,7 +156,8 @@ class Writer:
             propagation_policy="Background",
         )
         _check(status, body, f"delete daemonset {key}", missing_ok=True)
-        self.pending.sent(key, "delete", _version(observed), None)
+        # Gone only when the cache says so (its DELETED event).
+        self.pending.sent(key, "delete", None, str(2**63))
         return status != 404
 
     async def patch_node_labels(self, node: RawObject, change: dict[str, str | None]) -> None:
@@ -141,7 +171,7 @@ class Writer:
             _content_type=_MERGE,
         )
         _check(status, body, f"label node {name}", missing_ok=True)
-        self.pending.sent(name, "labels", _version(node), change)
+        self.pending.sent(name, "labels", change, _result_version(body))
 
     async def patch_module_status(self, module: RawObject, patch: RawObject) -> None:
         metadata = module["metadata"]
@@ -159,7 +189,7 @@ class Writer:
             _content_type=_MERGE,
         )
         _check(status, body, f"status of module {key}", missing_ok=True)
-        self.pending.sent(key, "status", _version(module), patch)
+        self.pending.sent(key, "status", patch, _result_version(body))
 
     async def set_finalizers(self, module: RawObject, finalizers: list[str]) -> None:
         """Replace the finalizer list, guarded by the observed resourceVersion (409 on a race)."""
@@ -181,7 +211,7 @@ class Writer:
             _content_type=_MERGE,
         )
         _check(status, body, f"finalizers of module {key}", missing_ok=True)
-        self.pending.sent(key, "finalizers", _version(module), patch)
+        self.pending.sent(key, "finalizers", patch, _result_version(body))
 
     async def create_event(self, event: RawObject) -> None:
         """Best effort: an Event that cannot be written is logged, never retried."""

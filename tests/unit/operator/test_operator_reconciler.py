@@ -173,11 +173,35 @@ async def test_node_leaving_the_selector_loses_label_and_pair(world: Any) -> Non
     assert ("labels", ("n1", {labels.ready("ns", "m"): None})) in writer.calls
 
 
-def test_pending_skips_a_repeat_until_the_cache_moves() -> None:
+def test_pending_skips_a_repeat_until_the_cache_shows_the_result() -> None:
     pending = writing.Pending()
-    pending.sent("n1", "labels", "5", {"a": ""})
+    pending.sent("n1", "labels", {"a": ""}, "7")
     assert pending.in_flight("n1", "labels", "5", {"a": ""})
-    assert not pending.in_flight("n1", "labels", "6", {"a": ""})
     assert not pending.in_flight("n1", "labels", "5", {"a": None})
-    pending.seen("n1")
-    assert not pending.in_flight("n1", "labels", "5", {"a": ""})
+    pending.seen("n1", "6")  # someone else's update, before ours landed
+    assert pending.in_flight("n1", "labels", "6", {"a": ""})
+    pending.seen("n1", "7")
+    assert not pending.in_flight("n1", "labels", "6", {"a": ""})
+    assert len(pending) == 0
+    pending.sent("ds", "delete", None, str(2**63))
+    pending.seen("ds", "9")
+    assert pending.in_flight("ds", "delete", "9", None)
+    pending.seen("ds", None)
+    assert len(pending) == 0
+
+
+async def test_counts_only_status_changes_wait_for_the_interval(world: Any) -> None:
+    rec, writer, cached = world
+    clock = [100.0]
+    rec.monotonic = lambda: clock[0]
+    cached.modules.put(fixtures.module_raw())
+    await rec.reconcile("ns/m")  # first status: written
+    daemonsets = sorted(cached.daemonsets.objects(), key=lambda d: d["metadata"]["name"])
+    daemonsets[0]["status"] = {"desiredNumberScheduled": 1}
+    writer.calls.clear()
+    result = await rec.reconcile("ns/m")
+    assert writer.calls == []
+    assert result.requeue_after == pytest.approx(1.0)
+    clock[0] += 1.0
+    await rec.reconcile("ns/m")
+    assert writer.kinds() == ["status"]
