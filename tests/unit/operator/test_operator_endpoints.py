@@ -1,0 +1,63 @@
+"""Metrics rendering, the HTTP endpoints and JSON logs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import aiohttp
+
+from kmm.operator import jsonlogs, metrics, probes
+from kmm.runtime import writes
+
+
+def test_metrics_render_writes_leader_and_cache_sizes() -> None:
+    counter = writes.WriteCounter()
+    counter.counts[("PATCH", "nodes")] = 3
+    registry = metrics.OperatorMetrics(counter, leading=lambda: True, cached=lambda: {"nodes": 5})
+    registry.controllers.reconciled("module", "success", 0.01)
+    text = registry.render().decode()
+    assert 'kmm_api_writes_total{resource="nodes",verb="PATCH"} 3.0' in text
+    assert "kmm_leader 1.0" in text
+    assert 'kmm_cached_objects{informer="nodes"} 5.0' in text
+    assert 'controller_runtime_reconcile_total{controller="module",result="success"} 1.0' in text
+
+
+async def test_server_serves_routes_until_stopped() -> None:
+    ready = [False]
+    routes: probes.Routes = {
+        "/healthz": lambda: (200, b"ok\n", "text/plain"),
+        "/readyz": lambda: (
+            (200, b"ok\n", "text/plain") if ready[0] else (503, b"no\n", "text/plain")
+        ),
+    }
+    server = probes.Server("test", "127.0.0.1", 0, routes)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(server.run(stop))
+    try:
+        await asyncio.wait_for(server.bound.wait(), 10)
+        base = f"http://127.0.0.1:{server.port}"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base}/healthz") as response:
+                assert response.status == 200
+            async with session.get(f"{base}/readyz") as response:
+                assert response.status == 503
+            ready[0] = True
+            async with session.get(f"{base}/readyz") as response:
+                assert response.status == 200
+            async with session.get(f"{base}/nope") as response:
+                assert response.status == 404
+    finally:
+        stop.set()
+        await task
+
+
+def test_json_log_lines() -> None:
+    record = logging.makeLogRecord(
+        {"name": "kmm.x", "levelname": "INFO", "msg": "hello %s", "args": ("world",), "key": "ns/m"}
+    )
+    entry = json.loads(jsonlogs.JsonFormatter().format(record))
+    assert entry["msg"] == "hello world"
+    assert entry["level"] == "info"
+    assert entry["key"] == "ns/m"
