@@ -94,3 +94,52 @@ async def test_refused_naming_the_field_and_nothing_created(
         events = await client.CoreV1Api(api_client).list_namespaced_event(namespace)
         assert events.items == []
         assert dict(running.counter.counts) == {}
+
+
+async def test_operator_repeats_validation_degraded_event_nothing_made(
+    sandbox: testing.RunningSandbox, manifests: None, api_client: client.ApiClient, namespace: str
+) -> None:
+    """A Module admission lets through but kmm.api refuses (RE2's ``\\p{Greek}``,
+    unknown to Python's ``re``) is reported Degraded with one Warning Event,
+    and nothing is created for it."""
+    select = f"kmm-test/{namespace}"
+    body = support.module_body("unicode", {select: "yes"})
+    body["spec"]["moduleLoader"]["container"]["kernelMappings"][1]["regexp"] = r"^\p{Greek}+$"
+    objects = client.CustomObjectsApi(api_client)
+    async with (
+        support.selecting(api_client, sandbox.node_names[:1], select),
+        support.operator_in_process(sandbox.kubeconfig) as running,
+    ):
+        await objects.create_namespaced_custom_object(
+            modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body
+        )
+
+        async def degraded() -> bool:
+            module = await support.get_module(api_client, namespace, "unicode")
+            found = support.condition(module, "Degraded")
+            return found is not None and found["status"] == "True"
+
+        await testing.eventually(degraded, "Degraded condition")
+        await running.wait_idle("settled")
+        module = await support.get_module(api_client, namespace, "unicode")
+        found = support.condition(module, "Degraded")
+        assert found is not None
+        assert found["reason"] == "InvalidSpec"
+        assert "kernelMappings[1].regexp" in found["message"]
+        events = await client.CoreV1Api(api_client).list_namespaced_event(namespace)
+        assert [(e.type, e.reason) for e in events.items] == [("Warning", "InvalidSpec")]
+        assert await support.loader_daemonsets(api_client, namespace) == []
+        labelled = await support.node_labels(api_client)
+        assert not any(labels.ready(namespace, "unicode") in lbl for lbl in labelled.values())
+        running.counter.reset()
+        running.op.resync()
+        await running.wait_idle("resync")
+        assert dict(running.counter.counts) == {}
+        await objects.delete_namespaced_custom_object(
+            modules.GROUP, modules.VERSION, namespace, modules.PLURAL, "unicode"
+        )
+
+        async def gone() -> bool:
+            return await support.get_module(api_client, namespace, "unicode") is None
+
+        await testing.eventually(gone, "deleted (finalizer removed)")
