@@ -86,8 +86,12 @@ class ModuleReconciler:
     async def reconcile(self, key: str) -> controllers.Result:
         raw = self.caches.modules.get(key)
         if raw is None:
+            # Normally the finalizer cleaned up; labels left behind (the
+            # finalizer removed by hand, a crash between the two) go now.
             self._status_written.pop(key, None)
-            return controllers.Result()  # gone; its finalizer already cleaned up
+            namespace, _, name = key.partition("/")
+            await self._remove_labels(namespace, name)
+            return controllers.Result()
         metadata = raw["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
         finalizers: list[str] = list(metadata.get("finalizers") or ())
@@ -185,14 +189,15 @@ class ModuleReconciler:
     ) -> None:
         if labels.FINALIZER not in finalizers:
             return
-        key = f"{namespace}/{name}"
-        labelled = self.caches.nodes.by_index(caches.MODULE_INDEX, key)
-        candidates = {n["metadata"]["name"]: n for n in labelled}
+        await self._remove_labels(namespace, name)
+        await self.writer.set_finalizers(raw, [f for f in finalizers if f != labels.FINALIZER])
+
+    async def _remove_labels(self, namespace: str, name: str) -> None:
+        labelled = self.caches.nodes.by_index(caches.MODULE_INDEX, f"{namespace}/{name}")
         changes = nodelabels.changes(
             labelled, namespace=namespace, name=name, kernel_labels={}, ready=(), plugin_ready=()
         )
-        await self._patch_labels(candidates, changes)
-        await self.writer.set_finalizers(raw, [f for f in finalizers if f != labels.FINALIZER])
+        await self._patch_labels({n["metadata"]["name"]: n for n in labelled}, changes)
 
     async def _patch_labels(
         self, nodes: dict[str, RawObject], changes: nodelabels.LabelChanges

@@ -173,6 +173,14 @@ async def test_node_leaving_the_selector_loses_label_and_pair(world: Any) -> Non
     assert ("labels", ("n1", {labels.ready("ns", "m"): None})) in writer.calls
 
 
+async def test_labels_of_a_vanished_module_are_removed(world: Any) -> None:
+    rec, writer, cached = world
+    stray = fixtures.node("n9", K68, extra={labels.ready("ns", "gone"): ""})
+    cached.nodes.put(stray)
+    await rec.reconcile("ns/gone")
+    assert writer.calls == [("labels", ("n9", {labels.ready("ns", "gone"): None}))]
+
+
 def test_pending_skips_a_repeat_until_the_cache_shows_the_result() -> None:
     pending = writing.Pending()
     pending.sent("n1", "labels", {"a": ""}, "7")
