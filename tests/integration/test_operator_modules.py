@@ -275,3 +275,45 @@ async def test_noop_resync_and_restart_make_zero_writes(
             assert dict(second.counter.counts) == {}
         async with support.operator_in_process(sandbox.kubeconfig):
             await _delete_and_wait_clean(api_client, namespace, name)
+
+
+async def test_kernel_that_cannot_expand_is_degraded_others_still_load(
+    sandbox: testing.RunningSandbox, manifests: None, api_client: client.ApiClient, namespace: str
+) -> None:
+    name = "partial"
+    select = f"kmm-test/{namespace}"
+    chosen = sandbox.node_names[:2]
+    odd, odd_from = chosen[1], sandbox.kernels[1]
+    body = support.module_body(name, {select: "yes"})
+    body["spec"]["moduleLoader"]["container"]["kernelMappings"].insert(
+        0, {"regexp": "^weird$", "containerImage": "example.com/x:${KERNEL_Z}"}
+    )
+    try:
+        await _set_kernel(api_client, odd, "weird")
+        async with (
+            support.selecting(api_client, chosen, select),
+            support.operator_in_process(sandbox.kubeconfig),
+        ):
+            await client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+                modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body
+            )
+
+            async def settled() -> bool:
+                module = await support.get_module(api_client, namespace, name)
+                degraded = support.condition(module, "Degraded")
+                return (
+                    degraded is not None
+                    and degraded["status"] == "True"
+                    and await _converged(api_client, namespace, name, {chosen[0]})
+                )
+
+            await testing.eventually(settled, "degraded for 'weird', loaded elsewhere")
+            module = await support.get_module(api_client, namespace, name)
+            degraded = support.condition(module, "Degraded")
+            assert degraded is not None
+            assert degraded["reason"] == "KernelMappingFailed"
+            assert "weird" in degraded["message"]
+            assert len(await support.loader_daemonsets(api_client, namespace)) == 1
+            await _delete_and_wait_clean(api_client, namespace, name)
+    finally:
+        await _set_kernel(api_client, odd, odd_from)
