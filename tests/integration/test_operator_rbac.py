@@ -29,6 +29,12 @@ async def test_operator_with_deployed_rbac_converges_module_and_device_plugin(
     for path in ("operator/namespace.yaml", "rbac/operator.yaml"):
         docs.extend(applying.load_documents((support.DEPLOY / path).read_text()))
     await applying.apply_documents(api_client, docs)
+    # The Deployment is valid for the API server (schema, defaults), not run here:
+    # the sandbox has no image for it.
+    deployment = applying.load_documents((support.DEPLOY / "operator/deployment.yaml").read_text())
+    assert await applying.apply_documents(api_client, deployment, dry_run=True) == [
+        "deployment/kmm-operator created (dry run)"
+    ]
     # The impersonation bites: the ServiceAccount may not read Secrets.
     async with await cluster.api_client(sandbox.kubeconfig) as limited:
         limited.set_default_header("Impersonate-User", SERVICE_ACCOUNT)

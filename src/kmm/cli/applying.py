@@ -116,8 +116,13 @@ async def apply_documents(
     *,
     namespace: str = "default",
     wait_for_kinds: float = 30.0,
+    dry_run: bool = False,
 ) -> list[str]:
-    """Apply each document; return one ``kind/name created|configured`` line each."""
+    """Apply each document; return one ``kind/name created|configured`` line each.
+
+    With ``dry_run`` the API server validates and admits each document
+    (schema, admission) and persists nothing.
+    """
     discovery = _Discovery(api)
     lines = []
     for doc in docs:
@@ -141,19 +146,23 @@ async def apply_documents(
             "PATCH",
             _path(api_version, plural, ns, name),
             body=doc,
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")]
+            + ([("dryRun", "All")] if dry_run else []),
             content_type="application/apply-patch+yaml",
         )
         if not 200 <= status <= 299:
             raise ApplyError(f"{kind}/{name}: {body.get('message', status)}")
-        lines.append(f"{kind.lower()}/{name} {'created' if status == 201 else 'configured'}")
+        verb = "created" if status == 201 else "configured"
+        lines.append(f"{kind.lower()}/{name} {verb}{' (dry run)' if dry_run else ''}")
     return lines
 
 
-async def _apply(kubeconfig: Path | None, text: str, namespace: str) -> list[str]:
+async def _apply(kubeconfig: Path | None, text: str, namespace: str, dry_run: bool) -> list[str]:
     api = await clients.api_client(kubeconfig)
     async with api:
-        return await apply_documents(api, load_documents(text), namespace=namespace)
+        return await apply_documents(
+            api, load_documents(text), namespace=namespace, dry_run=dry_run
+        )
 
 
 def apply(
@@ -164,13 +173,16 @@ def apply(
     namespace: Annotated[
         str, typer.Option("--namespace", "-n", help="Namespace for documents without one.")
     ] = "default",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Validate and admit on the server; persist nothing.")
+    ] = False,
 ) -> None:
     """Server-side apply every document of a YAML file (field manager "kmm")."""
     text = "\n---\n".join(
         sys.stdin.read() if name == "-" else Path(name).read_text() for name in filename
     )
     try:
-        lines = asyncio.run(_apply(kubeconfig, text, namespace))
+        lines = asyncio.run(_apply(kubeconfig, text, namespace, dry_run))
     except (ApplyError, ApiException, yaml.YAMLError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
