@@ -97,6 +97,14 @@ def _converged(op: wiring.Operator, key: str, nodes: int) -> bool:
     return sum(ready in (n["metadata"].get("labels") or {}) for n in op.nodes.store) == nodes
 
 
+def _first_pass(op: wiring.Operator, nodes: int) -> bool:
+    """The operator's own first round of writes is visible in its caches."""
+    kernel_labelled = sum(
+        labels.KERNEL_VERSION_FULL in (n["metadata"].get("labels") or {}) for n in op.nodes.store
+    )
+    return len(op.daemonsets.store) == len(KERNELS) and kernel_labelled >= nodes
+
+
 def _pods_ready(op: wiring.Operator, nodes: int) -> bool:
     ready = 0
     for pod in op.pods.store:
@@ -127,14 +135,22 @@ async def _converge(
         await client.CustomObjectsApi(api).create_namespaced_custom_object(
             modules.GROUP, modules.VERSION, NAMESPACE, modules.PLURAL, module_body(name)
         )
-        pods_ready_at = None
+        pods_ready_at = first_pass_at = None
+        first_pass_writes = 0
         while not _converged(op, f"{NAMESPACE}/{name}", nodes):
+            if first_pass_at is None and _first_pass(op, nodes):
+                first_pass_at = time.perf_counter() - started
+                first_pass_writes = counter.total
             if pods_ready_at is None and _pods_ready(op, nodes):
                 pods_ready_at = time.perf_counter() - started
             await asyncio.sleep(0.05)
         total = time.perf_counter() - started
         await _until(op.idle)
         counts = Counter(counter.counts)
+        print(
+            f"  first pass (finalizer, 5 DaemonSets, {nodes} kernel labels, events, status):"
+            f" {first_pass_writes} writes done at {first_pass_at or total:.2f} s"
+        )
         return total, pods_ready_at or total, counts
     finally:
         stop.set()
