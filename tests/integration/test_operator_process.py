@@ -192,6 +192,7 @@ async def test_sigkill_mid_reconcile_then_restart_converges_without_duplicates(
             assert sorted(kernels) == sorted(set(kernels))
             assert len(daemonsets) == 3
             await _delete_and_wait(api_client, namespace, name)
+        assert second.process.returncode == 0, "SIGTERM must end the operator cleanly"
 
 
 async def _holder(api: client.ApiClient, namespace: str) -> str | None:
