@@ -1,30 +1,59 @@
 """The ``kmm`` command line: the only place that reads flags and environment.
 
-Each process has its own module here (``sandboxing``, ``operating``, ...) that
-turns flags into plain arguments and calls into its package; this module only
-assembles them into one typer application.
+Each process has its own module here (``sandboxing``, ``operating``,
+``driving``, ...) that turns flags into plain arguments, calls into its
+package, and adds its commands to the application through ``register``. This
+module only assembles them, importing just the module of the command asked
+for: ``kmm operator`` should not pay for gRPC and the driver, nor ``kmm
+driver`` for the operator.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
+from typing import Any
+
 import typer
 
-from kmm.cli import driving, manifesting, operating, sandboxing
+__all__ = ["build", "main"]
 
-__all__ = ["app", "main"]
+# Top-level command -> the module that registers it.
+_REGISTRARS = {
+    "sandbox": "kmm.cli.sandboxing",
+    "operator": "kmm.cli.operating",
+    "apply": "kmm.cli.operating",
+    "modules": "kmm.cli.operating",
+    "driver": "kmm.cli.driving",
+    "manifests": "kmm.cli.manifesting",
+}
 
-app = typer.Typer(
-    name="kmm",
-    help="Kernel module management and Dynamic Resource Allocation for Kubernetes.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-)
-app.add_typer(sandboxing.app, name="sandbox")
-app.command("driver")(driving.driver)
-app.command("manifests")(manifesting.manifests)
-operating.register(app)
+
+def build(command: str | None = None) -> typer.Typer:
+    """The application with ``command`` registered, or every command when it is
+    None or unknown (help and errors then list them all)."""
+    app = typer.Typer(
+        name="kmm",
+        help="Kernel module management and Dynamic Resource Allocation for Kubernetes.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+    )
+    if command in _REGISTRARS:
+        modules = [_REGISTRARS[command]]
+    else:
+        modules = list(dict.fromkeys(_REGISTRARS.values()))
+    for name in modules:
+        importlib.import_module(name).register(app)
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    # ``kmm.cli.app``: the whole application, for CliRunner-style tests.
+    if name == "app":
+        return build()
+    raise AttributeError(name)
 
 
 def main() -> None:
     """Console entry point."""
-    app()
+    build(sys.argv[1] if len(sys.argv) > 1 else None)()

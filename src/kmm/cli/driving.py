@@ -25,7 +25,7 @@ from kmm.driver import config as driver_config
 from kmm.driver import kmod, owning
 from kmm.kubeletplugin import errors, kubeapi
 
-__all__ = ["driver"]
+__all__ = ["driver", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,3 +122,7 @@ def driver(
     typer.echo(f"driver stopped: {reason}", err=True)
     if reason not in ("SIGTERM", "SIGINT"):
         raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("driver")(driver)

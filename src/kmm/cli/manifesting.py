@@ -10,9 +10,13 @@ import typer
 
 from kmm.api import manifests as rendered
 
-__all__ = ["manifests"]
+__all__ = ["manifests", "register"]
 
 
 def manifests() -> None:
     """Print the CRD, admission policy and example Module (apply with kubectl apply -f -)."""
     typer.echo(rendered.dump(rendered.documents()), nl=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("manifests")(manifests)

@@ -48,6 +48,10 @@ class _BuildBars:
             self._progress.update(task, completed=self._progress.tasks[task].total)
 
 
+def register(parent: typer.Typer) -> None:
+    parent.add_typer(app, name="sandbox")
+
+
 def _fail(err: Exception) -> typer.Exit:
     _errors.print(f"[bold red]error:[/] {err}", highlight=False)
     return typer.Exit(1)

@@ -1,0 +1,47 @@
+"""The CLI loads only the command asked for, and still lists every command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from kmm import cli
+
+_PROBE = """
+import sys
+sys.argv = ["kmm", {command!r}, "--help"]
+from kmm import cli
+try:
+    cli.main()
+except SystemExit:
+    pass
+print(sorted(m for m in ("grpc", "kmm.driver", "kmm.operator", "kmm.sandbox") if m in sys.modules))
+"""
+
+
+def _loaded_by(command: str) -> str:
+    probe = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(command=command)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return probe.stdout.strip().splitlines()[-1]
+
+
+def test_the_operator_does_not_load_grpc_or_the_driver() -> None:
+    assert _loaded_by("operator") == "['kmm.operator']"
+
+
+def test_the_driver_does_not_load_the_operator() -> None:
+    assert _loaded_by("driver") == "['grpc', 'kmm.driver']"
+
+
+def test_help_lists_every_command() -> None:
+    result = CliRunner().invoke(cli.build(), ["--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for command in ("sandbox", "operator", "apply", "modules", "driver", "manifests"):
+        assert f" {command} " in result.output
