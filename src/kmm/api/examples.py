@@ -11,7 +11,7 @@ from typing import Any
 
 from kmm.api import modules
 
-__all__ = ["module"]
+__all__ = ["demo_module", "module"]
 
 
 def module(name: str = "kmm-ci-a", namespace: str = "default") -> dict[str, Any]:
@@ -68,5 +68,37 @@ def module(name: str = "kmm-ci-a", namespace: str = "default") -> dict[str, Any]
                     }
                 ],
             },
+        },
+    }
+
+
+def demo_module() -> dict[str, Any]:
+    """The Module ``make demo`` applies to the sandbox: its three kernels (one
+    literal and two regexp mappings, images with variables, one falling back
+    to ``containerImage``) and a device plugin where the module is loaded."""
+    return {
+        "apiVersion": modules.API_VERSION,
+        "kind": modules.KIND,
+        "metadata": {"name": "kmm-demo", "namespace": "default"},
+        "spec": {
+            "selector": {"kubernetes.io/os": "linux"},
+            "moduleLoader": {
+                "container": {
+                    "modprobe": {"moduleName": "kmm_demo", "parameters": ["debug=1"]},
+                    "containerImage": "quay.io/example/default-${MOD_NAME}:${KERNEL_X}.${KERNEL_Y}",
+                    "kernelMappings": [
+                        {
+                            "literal": "6.8.0-45-generic",
+                            "containerImage": "quay.io/example/kmm-demo:${KERNEL_FULL_VERSION}",
+                        },
+                        {
+                            "regexp": r"^6\.1\.\d+-\d+-amd64$",
+                            "containerImage": "quay.io/example/${MOD_NAME}-debian:${KERNEL_XYZ}",
+                        },
+                        {"regexp": r"^5\.14\..*\.el9\.x86_64$"},
+                    ],
+                }
+            },
+            "devicePlugin": {"container": {"image": "quay.io/example/kmm-demo-device-plugin:1.0"}},
         },
     }

@@ -1,4 +1,4 @@
-"""Every manifest kmm.api renders, as YAML text, and where each is committed.
+"""Every manifest in ``deploy/``, rendered from kmm.api, and where each is committed.
 
 ``kmm manifests`` prints ``documents()``; the files under ``deploy/`` are the
 committed rendering (``FILES``), kept equal by a unit test, so a reviewer sees
@@ -13,15 +13,21 @@ from typing import Any
 
 import yaml
 
-from kmm.api import admission, crd, examples
+from kmm.api import admission, crd, examples, installation
 
 __all__ = ["FILES", "documents", "dump", "files"]
 
-# deploy/-relative path -> the objects in it.
+# deploy/-relative path -> the objects in it, in apply order: the operator's
+# namespace, the API and its admission policy, RBAC, the operator, then the
+# examples (which need the CRD established and the operator running).
 FILES: dict[str, Callable[[], list[dict[str, Any]]]] = {
+    "operator/namespace.yaml": installation.namespace_and_account,
     "crd/modules.kmm.sigs.x-k8s.io.yaml": lambda: [crd.render()],
     "admission/modules.kmm.sigs.x-k8s.io.yaml": admission.render,
+    "rbac/operator.yaml": lambda: installation.cluster_rbac() + installation.leader_election_rbac(),
+    "operator/deployment.yaml": lambda: [installation.deployment()],
     "examples/module.yaml": lambda: [examples.module()],
+    "operator/examples/demo-module.yaml": lambda: [examples.demo_module()],
 }
 
 
@@ -36,5 +42,5 @@ def files() -> dict[str, str]:
 
 
 def documents() -> list[dict[str, Any]]:
-    """Everything in ``deploy/`` that kmm.api renders, in apply order (CRD first)."""
+    """Everything in ``deploy/``, in apply order (namespace and CRD first)."""
     return [obj for build in FILES.values() for obj in build()]

@@ -1,4 +1,4 @@
-"""``kmm manifests``: print the manifests kmm.api renders as one YAML stream.
+"""``kmm manifests``: print every manifest in ``deploy/`` as one YAML stream.
 
 The files under ``deploy/`` are the committed copy of the same rendering; an
 installed kmm has no ``deploy/`` directory, so this renders rather than reads.
@@ -14,7 +14,7 @@ __all__ = ["manifests", "register"]
 
 
 def manifests() -> None:
-    """Print the CRD, admission policy and example Module (apply with kubectl apply -f -)."""
+    """Print every manifest in deploy/: namespace, CRD, admission policy, RBAC, operator, examples."""
     typer.echo(rendered.dump(rendered.documents()), nl=False)
 
 

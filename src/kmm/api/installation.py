@@ -1,0 +1,164 @@
+"""The objects that install the operator: namespace, ServiceAccount, RBAC, Deployment.
+
+Rendered like the CRD so ``kmm manifests`` can print all of ``deploy/`` from an
+installed kmm, which has no ``deploy/`` directory. The RBAC is least
+privilege for the module loader and device plugin reconcilers: every verb
+below is one the operator uses, and ``tests/integration/test_operator_rbac.py``
+proves it is enough by running the operator as this ServiceAccount.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kmm.api import modules
+
+__all__ = [
+    "NAMESPACE",
+    "SERVICE_ACCOUNT",
+    "cluster_rbac",
+    "deployment",
+    "leader_election_rbac",
+    "namespace_and_account",
+]
+
+NAMESPACE = "kmm-system"
+SERVICE_ACCOUNT = "kmm-operator"
+_APP = {"app.kubernetes.io/name": "kmm-operator"}
+_IMAGE = "ghcr.io/kmm/kmm:0.1.0"
+
+
+def namespace_and_account() -> list[dict[str, Any]]:
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": SERVICE_ACCOUNT, "namespace": NAMESPACE},
+        },
+    ]
+
+
+def _rule(group: str, resources: list[str], verbs: list[str]) -> dict[str, Any]:
+    return {"apiGroups": [group], "resources": resources, "verbs": verbs}
+
+
+def _subjects() -> list[dict[str, Any]]:
+    return [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]
+
+
+def cluster_rbac() -> list[dict[str, Any]]:
+    """What the informers watch and the reconcilers write, cluster-wide."""
+    rules = [
+        _rule(
+            modules.GROUP, [modules.PLURAL], ["get", "list", "watch", "patch"]
+        ),  # patch: finalizer
+        _rule(modules.GROUP, [f"{modules.PLURAL}/status"], ["patch"]),
+        # ownerReferences with blockOwnerDeletion need update on the owner's finalizers.
+        _rule(modules.GROUP, [f"{modules.PLURAL}/finalizers"], ["update"]),
+        # Server-side apply creates through patch.
+        _rule("apps", ["daemonsets"], ["get", "list", "watch", "create", "patch", "delete"]),
+        _rule("", ["pods"], ["list", "watch"]),
+        _rule("", ["nodes"], ["list", "watch", "patch"]),  # kernel and readiness labels
+        _rule("", ["events"], ["create"]),
+    ]
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "kmm-operator"},
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "kmm-operator"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "kmm-operator",
+            },
+            "subjects": _subjects(),
+        },
+    ]
+
+
+def leader_election_rbac() -> list[dict[str, Any]]:
+    """The leader-election Lease, in the operator's own namespace only."""
+    name = "kmm-operator-leader-election"
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "rules": [_rule("coordination.k8s.io", ["leases"], ["get", "create", "update"])],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": _subjects(),
+        },
+    ]
+
+
+def deployment() -> dict[str, Any]:
+    """``kmm operator``: two replicas, one leading (Lease kmm-system/kmm-operator)."""
+    field = "metadata.{}"
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "kmm-operator", "namespace": NAMESPACE, "labels": dict(_APP)},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": dict(_APP)},
+            "template": {
+                "metadata": {"labels": dict(_APP)},
+                "spec": {
+                    "serviceAccountName": SERVICE_ACCOUNT,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 65532,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [
+                        {
+                            "name": "operator",
+                            "image": _IMAGE,
+                            "command": ["kmm", "operator"],
+                            "args": ["--metrics-port=8080", "--health-port=8081"],
+                            "env": [
+                                {
+                                    "name": f"POD_{part.upper()}",
+                                    "valueFrom": {"fieldRef": {"fieldPath": field.format(part)}},
+                                }
+                                for part in ("name", "namespace")
+                            ],
+                            "ports": [
+                                {"name": "metrics", "containerPort": 8080},
+                                {"name": "health", "containerPort": 8081},
+                            ],
+                            "livenessProbe": {
+                                "httpGet": {"path": "/healthz", "port": "health"},
+                                "periodSeconds": 10,
+                            },
+                            "readinessProbe": {
+                                "httpGet": {"path": "/readyz", "port": "health"},
+                                "periodSeconds": 5,
+                            },
+                            "resources": {
+                                "requests": {"cpu": "100m", "memory": "128Mi"},
+                                "limits": {"memory": "256Mi"},
+                            },
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "readOnlyRootFilesystem": True,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
