@@ -73,6 +73,16 @@ async def test_refused_naming_the_field_and_nothing_created(
     body = copy.deepcopy(support.module_body("refused", {select: "yes"}))
     mutate(body)
     objects = client.CustomObjectsApi(api_client)
+
+    # The operator watches every namespace: Modules other tests left behind
+    # (their namespaces still terminating) would be written to and counted.
+    async def no_module_anywhere() -> bool:
+        listed = await objects.list_cluster_custom_object(
+            modules.GROUP, modules.VERSION, modules.PLURAL
+        )
+        return not listed["items"]
+
+    await testing.eventually(no_module_anywhere, "Modules of earlier tests are gone")
     async with (
         support.selecting(api_client, sandbox.node_names[:1], select),
         support.operator_in_process(sandbox.kubeconfig) as running,
