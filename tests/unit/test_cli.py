@@ -45,3 +45,9 @@ def test_help_lists_every_command() -> None:
     assert result.exit_code == 0
     for command in ("sandbox", "operator", "apply", "modules", "driver", "manifests"):
         assert f" {command} " in result.output
+
+
+def test_a_command_loaded_alone_is_still_a_subcommand() -> None:
+    result = CliRunner().invoke(cli.build("manifests"), ["manifests"])
+    assert result.exit_code == 0, result.output
+    assert "CustomResourceDefinition" in result.output

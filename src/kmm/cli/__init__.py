@@ -38,6 +38,9 @@ def build(command: str | None = None) -> typer.Typer:
         no_args_is_help=True,
         pretty_exceptions_enable=False,
     )
+    # A callback keeps the application a group even with one command
+    # registered; typer would otherwise run that command as the root one.
+    app.callback()(_root)
     if command in _REGISTRARS:
         modules = [_REGISTRARS[command]]
     else:
@@ -45,6 +48,10 @@ def build(command: str | None = None) -> typer.Typer:
     for name in modules:
         importlib.import_module(name).register(app)
     return app
+
+
+def _root() -> None:
+    """Kernel module management and Dynamic Resource Allocation for Kubernetes."""
 
 
 def __getattr__(name: str) -> Any:
