@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo test lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-stop test lint typecheck layers unit integration protos clean
 
 all: test
 
@@ -24,15 +24,19 @@ venv: $(BIN)/.installed
 DEMO_DIR ?= $(HOME)/.local/state/kmm/demo
 DEMO_KUBECONFIG := $(DEMO_DIR)/kubeconfig
 
-demo: venv
-	-$(BIN)/kmm sandbox down --dir $(DEMO_DIR) >/dev/null 2>&1
+demo: venv demo-stop
 	$(BIN)/kmm sandbox up --dir $(DEMO_DIR) --nodes 4 --kernel 6.8.0-45-generic --kernel 6.1.0-27-amd64 --kernel 5.14.0-427.el9.x86_64+
 	$(BIN)/kmm apply --kubeconfig $(DEMO_KUBECONFIG) -f deploy/crd/modules.kmm.sigs.x-k8s.io.yaml -f deploy/admission/modules.kmm.sigs.x-k8s.io.yaml
 	$(BIN)/kmm operator --kubeconfig $(DEMO_KUBECONFIG) --bind-address 127.0.0.1 --metrics-port 0 --health-port 0 --no-leader-election >$(DEMO_DIR)/operator.log 2>&1 & echo $$! >$(DEMO_DIR)/operator.pid
 	$(BIN)/kmm apply --kubeconfig $(DEMO_KUBECONFIG) -f deploy/operator/examples/demo-module.yaml
 	$(BIN)/kmm modules --kubeconfig $(DEMO_KUBECONFIG) --wait 120
 	@echo "operator: pid $$(cat $(DEMO_DIR)/operator.pid), JSON logs in $(DEMO_DIR)/operator.log"
-	@echo "try: KUBECONFIG=$(DEMO_KUBECONFIG) kubectl get ds,pods -o wide; stop: kill $$(cat $(DEMO_DIR)/operator.pid); $(BIN)/kmm sandbox down --dir $(DEMO_DIR)"
+	@echo "try: KUBECONFIG=$(DEMO_KUBECONFIG) kubectl get ds,pods -o wide; stop it all: make demo-stop"
+
+# Stops the demo's operator and sandbox, whatever state a previous run left.
+demo-stop:
+	-@test -f $(DEMO_DIR)/operator.pid && kill $$(cat $(DEMO_DIR)/operator.pid) 2>/dev/null; rm -f $(DEMO_DIR)/operator.pid
+	-@test -x $(BIN)/kmm && $(BIN)/kmm sandbox down --dir $(DEMO_DIR) >/dev/null 2>&1; true
 
 lint: venv
 	$(BIN)/ruff check src tests bench
