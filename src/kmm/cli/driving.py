@@ -21,6 +21,7 @@ import typer
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
+from kmm.cli import clients
 from kmm.driver import config as driver_config
 from kmm.driver import kmod, owning
 from kmm.kubeletplugin import errors, kubeapi
@@ -31,20 +32,14 @@ logger = logging.getLogger(__name__)
 
 
 async def _api_client(kubeconfig: Path | None) -> k8s.ApiClient | None:
-    configuration = k8s.Configuration()
+    """A client, or None without cluster access: the driver then runs with DRA off."""
     try:
-        if kubeconfig is not None:
-            await k8s_config.load_kube_config(
-                config_file=str(kubeconfig), client_configuration=configuration
-            )
-        else:
-            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return k8s.ApiClient(await clients.configuration(kubeconfig))
     except k8s_config.ConfigException as err:
         if kubeconfig is not None:
             raise typer.BadParameter(f"cannot load {kubeconfig}: {err}") from err
         logger.warning("no cluster access (%s)", err)
         return None
-    return k8s.ApiClient(configuration)
 
 
 def _install_signals(request_shutdown: Callable[[str], None]) -> None:

@@ -174,34 +174,30 @@ class Writer:
         self.pending.sent(name, "labels", change, _result_version(body))
 
     async def patch_module_status(self, module: RawObject, patch: RawObject) -> None:
-        metadata = module["metadata"]
-        key = f"{metadata['namespace']}/{metadata['name']}"
-        if self.pending.in_flight(key, "status", _version(module), patch):
-            return
-        status, body = await _send(
-            self.custom.patch_namespaced_custom_object_status,
-            modules.GROUP,
-            modules.VERSION,
-            metadata["namespace"],
-            modules.PLURAL,
-            metadata["name"],
-            patch,
-            _content_type=_MERGE,
+        await self._patch_module(
+            module, "status", patch, self.custom.patch_namespaced_custom_object_status
         )
-        _check(status, body, f"status of module {key}", missing_ok=True)
-        self.pending.sent(key, "status", patch, _result_version(body))
 
     async def set_finalizers(self, module: RawObject, finalizers: list[str]) -> None:
         """Replace the finalizer list, guarded by the observed resourceVersion (409 on a race)."""
         metadata = module["metadata"]
-        key = f"{metadata['namespace']}/{metadata['name']}"
         patch = {
             "metadata": {"finalizers": finalizers, "resourceVersion": metadata["resourceVersion"]}
         }
-        if self.pending.in_flight(key, "finalizers", _version(module), patch):
+        await self._patch_module(
+            module, "finalizers", patch, self.custom.patch_namespaced_custom_object
+        )
+
+    async def _patch_module(
+        self, module: RawObject, aspect: str, patch: RawObject, method: Any
+    ) -> None:
+        """Merge-patch one aspect of a Module, unless the same patch is still in flight."""
+        metadata = module["metadata"]
+        key = f"{metadata['namespace']}/{metadata['name']}"
+        if self.pending.in_flight(key, aspect, _version(module), patch):
             return
         status, body = await _send(
-            self.custom.patch_namespaced_custom_object,
+            method,
             modules.GROUP,
             modules.VERSION,
             metadata["namespace"],
@@ -210,8 +206,8 @@ class Writer:
             patch,
             _content_type=_MERGE,
         )
-        _check(status, body, f"finalizers of module {key}", missing_ok=True)
-        self.pending.sent(key, "finalizers", patch, _result_version(body))
+        _check(status, body, f"{aspect} of module {key}", missing_ok=True)
+        self.pending.sent(key, aspect, patch, _result_version(body))
 
     async def create_event(self, event: RawObject) -> None:
         """Best effort: an Event that cannot be written is logged, never retried."""
