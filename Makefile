@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo demo-stop test lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-stop sandbox-binaries test lint typecheck layers unit integration protos clean
 
 all: test
 
@@ -54,7 +54,12 @@ unit: venv
 integration: venv
 	$(BIN)/pytest tests/integration
 
-test: lint typecheck layers
+# The sandbox binaries are built (once per version, 10-15 min cold) before
+# pytest starts, so no test's time limit includes compiling Kubernetes.
+sandbox-binaries: venv
+	$(BIN)/kmm sandbox build
+
+test: lint typecheck layers sandbox-binaries
 	$(BIN)/pytest
 
 protos: venv

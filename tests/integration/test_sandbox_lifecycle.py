@@ -141,3 +141,27 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
     )
     assert again.returncode == 1
     assert "no sandbox recorded" in again.stderr
+
+
+def test_cli_build_reports_every_binary_from_the_cache() -> None:
+    kmm = shutil.which("kmm", path=str(Path(sys.executable).parent))
+    assert kmm is not None
+    built = subprocess.run(
+        [kmm, "sandbox", "build"],
+        env=dict(os.environ, KMM_CACHE_DIR=str(paths.cache_dir()), COLUMNS="300"),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    lines = dict(line.split(maxsplit=1) for line in built.stdout.splitlines())
+    assert set(lines) == {
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kwok",
+    }
+    for path in lines.values():
+        assert os.access(path, os.X_OK), path

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TimeE
 from rich.table import Table
 
 from kmm.cli import paths
-from kmm.sandbox import cluster, errors
+from kmm.sandbox import building, cluster, errors
 
 app = typer.Typer(
     help="Run a local Kubernetes control plane with fake nodes.", no_args_is_help=True
@@ -30,13 +30,20 @@ DirOption = Annotated[
 
 
 class _BuildBars:
-    """Draws one progress bar per Go tool being compiled."""
+    """Draws one progress bar per Go tool being compiled, and a line at the
+    start and end of each build so logs without a terminal show it too."""
 
     def __init__(self, progress: Progress) -> None:
         self._progress = progress
         self._tasks: dict[str, TaskID] = {}
+        self._started: dict[str, float] = {}
 
     def started(self, tool: str, total_packages: int) -> None:
+        self._progress.console.print(
+            f"building {tool} from its pinned Go module ({total_packages} packages); "
+            "this happens once per version"
+        )
+        self._started[tool] = time.monotonic()
         self._tasks[tool] = self._progress.add_task(f"building {tool}", total=total_packages)
 
     def advanced(self, tool: str, packages: int) -> None:
@@ -46,6 +53,19 @@ class _BuildBars:
         if tool in self._tasks:
             task = self._tasks[tool]
             self._progress.update(task, completed=self._progress.tasks[task].total)
+            elapsed = time.monotonic() - self._started[tool]
+            self._progress.console.print(f"built {tool} in {elapsed / 60:.1f} min")
+
+
+def _progress() -> Progress:
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_errors,
+        transient=True,
+    )
 
 
 def register(parent: typer.Typer) -> None:
@@ -79,14 +99,7 @@ def up(
         apiserver_port=port,
     )
     started = time.monotonic()
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=_errors,
-        transient=True,
-    ) as progress:
+    with _progress() as progress:
         try:
             record = asyncio.run(cluster.up(options, progress=_BuildBars(progress)))
         except (errors.SandboxError, ValueError) as err:
@@ -99,6 +112,20 @@ def up(
     # soft_wrap: these lines are meant to be copied into a shell whole.
     _console.print(f"Use it with:  export KUBECONFIG={record.kubeconfig}", soft_wrap=True)
     _console.print(f"Stop it with: kmm sandbox down --dir {record.directory}", soft_wrap=True)
+
+
+@app.command()
+def build() -> None:
+    """Build the control-plane binaries into the cache now (up does it when needed)."""
+    with _progress() as progress:
+        try:
+            binaries = asyncio.run(
+                building.ensure_built(paths.cache_dir(), progress=_BuildBars(progress))
+            )
+        except errors.SandboxError as err:
+            raise _fail(err) from err
+    for name, path in binaries.items():
+        _console.print(f"{name:<24} {path}", soft_wrap=True)
 
 
 @app.command()
