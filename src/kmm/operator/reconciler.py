@@ -23,7 +23,7 @@ import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 from kmm.api import labels, validation
 from kmm.operator import caches, deviceplugin, events, moduleloader, nodelabels, status, writing
@@ -210,11 +210,13 @@ class ModuleReconciler:
 
         await _all(one(n, c) for n, c in sorted(changes.items()))
 
-    async def _event(self, raw: RawObject, type_: str, reason: str, message: str) -> None:
+    async def _event(
+        self, raw: RawObject, type_: Literal["Normal", "Warning"], reason: str, message: str
+    ) -> None:
         await self.writer.create_event(
             events.event(
                 raw,
-                type_=type_,  # type: ignore[arg-type]
+                type_=type_,
                 reason=reason,
                 message=message,
                 now=self.now(),

@@ -84,6 +84,8 @@ def compute(raw: Mapping[str, Any], seen: Observed, *, now: str) -> modules.Modu
         )  # fmt: skip
     wanted = seen.targeted + seen.plugin_wanted
     done = seen.ready + seen.plugin_ready
+    ready: tuple[conditions.Status, str, str]
+    progressing: tuple[conditions.Status, str, str]
     if wanted == 0:
         ready = ("False", conditions.REASON_NO_MATCHING_NODES, "no node is targeted")
         progressing = ("False", conditions.REASON_NO_MATCHING_NODES, "")
@@ -102,7 +104,7 @@ def compute(raw: Mapping[str, Any], seen: Observed, *, now: str) -> modules.Modu
         (conditions.PROGRESSING, progressing),
     ):
         found = conditions.set_condition(
-            found, type_, state,  # type: ignore[arg-type]
+            found, type_, state,
             reason=reason, message=text, now=now, observed_generation=generation,
         )  # fmt: skip
     return modules.ModuleStatus(
@@ -119,13 +121,14 @@ def invalid(raw: Mapping[str, Any], message: str, *, now: str) -> modules.Module
     old = _old(raw)
     generation = (raw.get("metadata") or {}).get("generation")
     found = old.conditions if old is not None else None
-    for type_, state in (
+    states: tuple[tuple[str, conditions.Status], ...] = (
         (conditions.DEGRADED, "True"),
         (conditions.READY, "False"),
         (conditions.PROGRESSING, "False"),
-    ):
+    )
+    for type_, state in states:
         found = conditions.set_condition(
-            found, type_, state,  # type: ignore[arg-type]
+            found, type_, state,
             reason=conditions.REASON_INVALID_SPEC, message=message, now=now,
             observed_generation=generation,
         )  # fmt: skip

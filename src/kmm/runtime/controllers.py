@@ -22,6 +22,8 @@ import enum
 import logging
 from typing import Protocol
 
+import prometheus_client
+
 from kmm.runtime import clocks, tasks, workqueue
 
 __all__ = [
@@ -109,33 +111,31 @@ class NullMetrics:
 class PrometheusMetrics:
     """controller-runtime's metric names, registered on the given registry."""
 
-    def __init__(self, registry: object | None = None) -> None:
-        import prometheus_client
-
+    def __init__(self, registry: prometheus_client.CollectorRegistry | None = None) -> None:
         reg = registry if registry is not None else prometheus_client.REGISTRY
         self.total = prometheus_client.Counter(
             "controller_runtime_reconcile_total",
             "Reconciles per controller and outcome.",
             ["controller", "result"],
-            registry=reg,  # type: ignore[arg-type]
+            registry=reg,
         )
         self.errors = prometheus_client.Counter(
             "controller_runtime_reconcile_errors_total",
             "Reconciles that raised.",
             ["controller"],
-            registry=reg,  # type: ignore[arg-type]
+            registry=reg,
         )
         self.duration = prometheus_client.Histogram(
             "controller_runtime_reconcile_time_seconds",
             "Reconcile duration.",
             ["controller"],
-            registry=reg,  # type: ignore[arg-type]
+            registry=reg,
         )
         self.depth = prometheus_client.Gauge(
             "workqueue_depth",
             "Keys waiting in the queue.",
             ["name"],
-            registry=reg,  # type: ignore[arg-type]
+            registry=reg,
         )
 
     def reconciled(self, controller: str, outcome: str, seconds: float) -> None:
