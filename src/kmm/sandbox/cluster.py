@@ -3,8 +3,8 @@
 ``up`` starts etcd, then kube-apiserver, then controller-manager, scheduler and
 KWOK together, each on a free port of 127.0.0.1, and records every process in
 the sandbox directory as soon as it is launched, so ``down`` can stop a start
-that was interrupted half-way. Every ``up`` starts an empty cluster; only logs
-survive from one run to the next.
+that was interrupted half-way. Every ``up`` starts an empty cluster: the data,
+certificates and logs of the directory's previous run are replaced.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ _SERVICE_CIDR = "10.96.0.0/12"
 
 @dataclasses.dataclass(frozen=True)
 class Options:
+    """What ``up`` starts: where, with which binary cache, how many nodes of which kernels."""
+
     directory: Path
     cache_dir: Path
     nodes: int = 3
