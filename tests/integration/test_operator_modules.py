@@ -112,23 +112,7 @@ async def test_three_kernels_three_daemonsets_pods_and_ready_labels(
         for i, node in enumerate(chosen):
             assert everywhere[node][labels.KERNEL_VERSION_FULL] == _kernel(sandbox, i)
         assert running.counter.total > 0
-        await _delete_and_wait_clean(api_client, namespace, name)
-
-
-async def _delete_and_wait_clean(api: client.ApiClient, namespace: str, name: str) -> None:
-    await client.CustomObjectsApi(api).delete_namespaced_custom_object(
-        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, name
-    )
-    key = labels.ready(namespace, name)
-
-    async def clean() -> bool:
-        if await support.get_module(api, namespace, name) is not None:
-            return False
-        if await support.loader_daemonsets(api, namespace):
-            return False
-        return not any(key in lbl for lbl in (await support.node_labels(api)).values())
-
-    await testing.eventually(clean, "module, its DaemonSets and its labels gone")
+        await support.delete_and_wait_clean(api_client, namespace, name)
 
 
 async def _set_kernel(api: client.ApiClient, node: str, kernel: str) -> None:
@@ -236,7 +220,7 @@ async def test_image_change_selector_change_kernel_change_and_delete(
             assert labels_now[moved][labels.KERNEL_VERSION_FULL] == "6.8.0-45-generic"
 
             # 4. Deleting the Module removes everything it made.
-            await _delete_and_wait_clean(api_client, namespace, name)
+            await support.delete_and_wait_clean(api_client, namespace, name)
     finally:
         await _set_kernel(api_client, moved, moved_from)
 
@@ -274,7 +258,7 @@ async def test_noop_resync_and_restart_make_zero_writes(
             assert second.op.counting.done >= 1
             assert dict(second.counter.counts) == {}
         async with support.operator_in_process(sandbox.kubeconfig):
-            await _delete_and_wait_clean(api_client, namespace, name)
+            await support.delete_and_wait_clean(api_client, namespace, name)
 
 
 async def test_kernel_that_cannot_expand_is_degraded_others_still_load(
@@ -314,6 +298,6 @@ async def test_kernel_that_cannot_expand_is_degraded_others_still_load(
             assert degraded["reason"] == "KernelMappingFailed"
             assert "weird" in degraded["message"]
             assert len(await support.loader_daemonsets(api_client, namespace)) == 1
-            await _delete_and_wait_clean(api_client, namespace, name)
+            await support.delete_and_wait_clean(api_client, namespace, name)
     finally:
         await _set_kernel(api_client, odd, odd_from)

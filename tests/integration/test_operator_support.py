@@ -198,3 +198,21 @@ def condition(module: Obj | None, type_: str) -> Obj | None:
             found: Obj = entry
             return found
     return None
+
+
+async def delete_and_wait_clean(api: client.ApiClient, namespace: str, name: str) -> None:
+    """Delete a Module while the operator runs; wait until its finalizer ran and
+    its DaemonSets and node labels are gone (later tests count a clean cluster)."""
+    await client.CustomObjectsApi(api).delete_namespaced_custom_object(
+        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, name
+    )
+    key = labels.ready(namespace, name)
+
+    async def clean() -> bool:
+        if await get_module(api, namespace, name) is not None:
+            return False
+        if await loader_daemonsets(api, namespace):
+            return False
+        return not any(key in lbl for lbl in (await node_labels(api)).values())
+
+    await testing.eventually(clean, "module, its DaemonSets and its labels gone")

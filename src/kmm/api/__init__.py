@@ -9,7 +9,9 @@ import it, and it imports none of them.
 - ``kernels``: kernel mapping and image variable expansion.
 - ``scheduling``: selector match and "schedulable node".
 - ``conditions``: status condition types, reasons and setting.
-- ``formats``: image / DNS / label-value / RE2 checks shared by all of the above.
+- ``formats``: image / DNS / label-value / regexp checks shared by all of the above;
+  ``regexps``: kernel-mapping regexps in Go's dialect on RE2 (``unicodenames``:
+  Go's Unicode class names, generated).
 - ``cel``: markers tying model fields to CRD rules; ``crd`` and ``admission``
   render the CRD and the ValidatingAdmissionPolicy; ``manifests`` gathers
   them (and ``examples``) into the files committed under ``deploy/``.

@@ -3,10 +3,9 @@
 Each check has a Python form (returning an error text or ``None``) and, where
 CEL can express it, the RE2 pattern the CRD uses, so both judge alike.
 
-Limits: Go's RE2 is approximated with Python's ``re`` plus a scan that rejects
-what RE2 lacks (lookarounds, backreferences, conditionals, atomic groups,
-possessive quantifiers, ``\\Z``, the flags ``a``, ``L``, ``u``, ``x``). RE2-only syntax Python does not know (e.g.
-``\\p{Greek}``) is rejected here although KMM would accept it.
+The fixed patterns here are ours and have no nested quantifiers, so Python's
+``re`` runs them in time linear in the input; user-written kernel-mapping
+regexps go to RE2 (:mod:`kmm.api.regexps`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ __all__ = [
     "dns_subdomain_error",
     "image_error",
     "label_value_error",
-    "regexp_error",
 ]
 
 # Name, then a tag (placeholders like ${KERNEL_FULL_VERSION} allowed) and/or a
@@ -49,20 +47,6 @@ PLACEHOLDER: Final = re.compile(r"\$\{([^}]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 _IMAGE = re.compile(IMAGE_PATTERN)
 _DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
 _LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN)
-
-# Group openers RE2 does not have, with the name users know them by.
-_UNSUPPORTED_GROUPS: Final = (
-    ("(?<=", "lookbehind"),
-    ("(?<!", "negative lookbehind"),
-    ("(?=", "lookahead"),
-    ("(?!", "negative lookahead"),
-    ("(?>", "atomic group"),
-    ("(?(", "conditional group"),
-    ("(?P=", "named backreference"),
-    ("(?#", "comment group"),
-)
-
-_FLAG_GROUP = re.compile(r"\(\?([A-Za-z-]+)[:)]")
 
 
 def image_error(image: str) -> str | None:
@@ -91,52 +75,3 @@ def label_value_error(value: str) -> str | None:
         f"{value!r} must be a valid label value: at most 63 characters of "
         "[A-Za-z0-9._-], starting and ending with an alphanumeric"
     )
-
-
-def _re2_gap(pattern: str) -> str | None:
-    """The first construct in ``pattern`` (already valid for Python) that RE2 lacks."""
-    in_class = False
-    i = 0
-    while i < len(pattern):
-        char = pattern[i]
-        if char == "\\":
-            escaped = pattern[i + 1 : i + 2]
-            if escaped and not in_class and escaped in "123456789":
-                return f"backreference \\{escaped}"
-            if escaped == "Z":
-                return "\\Z (use $ or \\z)"
-            i += 2
-            continue
-        if in_class:
-            if char == "]":
-                in_class = False
-        elif char == "[":
-            in_class = True
-            # A "]" right after "[" or "[^" is a literal member, not the end.
-            if pattern[i + 1 : i + 2] == "^":
-                i += 1
-            if pattern[i + 1 : i + 2] == "]":
-                i += 1
-        elif char == "(":
-            for opener, what in _UNSUPPORTED_GROUPS:
-                if pattern.startswith(opener, i):
-                    return what
-            flags = _FLAG_GROUP.match(pattern, i)
-            if flags and set(flags.group(1)) - set("imsU-"):
-                return f"flag group {flags.group(0)!r} (RE2 knows only the flags i, m, s, U)"
-        elif char in "*+?}" and pattern[i + 1 : i + 2] == "+":
-            return "possessive quantifier"
-        i += 1
-    return None
-
-
-def regexp_error(pattern: str) -> str | None:
-    """Why ``pattern`` would not compile as a Go (RE2) regular expression."""
-    try:
-        re.compile(pattern)
-    except re.error as err:
-        return f"regexp {pattern!r} does not compile: {err}"
-    gap = _re2_gap(pattern)
-    if gap is not None:
-        return f"regexp {pattern!r} uses {gap}, which Go's RE2 regular expressions do not support"
-    return None

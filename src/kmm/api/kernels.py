@@ -7,18 +7,17 @@ no match means the node is not targeted. Images expand ``${VAR}`` and ``$VAR``
 with the variables of ``variables``; an unknown variable is an error here
 rather than KMM's silent empty string, so a typo cannot produce a wrong image.
 
-Python's ``re`` stands in for RE2; :mod:`kmm.api.formats` rejected at
-validation what RE2 would not compile.
+Regexps run on RE2 (:mod:`kmm.api.regexps`), linear in the kernel string,
+exactly as KMM's Go ``regexp`` matches them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 from collections.abc import Iterable, Mapping
 
-from kmm.api import formats, modules
+from kmm.api import formats, modules, regexps
 
 __all__ = [
     "VARIABLES",
@@ -59,11 +58,6 @@ def node_kernel(kernel_version: str) -> str:
     return kernel_version.removesuffix("+")
 
 
-@functools.lru_cache(maxsize=256)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
-
-
 def find_mapping(
     mappings: list[modules.KernelMapping], kernel: str
 ) -> modules.KernelMapping | None:
@@ -72,7 +66,7 @@ def find_mapping(
         if mapping.literal is not None:
             if mapping.literal == kernel:
                 return mapping
-        elif mapping.regexp is not None and _compiled(mapping.regexp).search(kernel):
+        elif mapping.regexp is not None and regexps.search(mapping.regexp, kernel):
             return mapping
     return None
 

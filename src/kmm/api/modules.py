@@ -21,7 +21,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from kmm.api import cel, formats, labels
+from kmm.api import cel, formats, labels, regexps
 
 __all__ = [
     "API_VERSION",
@@ -134,7 +134,7 @@ DnsSubdomain = Annotated[
 Regexp = Annotated[
     str,
     Field(min_length=1, max_length=_MAX_REGEXP),
-    _checked(formats.regexp_error),
+    _checked(regexps.error),
     # CEL has no "compiles" function; matching with a non-constant pattern
     # raises an evaluation error for an invalid one, which the apiserver
     # reports against this field. "||" absorbs errors only beside a true

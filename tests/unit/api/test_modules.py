@@ -119,19 +119,19 @@ INVALID: list[tuple[str, Callable[[Obj], None], str, str]] = [
         "regexp-does-not-compile",
         _set(f"{_KM}.1.regexp", "^(6.0"),
         "spec.moduleLoader.container.kernelMappings[1].regexp",
-        "does not compile",
+        "error parsing regexp: missing closing ): `^(6.0`",
     ),
     (
         "regexp-lookahead",
         _set(f"{_KM}.1.regexp", "^(?!5).*$"),
         "spec.moduleLoader.container.kernelMappings[1].regexp",
-        "negative lookahead",
+        "error parsing regexp: invalid or unsupported Perl syntax: `(?!`",
     ),
     (
         "regexp-backreference",
         _set(f"{_KM}.1.regexp", r"^(\d)\1$"),
         "spec.moduleLoader.container.kernelMappings[1].regexp",
-        "backreference",
+        "error parsing regexp: invalid escape sequence: `\\1`",
     ),
     (
         "image-without-tag",

@@ -1,0 +1,3 @@
+module kmm.test/gocompat
+
+go 1.26
