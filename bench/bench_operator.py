@@ -4,15 +4,16 @@ Run: ``.venv/bin/python bench/bench_operator.py [--nodes 500] [--cached-nodes 50
 
 1. A dedicated sandbox (``kmm.sandbox.cluster.up``) with ``--nodes`` KWOK
    nodes over 5 kernels, in a temporary directory; the CRD from ``deploy/``.
-2. The operator (the real wiring, in process, a ``WriteCounter`` on its
-   client) converges one Module selecting every node: 5 loader DaemonSets,
+2. The operator (the real wiring, in process, on a ``kube.client.Client``
+   of its own, whose counter says what it wrote) converges one Module selecting every node: 5 loader DaemonSets,
    one pod per node (the real DaemonSet controller and scheduler; KWOK makes
    pods Ready), ``kernel-version.full`` and ``.ready`` labels on every node,
    status Ready. Printed: time from create to converged, the time the last
    loader pod turned Ready (the cluster's part), the operator's lag after it,
    and the operator's API writes by (verb, resource).
 3. The floor: a minimal script sends the same number of writes of the same
-   kinds (node label merge patches, DaemonSet applies, Module status patches,
+   kinds, through an independent client (kubernetes-asyncio, as before kmm
+   had a client of its own, so the floor is the same floor across versions) (node label merge patches, DaemonSet applies, Module status patches,
    Event creates, finalizer patch) straight to the same API server, with the
    same 16 writes in flight. Printed: its time and operator/floor ratio.
 4. Memory: ``--cached-nodes`` minus ``--nodes`` bare Node objects (no KWOK
@@ -36,12 +37,12 @@ from collections import Counter
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client
+from kubernetes_asyncio import client, config
 
 from kmm.api import labels, modules
 from kmm.cli import applying
+from kmm.kube import client as kube_client
 from kmm.operator import wiring
-from kmm.runtime import writes
 from kmm.sandbox import cluster
 
 KERNELS = (
@@ -113,18 +114,24 @@ def _pods_ready(op: wiring.Operator, nodes: int) -> bool:
     return ready == nodes
 
 
+async def independent_client(kubeconfig: pathlib.Path) -> client.ApiClient:
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
 async def converge(
     api: client.ApiClient, kubeconfig: pathlib.Path, nodes: int
 ) -> tuple[float, float, Counter[tuple[str, str]]]:
     """Converge one Module; the operator has a client of its own, so only its writes count."""
-    async with await cluster.api_client(kubeconfig) as own:
+    async with cluster.api_client(kubeconfig) as own:
         return await _converge(api, own, nodes)
 
 
 async def _converge(
-    api: client.ApiClient, own: client.ApiClient, nodes: int
+    api: client.ApiClient, own: kube_client.Client, nodes: int
 ) -> tuple[float, float, Counter[tuple[str, str]]]:
-    counter = writes.WriteCounter().install(own)
+    counter = own.counter
     op = wiring.Operator(own, workers=4)
     stop = asyncio.Event()
     task = asyncio.ensure_future(op.run(stop))
@@ -140,13 +147,13 @@ async def _converge(
         while not _converged(op, f"{NAMESPACE}/{name}", nodes):
             if first_pass_at is None and _first_pass(op, nodes):
                 first_pass_at = time.perf_counter() - started
-                first_pass_writes = counter.total
+                first_pass_writes = counter.total_writes
             if pods_ready_at is None and _pods_ready(op, nodes):
                 pods_ready_at = time.perf_counter() - started
             await asyncio.sleep(0.05)
         total = time.perf_counter() - started
         await _until(op.idle)
-        counts = Counter(counter.counts)
+        counts = Counter(counter.writes)
         print(
             f"  first pass (finalizer, 5 DaemonSets, {nodes} kernel labels, events, status):"
             f" {first_pass_writes} writes done at {first_pass_at or total:.2f} s"
@@ -155,7 +162,6 @@ async def _converge(
     finally:
         stop.set()
         await task
-        counter.uninstall()
 
 
 async def floor(api: client.ApiClient, counts: Counter[tuple[str, str]], nodes: list[str]) -> float:
@@ -377,12 +383,13 @@ async def main(args: argparse.Namespace) -> None:
         f"sandbox: {args.nodes} KWOK nodes, {len(KERNELS)} kernels, up in {time.perf_counter() - started:.1f} s"
     )
     try:
-        async with await cluster.api_client(record.kubeconfig) as api:
+        independent = await independent_client(record.kubeconfig)
+        async with cluster.api_client(record.kubeconfig) as kmm_api, independent as api:
             docs = applying.load_documents(
                 (DEPLOY / "crd" / "modules.kmm.sigs.x-k8s.io.yaml").read_text()
             )
             docs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-            await applying.apply_documents(api, docs)
+            await applying.apply_documents(kmm_api, docs)
             while True:  # the CRD serves once Established
                 try:
                     await client.CustomObjectsApi(api).list_namespaced_custom_object(

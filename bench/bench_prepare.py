@@ -29,13 +29,13 @@ from typing import Any
 
 from aiohttp import web
 from grpc import aio
-from kubernetes_asyncio import client as k8s
 
+from kmm.kube import client as kube_client
+from kmm.kube import kubeconfigs
 from kmm.kubeletplugin import (
     checkpointing,
     claimcache,
     claims,
-    kubeapi,
     owners,
     plugins,
     publishing,
@@ -180,10 +180,9 @@ async def main(rounds: int, base: pathlib.Path) -> None:
     everything = [c for rounds_ in pool.values() for batch in rounds_ for c in batch]
     runner = await api_server(everything)
     port = runner.addresses[0][1]
-    configuration = k8s.Configuration()
-    configuration.host = f"http://127.0.0.1:{port}"
-    api_client = k8s.ApiClient(configuration)
-    api = kubeapi.KubeAPI(api_client)
+    api = kube_client.Client(
+        kubeconfigs.Access(server=f"http://127.0.0.1:{port}", source="the bench's fake API server")
+    )
     cache = claimcache.ClaimCache(api, on_error=lambda e, m: print("error:", m, e))
     paths = plugins.Paths.under(root, DRIVER)
     plugin = plugins.Plugin(
@@ -199,7 +198,7 @@ async def main(rounds: int, base: pathlib.Path) -> None:
     try:
         for size, claim_batches in pool.items():
             times = []
-            requests_before = api.requests
+            requests_before = api.counter.total
             for batch in claim_batches:
                 refs = [
                     dra_v1_pb2.Claim(
@@ -223,12 +222,12 @@ async def main(rounds: int, base: pathlib.Path) -> None:
                 )
             results[size] = {
                 "times": times,
-                "api_per_prepare": (api.requests - requests_before) / len(claim_batches),
+                "api_per_prepare": (api.counter.total - requests_before) / len(claim_batches),
             }
     finally:
         await channel.close()
         await plugin.stop()
-        await api_client.close()
+        await api.close()
         await runner.cleanup()
     print(f"directory: {root} ({rounds} rounds of 1 claim, {batches[32]} of 32)")
     print(

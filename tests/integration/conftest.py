@@ -2,8 +2,10 @@
 
 ``sandbox`` brings it up once (building the binaries on first use, cached per
 version under $KMM_CACHE_DIR or ~/.cache/kmm) and takes it down at the end;
-``api_client`` is a fresh kubernetes-asyncio client per test; ``namespace`` is a
-namespace of the test's own, deleted afterwards.
+``api_client`` is a fresh kubernetes-asyncio client per test (a client that is
+not kmm's, to check what kmm wrote); ``kmm_api`` is kmm's own
+``kube.client.Client``; ``namespace`` is a namespace of the test's own,
+deleted afterwards.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import test_operator_support as support
 from kubernetes_asyncio import client
 
 from kmm.cli import paths
+from kmm.kube import client as kube_client
 from kmm.sandbox import cluster, testing
 
 
@@ -54,8 +58,14 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testing.Runnin
 
 @pytest.fixture
 async def api_client(sandbox: testing.RunningSandbox) -> AsyncIterator[client.ApiClient]:
-    api = await cluster.api_client(sandbox.kubeconfig)
+    api = await support.independent_client(sandbox.kubeconfig)
     async with api:
+        yield api
+
+
+@pytest.fixture
+async def kmm_api(sandbox: testing.RunningSandbox) -> AsyncIterator[kube_client.Client]:
+    async with cluster.api_client(sandbox.kubeconfig) as api:
         yield api
 
 

@@ -16,9 +16,10 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from kubernetes_asyncio import client
 
-from kmm.kubeletplugin import kubeapi, plugins
+from kmm.kube import client as kube_client
+from kmm.kube import resources
+from kmm.kubeletplugin import plugins
 from kmm.sandbox import testing
 
 pytestmark = pytest.mark.integration
@@ -45,12 +46,12 @@ def fake_tree(root: pathlib.Path) -> None:
 
 
 async def test_driver_process_publishes_and_stops_on_sigterm(
-    sandbox: testing.RunningSandbox, api_client: client.ApiClient, root: pathlib.Path
+    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client, root: pathlib.Path
 ) -> None:
     fake_tree(root)
     node = sandbox.node_names[-1]
     driver = f"foo-{uuid.uuid4().hex[:6]}.example.com"
-    api = kubeapi.KubeAPI(api_client)
+    api = kmm_api
     selector = {"fieldSelector": f"spec.nodeName={node},spec.driver={driver}"}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -68,9 +69,7 @@ async def test_driver_process_publishes_and_stops_on_sigterm(
     paths = plugins.Paths.under(root, driver)
     try:
         for _ in range(600):
-            listing = await api.request(
-                "GET", f"{kubeapi.RESOURCE_API}/resourceslices", query=selector
-            )
+            listing = await api.request("GET", resources.RESOURCE_SLICES.path(), query=selector)
             if listing["items"]:
                 break
             await asyncio.sleep(0.1)
@@ -93,8 +92,8 @@ async def test_driver_process_publishes_and_stops_on_sigterm(
         if process.returncode is None:
             process.kill()
             await process.wait()
-        listing = await api.request("GET", f"{kubeapi.RESOURCE_API}/resourceslices", query=selector)
+        listing = await api.request("GET", resources.RESOURCE_SLICES.path(), query=selector)
         for item in listing["items"]:
             await api.request(
-                "DELETE", f"{kubeapi.RESOURCE_API}/resourceslices/{item['metadata']['name']}"
+                "DELETE", resources.RESOURCE_SLICES.path(name=item["metadata"]["name"])
             )

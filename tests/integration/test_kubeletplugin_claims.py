@@ -17,13 +17,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client
 
+from kmm.kube import client as kube_client
+from kmm.kube import resources
 from kmm.kubeletplugin import (
     checkpointing,
     claimcache,
     claims,
-    kubeapi,
     owners,
     plugins,
     publishing,
@@ -91,7 +91,7 @@ def root() -> Iterator[pathlib.Path]:
 
 async def test_prepare_from_a_warm_informer(
     sandbox: testing.RunningSandbox,
-    api_client: client.ApiClient,
+    kmm_api: kube_client.Client,
     namespace: str,
     root: pathlib.Path,
 ) -> None:
@@ -100,8 +100,8 @@ async def test_prepare_from_a_warm_informer(
     from kmm.kubeletplugin.protos import dra_v1_pb2, dra_v1_pb2_grpc
 
     node = sandbox.node_names[0]
-    api = kubeapi.KubeAPI(api_client)
-    base = f"{kubeapi.RESOURCE_API}/namespaces/{namespace}/resourceclaims"
+    api = kmm_api
+    base = resources.RESOURCE_CLAIMS.path(namespace)
     name = f"claim-{uuid.uuid4().hex[:6]}"
     created = await api.request(
         "POST",
@@ -149,7 +149,7 @@ async def test_prepare_from_a_warm_informer(
             await asyncio.sleep(0.05)
         else:
             pytest.fail("the informer never saw the allocated claim")
-        before = api.requests
+        before = api.counter.total
         stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
         request = dra_v1_pb2.NodePrepareResourcesRequest(
             claims=[dra_v1_pb2.Claim(namespace=namespace, name=name, uid=uid)]
@@ -158,7 +158,7 @@ async def test_prepare_from_a_warm_informer(
         answer = response.claims[uid]
         assert answer.error == ""
         assert [(d.pool_name, d.device_name) for d in answer.devices] == [(node, "dev0")]
-        assert api.requests == before
+        assert api.counter.total == before
         assert plugin.prepared()[claims.ClaimUID(uid)].state == checkpointing.COMPLETED
     finally:
         await channel.close()

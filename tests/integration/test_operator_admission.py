@@ -103,7 +103,7 @@ async def test_refused_naming_the_field_and_nothing_created(
         assert await support.loader_daemonsets(api_client, namespace) == []
         events = await client.CoreV1Api(api_client).list_namespaced_event(namespace)
         assert events.items == []
-        assert dict(running.counter.counts) == {}
+        assert dict(running.counter.writes) == {}
 
 
 async def test_operator_repeats_validation_degraded_event_nothing_made(
@@ -144,7 +144,7 @@ async def test_operator_repeats_validation_degraded_event_nothing_made(
         running.counter.reset()
         running.op.resync()
         await running.wait_idle("resync")
-        assert dict(running.counter.counts) == {}
+        assert dict(running.counter.writes) == {}
         await objects.delete_namespaced_custom_object(
             modules.GROUP, modules.VERSION, namespace, modules.PLURAL, "unicode"
         )

@@ -111,7 +111,7 @@ async def test_three_kernels_three_daemonsets_pods_and_ready_labels(
         assert {n for n, lbl in everywhere.items() if ready_key in lbl} == set(chosen)
         for i, node in enumerate(chosen):
             assert everywhere[node][labels.KERNEL_VERSION_FULL] == _kernel(sandbox, i)
-        assert running.counter.total > 0
+        assert running.counter.total_writes > 0
         await support.delete_and_wait_clean(api_client, namespace, name)
 
 
@@ -245,18 +245,18 @@ async def test_noop_resync_and_restart_make_zero_writes(
                 lambda: _converged(api_client, namespace, name, set(chosen)), "loaded on 4 nodes"
             )
             await first.wait_idle("converged")
-            assert first.counter.total > 0
+            assert first.counter.total_writes > 0
             first.counter.reset()
             first.op.resync()
             await first.wait_idle("resync done")
-            assert dict(first.counter.counts) == {}
+            assert dict(first.counter.writes) == {}
 
         # A restart on the converged cluster: fresh caches, every Module
         # reconciled from scratch, still nothing to write.
         async with support.operator_in_process(sandbox.kubeconfig) as second:
             await second.wait_idle("restart reconciled")
             assert second.op.counting.done >= 1
-            assert dict(second.counter.counts) == {}
+            assert dict(second.counter.writes) == {}
         async with support.operator_in_process(sandbox.kubeconfig):
             await support.delete_and_wait_clean(api_client, namespace, name)
 

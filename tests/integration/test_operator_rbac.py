@@ -8,14 +8,19 @@ its pods.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import test_operator_support as support
 from kubernetes_asyncio import client
 
 from kmm.api import labels, modules
 from kmm.cli import applying
+from kmm.kube import client as kube_client
+from kmm.kube import errors as kube_errors
+from kmm.kube import kubeconfigs
 from kmm.operator import wiring
-from kmm.sandbox import cluster, testing
+from kmm.sandbox import testing
 
 manifests = support.manifests
 
@@ -23,24 +28,27 @@ SERVICE_ACCOUNT = "system:serviceaccount:kmm-system:kmm-operator"
 
 
 async def test_operator_with_deployed_rbac_converges_module_and_device_plugin(
-    sandbox: testing.RunningSandbox, manifests: None, api_client: client.ApiClient, namespace: str
+    sandbox: testing.RunningSandbox,
+    manifests: None,
+    api_client: client.ApiClient,
+    kmm_api: kube_client.Client,
+    namespace: str,
 ) -> None:
     docs = []
     for path in ("operator/namespace.yaml", "rbac/operator.yaml"):
         docs.extend(applying.load_documents((support.DEPLOY / path).read_text()))
-    await applying.apply_documents(api_client, docs)
+    await applying.apply_documents(kmm_api, docs)
     # The Deployment is valid for the API server (schema, defaults), not run here:
     # the sandbox has no image for it.
     deployment = applying.load_documents((support.DEPLOY / "operator/deployment.yaml").read_text())
-    assert await applying.apply_documents(api_client, deployment, dry_run=True) == [
+    assert await applying.apply_documents(kmm_api, deployment, dry_run=True) == [
         "deployment/kmm-operator created (dry run)"
     ]
     # The impersonation bites: the ServiceAccount may not read Secrets.
-    async with await cluster.api_client(sandbox.kubeconfig) as limited:
-        limited.set_default_header("Impersonate-User", SERVICE_ACCOUNT)
-        with pytest.raises(client.ApiException) as denied:
-            await client.CoreV1Api(limited).list_secret_for_all_namespaces()
-        assert denied.value.status == 403
+    access = dataclasses.replace(kubeconfigs.load(sandbox.kubeconfig), impersonate=SERVICE_ACCOUNT)
+    async with kube_client.Client(access) as limited:
+        with pytest.raises(kube_errors.Forbidden):
+            await limited.request("GET", "/api/v1/secrets")
 
     name = "rbac"
     select = f"kmm-test/{namespace}"

@@ -8,6 +8,7 @@ process, as the other operator tests do.
 from __future__ import annotations
 
 import contextlib
+import pathlib
 import uuid
 from collections.abc import AsyncIterator
 
@@ -16,7 +17,7 @@ from kubernetes_asyncio import client
 
 from kmm.api import labels, modules
 from kmm.runtime import controllers
-from kmm.sandbox import nodes, testing
+from kmm.sandbox import cluster, nodes, testing
 
 manifests = support.manifests
 
@@ -84,9 +85,12 @@ class _Log:
 
 
 @contextlib.asynccontextmanager
-async def _rhel_nodes(api: client.ApiClient, count: int) -> AsyncIterator[list[str]]:
+async def _rhel_nodes(
+    api: client.ApiClient, kubeconfig: pathlib.Path, count: int
+) -> AsyncIterator[list[str]]:
     names = [f"kmm-rhel-{uuid.uuid4().hex[:8]}" for _ in range(count)]
-    await nodes.create(api, [(name, RHEL_KERNEL) for name in names])
+    async with cluster.api_client(kubeconfig) as kmm_api:
+        await nodes.create(kmm_api, [(name, RHEL_KERNEL) for name in names])
     try:
         yield names
     finally:
@@ -106,7 +110,7 @@ async def test_backtracking_pattern_neither_matches_nor_delays_another_module(
     chosen = sandbox.node_names[:2]
     objects = client.CustomObjectsApi(api_client)
     async with (
-        _rhel_nodes(api_client, 2) as rhel,
+        _rhel_nodes(api_client, sandbox.kubeconfig, 2) as rhel,
         support.selecting(api_client, rhel, select, "rhel"),
         support.selecting(api_client, chosen, select),
         support.operator_in_process(sandbox.kubeconfig) as running,

@@ -3,8 +3,8 @@
 - ``install_manifests``: the CRD and admission policy from ``deploy/``,
   applied with ``kmm apply``'s own code, waited for until both bite;
 - ``operator_in_process``: the wired operator (no leader election) on a
-  client of its own with a ``WriteCounter``, so a test counts exactly the
-  writes the operator makes;
+  ``kube.client.Client`` of its own, whose counter tells exactly the writes
+  the operator makes;
 - ``selecting``: labels nodes for one test and restores them afterwards
   (the session sandbox is shared).
 """
@@ -21,15 +21,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client
+from kubernetes_asyncio import client, config
 
 from kmm.api import labels, modules
 from kmm.cli import applying
+from kmm.kube import client as kube_client
+from kmm.kube import counting, kubeconfigs
 from kmm.operator import wiring
-from kmm.runtime import writes
 from kmm.sandbox import cluster, testing
 
 Obj = dict[str, Any]
+
+
+async def independent_client(kubeconfig: Path) -> client.ApiClient:
+    """A kubernetes-asyncio client (not kmm's) for the sandbox of ``kubeconfig``."""
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    return client.ApiClient(configuration)
+
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -57,8 +66,8 @@ def manifests(sandbox: testing.RunningSandbox) -> None:
 
 
 async def install_manifests(kubeconfig: Path) -> None:
-    api = await cluster.api_client(kubeconfig)
-    async with api:
+    independent = await independent_client(kubeconfig)
+    async with cluster.api_client(kubeconfig) as api, independent:
         docs = []
         for folder in ("crd", "admission"):
             for path in sorted((DEPLOY / folder).glob("*.yaml")):
@@ -66,7 +75,7 @@ async def install_manifests(kubeconfig: Path) -> None:
         await applying.apply_documents(api, docs)
         probe = module_body("n" * labels.MAX_NAME_AND_NAMESPACE, {"probe": "x"})
         for _ in range(240):
-            if await refusal(api, "default", probe) is not None:
+            if await refusal(independent, "default", probe) is not None:
                 return
             await asyncio.sleep(0.5)
     raise AssertionError("the CRD or the admission policy from deploy/ never took effect")
@@ -109,7 +118,7 @@ def module_body(name: str, selector: dict[str, str], **spec: Any) -> Obj:
 @dataclasses.dataclass
 class InProcess:
     op: wiring.Operator
-    counter: writes.WriteCounter
+    counter: counting.RequestCounter
 
     async def synced(self) -> bool:
         return self.op.manager.ready()
@@ -136,20 +145,16 @@ async def operator_in_process(
     impersonate: str | None = None,
     election: wiring.Election | None = None,
 ) -> AsyncIterator[InProcess]:
-    api = await cluster.api_client(kubeconfig)
-    async with api:
-        if impersonate is not None:
-            api.set_default_header("Impersonate-User", impersonate)
-        counter = writes.WriteCounter().install(api)
+    access = dataclasses.replace(kubeconfigs.load(kubeconfig), impersonate=impersonate)
+    async with kube_client.Client(access) as api:
         op = wiring.Operator(api, workers=2, election=election)
         stop = asyncio.Event()
         task = asyncio.ensure_future(op.run(stop))
         try:
-            yield InProcess(op, counter)
+            yield InProcess(op, api.counter)
         finally:
             stop.set()
             await task
-            counter.uninstall()
 
 
 @contextlib.asynccontextmanager

@@ -2,7 +2,7 @@
 
 300 devices make 3 slices of one generation; the same set again writes
 nothing; one changed device bumps the generation and removes the old slices.
-Writes are counted on the client (``KubeAPI.requests_by_verb``).
+Writes are counted on the client (``kube.client.Client.counter``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-from kubernetes_asyncio import client
 
-from kmm.kubeletplugin import claims, kubeapi, publishing
+from kmm.kube import client as kube_client
+from kmm.kubeletplugin import claims, publishing
 from kmm.sandbox import testing
 
 pytestmark = pytest.mark.integration
@@ -33,15 +33,15 @@ def devices(count: int, *, changed: int | None = None) -> list[publishing.Device
     ]
 
 
-def writes(api: kubeapi.KubeAPI) -> int:
-    return sum(api.requests_by_verb.get(verb, 0) for verb in ("POST", "PUT", "PATCH", "DELETE"))
+def writes(api: kube_client.Client) -> int:
+    return api.counter.total_writes
 
 
 @pytest.fixture
 async def publisher(
-    sandbox: testing.RunningSandbox, api_client: client.ApiClient
-) -> AsyncIterator[tuple[publishing.Publisher, kubeapi.KubeAPI]]:
-    api = kubeapi.KubeAPI(api_client)
+    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+) -> AsyncIterator[tuple[publishing.Publisher, kube_client.Client]]:
+    api = kmm_api
     errors: list[BaseException] = []
     pub = publishing.Publisher(
         api,
@@ -57,7 +57,7 @@ async def publisher(
 
 
 async def test_publishing_300_devices(
-    publisher: tuple[publishing.Publisher, kubeapi.KubeAPI],
+    publisher: tuple[publishing.Publisher, kube_client.Client],
 ) -> None:
     pub, api = publisher
     pub.publish(devices(300))

@@ -8,7 +8,9 @@ from collections.abc import Callable
 import pytest
 from kubernetes_asyncio import client
 
-from kmm.runtime import informers, listwatch, stores
+from kmm.kube import client as kube_client
+from kmm.kube import listwatch, resources
+from kmm.runtime import informers, stores
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +30,9 @@ def configmap(name: str, data: dict[str, str], *, labels: dict[str, str]) -> cli
     return client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name, labels=labels), data=data)
 
 
-async def test_informer_follows_configmaps(api_client: client.ApiClient, namespace: str) -> None:
+async def test_informer_follows_configmaps(
+    api_client: client.ApiClient, kmm_api: kube_client.Client, namespace: str
+) -> None:
     core = client.CoreV1Api(api_client)
     await core.create_namespaced_config_map(
         namespace, configmap("before", {"k": "0"}, labels={"test": "yes"})
@@ -36,7 +40,9 @@ async def test_informer_follows_configmaps(api_client: client.ApiClient, namespa
     events: list[tuple[str, str]] = []
     informer = informers.Informer(
         "configmaps",
-        listwatch.ApiListWatch(core.list_namespaced_config_map, namespace),
+        listwatch.ApiListWatch(
+            kmm_api, resources.Resource("", "v1", "configmaps"), namespace=namespace
+        ),
         label_selector="test=yes",
         projection=stores.keep_fields("data", "metadata.labels"),
         indexers={"value": lambda o: [o.get("data", {}).get("k", "")]},

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from kubernetes_asyncio import client
 
+from kmm.kube import client as kube_client
 from kmm.runtime import leaderelection
 
 pytestmark = pytest.mark.integration
@@ -20,11 +21,9 @@ pytestmark = pytest.mark.integration
 TIMEOUT = 60.0
 
 
-def make(
-    api_client: client.ApiClient, namespace: str, identity: str
-) -> leaderelection.LeaderElector:
+def make(api: kube_client.Client, namespace: str, identity: str) -> leaderelection.LeaderElector:
     return leaderelection.LeaderElector(
-        leaderelection.ApiLeases(client.CoordinationV1Api(api_client)),
+        leaderelection.ApiLeases(api),
         identity,
         namespace=namespace,
         name="kmm-test-lock",
@@ -62,10 +61,10 @@ class Candidate:
 
 @contextlib.asynccontextmanager
 async def candidates(
-    api_client: client.ApiClient, namespace: str
+    api: kube_client.Client, namespace: str
 ) -> AsyncIterator[tuple[Candidate, Candidate]]:
-    a = Candidate(make(api_client, namespace, "a"))
-    b = Candidate(make(api_client, namespace, "b"))
+    a = Candidate(make(api, namespace, "a"))
+    b = Candidate(make(api, namespace, "b"))
     try:
         yield a, b
     finally:
@@ -81,9 +80,9 @@ async def read_lease(api_client: client.ApiClient, namespace: str) -> client.V1L
 
 
 async def test_only_one_leads_and_a_released_lease_is_taken_over(
-    api_client: client.ApiClient, namespace: str
+    api_client: client.ApiClient, kmm_api: kube_client.Client, namespace: str
 ) -> None:
-    async with candidates(api_client, namespace) as (a, b):
+    async with candidates(kmm_api, namespace) as (a, b):
         await eventually(lambda: a.elector.is_leader() or b.elector.is_leader())
         # Give the follower several retry periods to (wrongly) grab the lease too.
         await asyncio.sleep(2.0)
@@ -102,9 +101,9 @@ async def test_only_one_leads_and_a_released_lease_is_taken_over(
 
 
 async def test_the_follower_takes_over_when_the_leader_dies(
-    api_client: client.ApiClient, namespace: str
+    api_client: client.ApiClient, kmm_api: kube_client.Client, namespace: str
 ) -> None:
-    async with candidates(api_client, namespace) as (a, b):
+    async with candidates(kmm_api, namespace) as (a, b):
         await eventually(lambda: a.elector.is_leader() or b.elector.is_leader())
         leader, follower = (a, b) if a.elector.is_leader() else (b, a)
         await leader.die()

@@ -22,8 +22,8 @@ __all__ = ["build", "main"]
 _REGISTRARS = {
     "sandbox": "kmm.cli.sandboxing",
     "operator": "kmm.cli.operating",
-    "apply": "kmm.cli.operating",
-    "modules": "kmm.cli.operating",
+    "apply": "kmm.cli.applying",
+    "modules": "kmm.cli.listing",
     "driver": "kmm.cli.driving",
     "manifests": "kmm.cli.manifesting",
 }

@@ -10,7 +10,6 @@ objects retried until the CRD serves (``wait_for_kinds``).
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,12 +17,17 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from kmm.cli import clients
+from kmm.kube import client, errors, resources
 
-__all__ = ["ApplyError", "apply", "apply_documents", "load_documents"]
+__all__ = [
+    "ApplyError",
+    "apply",
+    "apply_documents",
+    "load_documents",
+    "register",
+]
 
 FIELD_MANAGER = "kmm"
 
@@ -49,52 +53,22 @@ def load_documents(text: str) -> list[Obj]:
     return found
 
 
-async def _call(
-    api: k8s.ApiClient,
-    method: str,
-    path: str,
-    *,
-    body: Obj | None = None,
-    query: list[tuple[str, str]] | None = None,
-    content_type: str = "application/json",
-) -> tuple[int, Obj]:
-    response = await api.call_api(
-        path,
-        method,
-        query_params=query or [],
-        header_params={"Content-Type": content_type, "Accept": "application/json"},
-        body=body,
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-    )
-    try:
-        data = await response.read()
-        status: int = response.status
-    finally:
-        response.release()
-    try:
-        parsed: Obj = json.loads(data) if data else {}
-    except ValueError:
-        parsed = {"message": data[:300].decode("utf-8", "replace")}
-    return status, parsed
-
-
 class _Discovery:
     """apiVersion + kind -> (plural, namespaced), one GET per apiVersion."""
 
-    def __init__(self, api: k8s.ApiClient) -> None:
+    def __init__(self, api: client.Client) -> None:
         self.api = api
         self._groups: dict[str, dict[str, tuple[str, bool]]] = {}
 
     async def resource(self, api_version: str, kind: str) -> tuple[str, bool] | None:
         known = self._groups.get(api_version)
         if known is None or kind not in known:
-            base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-            status, body = await _call(self.api, "GET", base)
-            if status == 404:
+            try:
+                body = await self.api.request("GET", resources.base_path(api_version))
+            except errors.NotFound:
                 return None
-            if status != 200:
-                raise ApplyError(f"discovery of {api_version}: {body.get('message')}")
+            except errors.ApiError as err:
+                raise ApplyError(f"discovery of {api_version}: {err.message}") from err
             known = {
                 entry["kind"]: (entry["name"], bool(entry.get("namespaced")))
                 for entry in body.get("resources", ())
@@ -104,25 +78,21 @@ class _Discovery:
         return known.get(kind)
 
 
-def _path(api_version: str, plural: str, namespace: str | None, name: str) -> str:
-    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    scope = f"/namespaces/{namespace}" if namespace else ""
-    return f"{base}{scope}/{plural}/{name}"
-
-
 async def apply_documents(
-    api: k8s.ApiClient,
+    api: client.Client,
     docs: Iterable[Obj],
     *,
-    namespace: str = "default",
+    namespace: str | None = None,
     wait_for_kinds: float = 30.0,
     dry_run: bool = False,
 ) -> list[str]:
     """Apply each document; return one ``kind/name created|configured`` line each.
 
     With ``dry_run`` the API server validates and admits each document
-    (schema, admission) and persists nothing.
+    (schema, admission) and persists nothing. Documents without a namespace
+    go to ``namespace``, else to the kubeconfig context's (as with kubectl).
     """
+    namespace = namespace or api.namespace
     discovery = _Discovery(api)
     lines = []
     for doc in docs:
@@ -141,24 +111,27 @@ async def apply_documents(
         ns = ((doc.get("metadata") or {}).get("namespace") or namespace) if namespaced else None
         if namespaced:
             doc = {**doc, "metadata": {**doc["metadata"], "namespace": ns}}
-        status, body = await _call(
-            api,
-            "PATCH",
-            _path(api_version, plural, ns, name),
-            body=doc,
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")]
-            + ([("dryRun", "All")] if dry_run else []),
-            content_type="application/apply-patch+yaml",
-        )
-        if not 200 <= status <= 299:
-            raise ApplyError(f"{kind}/{name}: {body.get('message', status)}")
-        verb = "created" if status == 201 else "configured"
+        scope = f"/namespaces/{ns}" if ns else ""
+        try:
+            reply = await api.send(
+                "PATCH",
+                f"{resources.base_path(api_version)}{scope}/{plural}/{name}",
+                body=doc,
+                query={
+                    "fieldManager": FIELD_MANAGER,
+                    "force": True,
+                    "dryRun": "All" if dry_run else None,
+                },
+                content_type=client.APPLY_PATCH,
+            )
+        except errors.ApiError as err:
+            raise ApplyError(f"{kind}/{name}: {err.message or err}") from err
+        verb = "created" if reply.status == 201 else "configured"
         lines.append(f"{kind.lower()}/{name} {verb}{' (dry run)' if dry_run else ''}")
     return lines
 
 
-async def _apply(kubeconfig: Path | None, text: str, namespace: str, dry_run: bool) -> list[str]:
-    api = await clients.api_client(kubeconfig)
+async def _apply(api: client.Client, text: str, namespace: str | None, dry_run: bool) -> list[str]:
     async with api:
         return await apply_documents(
             api, load_documents(text), namespace=namespace, dry_run=dry_run
@@ -169,10 +142,16 @@ def apply(
     filename: Annotated[
         list[str], typer.Option("--filename", "-f", help="YAML file, or - for stdin; repeatable.")
     ],
-    kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig to use.")] = None,
+    kubeconfig: clients.KubeconfigOption = None,
+    context: clients.ContextOption = None,
     namespace: Annotated[
-        str, typer.Option("--namespace", "-n", help="Namespace for documents without one.")
-    ] = "default",
+        str | None,
+        typer.Option(
+            "--namespace",
+            "-n",
+            help="Namespace for documents without one; default: the context's, else default.",
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Validate and admit on the server; persist nothing.")
     ] = False,
@@ -181,10 +160,15 @@ def apply(
     text = "\n---\n".join(
         sys.stdin.read() if name == "-" else Path(name).read_text() for name in filename
     )
+    api = clients.api_client(kubeconfig, context)
     try:
-        lines = asyncio.run(_apply(kubeconfig, text, namespace, dry_run))
-    except (ApplyError, ApiException, yaml.YAMLError) as err:
+        lines = asyncio.run(_apply(api, text, namespace, dry_run))
+    except (ApplyError, errors.KubeError, yaml.YAMLError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
     for line in lines:
         typer.echo(line)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("apply")(apply)

@@ -1,34 +1,44 @@
-"""The API client the operator's commands share: ``--kubeconfig`` or in-cluster."""
+"""Cluster access for every command that talks to a cluster.
+
+The same two options everywhere, resolved as kubectl resolves them
+(``kube.kubeconfigs``): ``--kubeconfig``, else ``$KUBECONFIG``, else
+``~/.kube/config``, else the in-cluster service account; ``--context`` picks
+a context. No usable access is a usage error that lists what was tried.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
-from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 
-__all__ = ["api_client", "configuration"]
+from kmm.kube import client, errors, kubeconfigs
 
+__all__ = ["ContextOption", "KubeconfigOption", "access", "api_client"]
 
-async def configuration(kubeconfig: Path | None) -> k8s.Configuration:
-    """Client settings from ``kubeconfig``, else the in-cluster service account.
-
-    Raises ``kubernetes_asyncio.config.ConfigException`` when neither works.
-    """
-    settings = k8s.Configuration()
-    if kubeconfig is not None:
-        await k8s_config.load_kube_config(
-            config_file=str(kubeconfig), client_configuration=settings
-        )
-    else:
-        k8s_config.load_incluster_config(client_configuration=settings)  # type: ignore[no-untyped-call]
-    return settings
+KubeconfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--kubeconfig",
+        help="Kubeconfig file. Default: $KUBECONFIG (a ':' list, merged as kubectl "
+        "merges it), then ~/.kube/config, then the in-cluster service account.",
+    ),
+]
+ContextOption = Annotated[
+    str | None,
+    typer.Option("--context", help="Kubeconfig context to use; default: its current-context."),
+]
 
 
-async def api_client(kubeconfig: Path | None) -> k8s.ApiClient:
-    """A client from ``kubeconfig`` or in-cluster; no cluster access is a usage error."""
+def access(kubeconfig: Path | None, context: str | None) -> kubeconfigs.Access:
+    """Where and who, or ``typer.BadParameter`` naming everything tried."""
     try:
-        return k8s.ApiClient(await configuration(kubeconfig))
-    except k8s_config.ConfigException as err:
-        raise typer.BadParameter(f"no cluster access: {err}") from err
+        return kubeconfigs.load(kubeconfig, context=context)
+    except errors.ConfigError as err:
+        raise typer.BadParameter(str(err), param_hint="--kubeconfig/--context") from err
+
+
+def api_client(kubeconfig: Path | None, context: str | None) -> client.Client:
+    """A client for the cluster the options (or the environment) name."""
+    return client.Client(access(kubeconfig, context))

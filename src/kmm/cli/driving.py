@@ -1,7 +1,8 @@
 """``kmm driver``: the DRA node driver for one kernel module's devices.
 
 Turns flags into a ``kmm.driver.config.Config``, builds the API client
-(``--kubeconfig``, else the in-cluster service account; neither means no
+(``--kubeconfig``/``--context`` as everywhere, else ``$KUBECONFIG``,
+``~/.kube/config`` or the in-cluster service account; none of them means no
 cluster access, and DRA then stays off with a warning), and runs
 ``kmm.driver.owning.Driver`` until SIGTERM/SIGINT - which go through the
 driver's ``request_shutdown``, the same path as the plugin's own fatal
@@ -18,27 +19,27 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 
 from kmm.cli import clients
 from kmm.driver import config as driver_config
 from kmm.driver import kmod, owning
-from kmm.kubeletplugin import errors, kubeapi
+from kmm.kube import client, kubeconfigs
+from kmm.kube import errors as kube_errors
+from kmm.kubeletplugin import errors
 
 __all__ = ["driver", "register"]
 
 logger = logging.getLogger(__name__)
 
 
-async def _api_client(kubeconfig: Path | None) -> k8s.ApiClient | None:
+def _api_client(kubeconfig: Path | None, context: str | None) -> client.Client | None:
     """A client, or None without cluster access: the driver then runs with DRA off."""
+    if kubeconfig is not None or context is not None:
+        return clients.api_client(kubeconfig, context)  # asked for: must work
     try:
-        return k8s.ApiClient(await clients.configuration(kubeconfig))
-    except k8s_config.ConfigException as err:
-        if kubeconfig is not None:
-            raise typer.BadParameter(f"cannot load {kubeconfig}: {err}") from err
-        logger.warning("no cluster access (%s)", err)
+        return client.Client(kubeconfigs.load())
+    except kube_errors.ConfigError as err:
+        logger.warning("%s", err)
         return None
 
 
@@ -48,8 +49,7 @@ def _install_signals(request_shutdown: Callable[[str], None]) -> None:
         loop.add_signal_handler(signum, request_shutdown, signal.Signals(signum).name)
 
 
-async def _run(config: driver_config.Config, kubeconfig: Path | None) -> str:
-    api_client = await _api_client(kubeconfig)
+async def _run(config: driver_config.Config, api: client.Client | None) -> str:
     try:
         policy = kmod.KmodPolicy(
             root=config.root,
@@ -58,12 +58,11 @@ async def _run(config: driver_config.Config, kubeconfig: Path | None) -> str:
             device_class=config.device_class,
             dev_pattern=config.dev_pattern,
         )
-        api = kubeapi.KubeAPI(api_client) if api_client is not None else None
         driver = owning.Driver(config, policy=policy, api=api)
         return await driver.run(install_signals=_install_signals)
     finally:
-        if api_client is not None:
-            await api_client.close()
+        if api is not None:
+            await api.close()
 
 
 def driver(
@@ -84,9 +83,8 @@ def driver(
             help="Take every host path (/var/lib/kubelet, /var/run/cdi, /sys, /dev) under DIR."
         ),
     ] = Path("/"),
-    kubeconfig: Annotated[
-        Path | None, typer.Option(help="kubeconfig file (default: in-cluster service account).")
-    ] = None,
+    kubeconfig: clients.KubeconfigOption = None,
+    context: clients.ContextOption = None,
     dra: Annotated[
         bool | None,
         typer.Option(
@@ -109,9 +107,10 @@ def driver(
         root=root.resolve(),
         dra=driver_config.DRAConfig(enabled=dra),
     )
+    api = _api_client(kubeconfig, context)
     try:
-        reason = asyncio.run(_run(config, kubeconfig))
-    except (errors.PluginError, driver_config.ConfigError) as err:
+        reason = asyncio.run(_run(config, api))
+    except (errors.PluginError, driver_config.ConfigError, kube_errors.KubeError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from err
     typer.echo(f"driver stopped: {reason}", err=True)

@@ -7,52 +7,48 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from kubernetes_asyncio import client as k8s
 from rich.console import Console
 from rich.table import Table
 
 from kmm.api import conditions, labels
 from kmm.api import modules as module_api
 from kmm.cli import clients
+from kmm.kube import client, errors, objects, resources
 
-__all__ = ["modules", "modules_table"]
+__all__ = [
+    "modules",
+    "modules_table",
+    "register",
+]
+
+_MODULES = resources.Resource(module_api.GROUP, module_api.VERSION, module_api.PLURAL)
 
 
-async def modules_table(api: k8s.ApiClient, namespace: str | None) -> list[list[str]]:
+async def modules_table(api: client.Client, namespace: str | None) -> list[list[str]]:
     """Rows: namespace, name, Ready (reason), loaded/targeted, loaded on, DaemonSets."""
-    custom = k8s.CustomObjectsApi(api)
-    if namespace:
-        listing = await custom.list_namespaced_custom_object(
-            module_api.GROUP, module_api.VERSION, namespace, module_api.PLURAL
-        )
-    else:
-        listing = await custom.list_cluster_custom_object(
-            module_api.GROUP, module_api.VERSION, module_api.PLURAL
-        )
-    nodes = (await k8s.CoreV1Api(api).list_node()).items
+    listing = await api.request("GET", _MODULES.path(namespace))
+    nodes = (await api.request("GET", resources.NODES.path()))["items"]
     daemonsets = (
-        await k8s.AppsV1Api(api).list_daemon_set_for_all_namespaces(label_selector=labels.ROLE)
-    ).items
+        await api.request("GET", resources.DAEMONSETS.path(), query={"labelSelector": labels.ROLE})
+    )["items"]
     rows = []
     for item in listing.get("items", ()):
         metadata: dict[str, Any] = item["metadata"]
         ns, name = metadata["namespace"], metadata["name"]
         ready_key = labels.ready(ns, name)
-        loaded = sorted(n.metadata.name for n in nodes if ready_key in (n.metadata.labels or {}))
+        loaded = sorted(objects.name(n) for n in nodes if ready_key in objects.labels(n))
         status = item.get("status") or {}
         ready = next(
             (c for c in status.get("conditions") or () if c.get("type") == conditions.READY), None
         )
         loader = status.get("moduleLoader") or {}
         owned = [
-            d.metadata.name
+            objects.name(d)
             for d in daemonsets
-            if (d.metadata.labels or {}).get(labels.MODULE_NAME) == name
-            and d.metadata.namespace == ns
+            if objects.labels(d).get(labels.MODULE_NAME) == name and objects.namespace(d) == ns
         ]
         rows.append(
             [
@@ -67,9 +63,8 @@ async def modules_table(api: k8s.ApiClient, namespace: str | None) -> list[list[
     return rows
 
 
-async def _rows(kubeconfig: Path | None, namespace: str | None, wait: float) -> list[list[str]]:
+async def _rows(api: client.Client, namespace: str | None, wait: float) -> list[list[str]]:
     """The table; with ``wait`` > 0, once every Module is Ready (or the wait ends)."""
-    api = await clients.api_client(kubeconfig)
     async with api:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
@@ -82,7 +77,8 @@ async def _rows(kubeconfig: Path | None, namespace: str | None, wait: float) -> 
 
 
 def modules(
-    kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig to use.")] = None,
+    kubeconfig: clients.KubeconfigOption = None,
+    context: clients.ContextOption = None,
     namespace: Annotated[
         str | None, typer.Option("--namespace", "-n", help="Only this namespace.")
     ] = None,
@@ -92,9 +88,19 @@ def modules(
 ) -> None:
     """Modules, their Ready condition and the nodes where each module is loaded."""
     table = Table("NAMESPACE", "NAME", "READY", "AVAILABLE/DESIRED", "LOADED ON", "DAEMONSETS")
-    for row in asyncio.run(_rows(kubeconfig, namespace, wait)):
+    api = clients.api_client(kubeconfig, context)
+    try:
+        rows = asyncio.run(_rows(api, namespace, wait))
+    except errors.KubeError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    for row in rows:
         table.add_row(*row)
     console = Console()
     if not console.is_terminal:  # make, CI logs: no 80-column squeeze
         console = Console(width=200)
     console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("modules")(modules)

@@ -12,12 +12,12 @@ import asyncio
 import logging
 import os
 import socket
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from kmm.cli import applying, clients, listing
+from kmm.cli import clients
+from kmm.kube import client
 from kmm.operator import jsonlogs, running, wiring
 from kmm.runtime import manager
 
@@ -26,8 +26,7 @@ __all__ = ["operator", "register"]
 _log = logging.getLogger(__name__)
 
 
-async def _main(kubeconfig: Path | None, settings: running.Settings) -> None:
-    api = await clients.api_client(kubeconfig)
+async def _main(api: client.Client, settings: running.Settings) -> None:
     stop = asyncio.Event()
     undo = manager.stop_on_signals(stop)
     try:
@@ -38,10 +37,8 @@ async def _main(kubeconfig: Path | None, settings: running.Settings) -> None:
 
 
 def operator(
-    kubeconfig: Annotated[
-        Path | None,
-        typer.Option(help="Kubeconfig to use; default: the in-cluster service account."),
-    ] = None,
+    kubeconfig: clients.KubeconfigOption = None,
+    context: clients.ContextOption = None,
     metrics_port: Annotated[int, typer.Option(help="Port for /metrics.")] = 8080,
     health_port: Annotated[int, typer.Option(help="Port for /healthz and /readyz.")] = 8081,
     bind_address: Annotated[str, typer.Option(help="Address the HTTP endpoints bind.")] = "0.0.0.0",
@@ -71,15 +68,13 @@ def operator(
         host=bind_address,
         workers=workers,
     )
+    api = clients.api_client(kubeconfig, context)
     try:
-        asyncio.run(_main(kubeconfig, settings))
+        asyncio.run(_main(api, settings))
     except manager.LeadershipLost:
         _log.error("lost the lease; exiting so the replica restarts")
         raise typer.Exit(1) from None
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``operator`` and the commands its demo uses (``apply``, ``modules``)."""
     app.command("operator")(operator)
-    app.command("apply")(applying.apply)
-    app.command("modules")(listing.modules)

@@ -20,9 +20,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from kmm.aio import tasks
 from kmm.driver import config as configuration
 from kmm.driver import kmod
-from kmm.kubeletplugin import claimcache, claims, kubeapi, plugins, publishing, tasks
+from kmm.kube import client
+from kmm.kubeletplugin import claimcache, claims, plugins, publishing
 
 __all__ = ["Driver"]
 
@@ -37,7 +39,7 @@ class Driver:
         config: configuration.Config,
         *,
         policy: kmod.KmodPolicy,
-        api: kubeapi.KubeAPI | None,
+        api: client.Client | None,
         claim_source: claimcache.ClaimSource | None = None,
         rescan_interval: float = 10.0,
     ) -> None:

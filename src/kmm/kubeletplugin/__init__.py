@@ -13,8 +13,11 @@ by its owner's ``Policy``. It never imports ``kmm.operator`` or
 - ``claims``       ids, raw claim payloads, ``claim_configs``
 - ``cdi``          CDI spec files, ``claim_of_cdi_device``, ``container_claims``
 - ``checkpointing`` the two-phase checkpoint
-- ``kubeapi``      a counting raw-JSON API client
-- ``files``, ``tasks``, ``errors``  atomic writes, guarded tasks, the error tree
+- ``files``, ``errors``  atomic writes, the error tree
+
+API access is ``kmm.kube`` (a ``kube.client.Client``, whose request counter
+shows a warm prepare makes no API call); guarded tasks and backoff are
+``kmm.aio``'s.
 - ``protos``       generated stubs (``scripts/gen_protos.py``)
 """
 
@@ -29,7 +32,6 @@ from kmm.kubeletplugin.claims import (
     ResourceClaim,
     claim_configs,
 )
-from kmm.kubeletplugin.kubeapi import KubeAPI
 from kmm.kubeletplugin.owners import (
     DeviceAllocation,
     DeviceHealthReport,
@@ -51,7 +53,6 @@ __all__ = [
     "DeviceHealthReport",
     "DriverName",
     "Health",
-    "KubeAPI",
     "NodeName",
     "Owner",
     "Paths",

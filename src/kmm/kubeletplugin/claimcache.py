@@ -1,7 +1,8 @@
 """Where the plugin finds the ResourceClaims the kubelet asks it to prepare.
 
-``ClaimCache`` is an informer: it lists ResourceClaims once, then watches
-them, keeping the latest version of each by namespace/name. ``get`` answers
+``ClaimCache`` is an informer (a ``kube.reflecting.Reflector`` into a dict):
+it lists ResourceClaims, then watches them, keeping the latest version of
+each by namespace/name. ``get`` answers
 from the cache and GETs from the API server only on a miss - the claim is
 not cached yet, has another UID than the kubelet asked for, or is not yet
 allocated in our copy (the kubelet may ask right after the scheduler's
@@ -16,17 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
-from kmm.kubeletplugin import claims, errors, kubeapi, tasks
+from kmm.aio import backoff, tasks
+from kmm.kube import client, listwatch, objects, reflecting, resources
+from kmm.kube import errors as kube_errors
+from kmm.kubeletplugin import claims, errors
 
 __all__ = ["ClaimCache", "ClaimSource", "StaticClaims"]
 
 logger = logging.getLogger(__name__)
-
-_CLAIMS = f"{kubeapi.RESOURCE_API}/resourceclaims"
 
 
 class ClaimSource(Protocol):
@@ -75,7 +76,7 @@ class StaticClaims:
 
 def _rv(claim: claims.ResourceClaim) -> int:
     try:
-        return int(claim.get("metadata", {}).get("resourceVersion", "0"))
+        return int(objects.resource_version(claim) or "0")
     except ValueError:
         return 0
 
@@ -85,18 +86,28 @@ class ClaimCache:
 
     def __init__(
         self,
-        api: kubeapi.KubeAPI,
+        api: client.Client,
         *,
-        on_error: Callable[[BaseException, str], None],
-        backoff: Callable[[int], float] | None = None,
+        on_error: tasks.ErrorHandler,
+        delays: backoff.Backoff | None = None,
     ) -> None:
         self._api = api
         self._on_error = on_error
-        self._backoff = backoff or _default_backoff
         self._claims: dict[tuple[str, str], claims.ResourceClaim] = {}
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.misses = 0
+        self.reflector = reflecting.Reflector(
+            "resourceclaims",
+            listwatch.ApiListWatch(api, resources.RESOURCE_CLAIMS),
+            self,
+            # Below the HTTP client's own timeouts, so the server ends the watch first.
+            watch_timeout=240,
+            delays=delays or backoff.Backoff(initial=0.5, maximum=30.0),
+            on_retry=lambda err: self._on_error(
+                errors.RecoverableError(str(err)), "claim informer"
+            ),
+        )
 
     @property
     def synced(self) -> asyncio.Event:
@@ -105,7 +116,9 @@ class ClaimCache:
 
     async def start(self) -> None:
         if self._task is None:
-            self._task = tasks.guard(self._run(), name="claim-informer", on_error=self._on_error)
+            self._task = tasks.guard(
+                self.reflector.run(), name="claim-informer", on_error=self._on_error
+            )
 
     async def stop(self) -> None:
         task, self._task = self._task, None
@@ -119,14 +132,13 @@ class ClaimCache:
         if claim is not None and claims.ref_of(claim).uid == ref.uid and claims.is_allocated(claim):
             return claim
         self.misses += 1
-        path = f"{kubeapi.RESOURCE_API}/namespaces/{ref.namespace}/resourceclaims/{ref.name}"
         try:
-            fresh: claims.ResourceClaim = await self._api.request("GET", path)
-        except errors.KubeAPIError as err:
-            if err.status == 404:
-                raise errors.ClaimNotFoundError(
-                    f"claim {ref.namespace}/{ref.name} not found"
-                ) from err
+            fresh: claims.ResourceClaim = await self._api.request(
+                "GET", resources.RESOURCE_CLAIMS.path(ref.namespace, ref.name)
+            )
+        except kube_errors.NotFound as err:
+            raise errors.ClaimNotFoundError(f"claim {ref.namespace}/{ref.name} not found") from err
+        except kube_errors.ApiError as err:
             raise errors.ClaimError(f"cannot get claim {ref.namespace}/{ref.name}: {err}") from err
         self._store(fresh)
         if claims.ref_of(fresh).uid != ref.uid:
@@ -143,47 +155,20 @@ class ClaimCache:
         if old is None or claims.ref_of(old).uid != ref.uid or _rv(claim) >= _rv(old):
             self._claims[key] = claim
 
-    async def _run(self) -> None:
-        attempt = 0
-        while True:
-            try:
-                version = await self._list()
-                attempt = 0
-                await self._watch(version)
-            except errors.KubeAPIError as err:
-                if not err.retriable and err.status != 410:
-                    raise
-                self._on_error(errors.RecoverableError(str(err)), "claim informer")
-                attempt += 1
-                await asyncio.sleep(self._backoff(attempt))
+    # -- the reflector's sink ---------------------------------------------
 
-    async def _list(self) -> str:
-        listing: dict[str, Any] = await self._api.request("GET", _CLAIMS)
-        items: list[claims.ResourceClaim] = listing.get("items", [])
+    def replace(self, items: list[objects.RawObject], resource_version: str) -> None:
         self._claims = {}
         for item in items:
-            self._store(item)
+            self._store(item)  # type: ignore[arg-type]
         self._synced.set()
-        return str(listing.get("metadata", {}).get("resourceVersion", ""))
 
-    async def _watch(self, version: str) -> None:
-        while True:
-            # Below the HTTP client's own timeouts, so the server ends the watch first.
-            query = {"resourceVersion": version, "timeoutSeconds": "240"}
-            async for event in self._api.watch(_CLAIMS, query=query):
-                kind = event.get("type")
-                obj = event.get("object", {})
-                if kind == "ERROR":
-                    raise errors.KubeAPIError(int(obj.get("code", 0)), str(obj.get("message")))
-                version = str(obj.get("metadata", {}).get("resourceVersion", version))
-                if kind in ("ADDED", "MODIFIED"):
-                    self._store(obj)
-                elif kind == "DELETED":
-                    ref = claims.ref_of(obj)
-                    current = self._claims.get((ref.namespace, ref.name))
-                    if current is not None and claims.ref_of(current).uid == ref.uid:
-                        del self._claims[ref.namespace, ref.name]
-
-
-def _default_backoff(attempt: int) -> float:
-    return float(min(30.0, 0.5 * 2 ** min(attempt, 6)) * (0.5 + random.random() / 2))
+    def apply(self, event: listwatch.WatchEvent) -> None:
+        obj = event["object"]
+        if event["type"] in ("ADDED", "MODIFIED"):
+            self._store(obj)  # type: ignore[arg-type]
+        elif event["type"] == "DELETED":
+            ref = claims.ref_of(obj)  # type: ignore[arg-type]
+            current = self._claims.get((ref.namespace, ref.name))
+            if current is not None and claims.ref_of(current).uid == ref.uid:
+                del self._claims[ref.namespace, ref.name]

@@ -12,10 +12,12 @@
     │   ├── NotAllowedError          claims refused until allow_claims()
     │   └── ClaimNotFoundError       the ResourceClaim is gone or was replaced
     ├── CDIError                     a CDI name is invalid or a spec unwritable
-    ├── CheckpointError              the checkpoint cannot be read or written
-    │   └── CheckpointCorruptedError names the file and the problem; the
-    │                                file is never silently replaced
-    └── KubeAPIError                 an API request failed (status, reason)
+    └── CheckpointError              the checkpoint cannot be read or written
+        └── CheckpointCorruptedError names the file and the problem; the
+                                     file is never silently replaced
+
+API requests raise ``kmm.kube.errors`` (one tree for all of kmm); the
+library turns those it cannot heal into ``FatalError``.
 
 ``Plugin.handle_error`` logs a ``RecoverableError`` and turns anything else
 into ``Owner.request_shutdown``.
@@ -32,7 +34,6 @@ __all__ = [
     "ClaimError",
     "ClaimNotFoundError",
     "FatalError",
-    "KubeAPIError",
     "NotAllowedError",
     "PluginError",
     "PublishError",
@@ -88,17 +89,3 @@ class CheckpointCorruptedError(CheckpointError):
         super().__init__(f"checkpoint {path} is corrupted: {problem}")
         self.path = path
         self.problem = problem
-
-
-class KubeAPIError(PluginError):
-    """A Kubernetes API request failed; ``status`` is 0 for transport errors."""
-
-    def __init__(self, status: int, reason: str, *, method: str = "", path: str = "") -> None:
-        super().__init__(f"{method} {path}: {status} {reason}".strip())
-        self.status = status
-        self.reason = reason
-
-    @property
-    def retriable(self) -> bool:
-        """Transport errors, conflicts, throttling and server errors heal."""
-        return self.status in (0, 408, 409, 429) or self.status >= 500

@@ -32,6 +32,8 @@ import logging
 import pathlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
+from kmm.aio import tasks
+from kmm.kube import client
 from kmm.kubeletplugin import (
     cdi,
     checkpointing,
@@ -39,11 +41,9 @@ from kmm.kubeletplugin import (
     claims,
     errors,
     files,
-    kubeapi,
     owners,
     publishing,
     serving,
-    tasks,
 )
 
 __all__ = ["Paths", "Plugin", "PrepareResult", "driver_name"]
@@ -106,7 +106,7 @@ class Plugin:
         policy: owners.Policy,
         claim_source: claimcache.ClaimSource,
         paths: Paths,
-        api: kubeapi.KubeAPI | None = None,
+        api: client.Client | None = None,
         stop_grace: float = KUBELET_TIMEOUT,
         crash_point: Callable[[str], None] | None = None,
     ) -> None:

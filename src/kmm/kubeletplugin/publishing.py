@@ -22,19 +22,22 @@ from the policy.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NotRequired, TypedDict
 
-from kmm.kubeletplugin import claims, errors, kubeapi
+from kmm.aio import backoff, tasks
+from kmm.kube import client, resources
+from kmm.kube import errors as kube_errors
+from kmm.kubeletplugin import claims, errors
 
 __all__ = ["MAX_DEVICES_PER_SLICE", "Device", "Publisher", "SyncResult"]
 
 logger = logging.getLogger(__name__)
 
 MAX_DEVICES_PER_SLICE = 128
-_SLICES = f"{kubeapi.RESOURCE_API}/resourceslices"
+_SLICES = resources.RESOURCE_SLICES
 
 
 class DeviceAttribute(TypedDict, total=False):
@@ -92,18 +95,18 @@ class Publisher:
 
     def __init__(
         self,
-        api: kubeapi.KubeAPI,
+        api: client.Client,
         *,
         driver: claims.DriverName,
         node: claims.NodeName,
-        on_error: Callable[[BaseException, str], None],
-        backoff: Callable[[int], float] | None = None,
+        on_error: tasks.ErrorHandler,
+        delays: backoff.Backoff | None = None,
     ) -> None:
         self._api = api
         self._driver = driver
         self._node = node
         self._on_error = on_error
-        self._backoff = backoff or _default_backoff
+        self._delays = delays or backoff.Backoff(initial=0.25, maximum=60.0)
         self._devices: list[Device] = []
         self._changed = asyncio.Event()
         self._changed.set()
@@ -120,24 +123,25 @@ class Publisher:
 
     async def run(self) -> None:
         """Sync on every change, retrying failures with backoff; runs until cancelled."""
-        attempt = 0
         while True:
             await self._changed.wait()
             self._changed.clear()
             try:
                 await self.sync()
-            except errors.KubeAPIError as err:
-                attempt += 1
+            except kube_errors.ApiError as err:
+                # A conflict (a slice name taken, a pool rewritten under us)
+                # heals on the next pass like an outage does.
+                heals = err.retriable or isinstance(err, kube_errors.Conflict)
                 wrapped: errors.PluginError = (
-                    errors.PublishError(str(err)) if err.retriable else errors.FatalError(str(err))
+                    errors.PublishError(str(err)) if heals else errors.FatalError(str(err))
                 )
                 self._on_error(wrapped, "publishing ResourceSlices")
-                if not err.retriable:
+                if not heals:
                     return
-                await asyncio.sleep(self._backoff(attempt))
+                await asyncio.sleep(self._delays.next())
                 self._changed.set()
             else:
-                attempt = 0
+                self._delays.reset()
                 if not self._changed.is_set():
                     self.in_sync.set()
 
@@ -169,8 +173,8 @@ class Publisher:
         if self._owner_looked_up:
             return
         try:
-            node = await self._api.request("GET", f"/api/v1/nodes/{self._node}")
-        except errors.KubeAPIError as err:
+            node = await self._api.request("GET", resources.NODES.path(name=self._node))
+        except kube_errors.ApiError as err:
             if err.retriable:
                 raise
             logger.info("slices get no owner: cannot read node %s (%s)", self._node, err)
@@ -186,7 +190,7 @@ class Publisher:
 
     async def list_slices(self) -> list[dict[str, Any]]:
         selector = f"spec.nodeName={self._node},spec.driver={self._driver}"
-        listing = await self._api.request("GET", _SLICES, query={"fieldSelector": selector})
+        listing = await self._api.request("GET", _SLICES.path(), query={"fieldSelector": selector})
         items: list[dict[str, Any]] = listing.get("items", [])
         return [s for s in items if s.get("spec", {}).get("pool", {}).get("name") == self._node]
 
@@ -204,7 +208,7 @@ class Publisher:
             newest += 1
             for devices in wanted:
                 body = self._slice(devices, generation=newest, count=len(wanted))
-                await self._api.request("POST", _SLICES, body=body)
+                await self._api.request("POST", _SLICES.path(), body=body)
                 created += 1
             older = existing
         for stale in older:
@@ -227,11 +231,8 @@ class Publisher:
         return True
 
     async def _delete(self, name: str) -> None:
-        try:
-            await self._api.request("DELETE", f"{_SLICES}/{name}")
-        except errors.KubeAPIError as err:
-            if err.status != 404:
-                raise
+        with contextlib.suppress(kube_errors.NotFound):  # already gone: what we wanted
+            await self._api.request("DELETE", _SLICES.path(name=name))
 
     async def delete_all(self) -> int:
         """Remove every slice of this node's pool (used when DRA is turned off)."""
@@ -239,7 +240,3 @@ class Publisher:
         for stale in existing:
             await self._delete(stale["metadata"]["name"])
         return len(existing)
-
-
-def _default_backoff(attempt: int) -> float:
-    return float(min(60.0, 0.25 * 2 ** min(attempt, 8)) * (0.5 + random.random() / 2))

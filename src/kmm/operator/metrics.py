@@ -3,7 +3,7 @@
 Controller metrics come from ``runtime.controllers.PrometheusMetrics``
 (reconciles by outcome, errors, durations, queue depth). On top of them:
 ``kmm_api_writes_total{verb,resource}``, read at scrape time from the
-``runtime.writes.WriteCounter`` installed on the operator's API client (so a
+request counter of the operator's API client (``kube.counting``; so a
 test or an admin can see that only the leader writes, and that a converged
 cluster costs none), ``kmm_leader`` (1 while this replica leads), and the
 cached object counts per informer.
@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator, Mapping
 import prometheus_client
 from prometheus_client import core, registry
 
-from kmm.runtime import controllers, writes
+from kmm.kube import counting
+from kmm.runtime import controllers
 
 __all__ = ["OperatorMetrics"]
 
@@ -24,7 +25,7 @@ __all__ = ["OperatorMetrics"]
 class _Collector(registry.Collector):
     def __init__(
         self,
-        counter: writes.WriteCounter,
+        counter: counting.RequestCounter,
         leading: Callable[[], bool],
         cached: Callable[[], Mapping[str, int]],
     ) -> None:
@@ -36,7 +37,7 @@ class _Collector(registry.Collector):
         written = core.CounterMetricFamily(
             "kmm_api_writes", "API writes sent by this replica.", labels=["verb", "resource"]
         )
-        for (verb, resource), count in sorted(self._counter.counts.items()):
+        for (verb, resource), count in sorted(self._counter.writes.items()):
             written.add_metric([verb, resource], count)
         yield written
         yield core.GaugeMetricFamily(
@@ -55,7 +56,7 @@ class OperatorMetrics:
 
     def __init__(
         self,
-        counter: writes.WriteCounter,
+        counter: counting.RequestCounter,
         *,
         leading: Callable[[], bool],
         cached: Callable[[], Mapping[str, int]],

@@ -1,7 +1,6 @@
 """The operator process: API client in, Operator + HTTP endpoints, until stopped.
 
-``run`` installs a ``runtime.writes.WriteCounter`` on the client (exposed as
-``kmm_api_writes_total``), serves ``/healthz`` ``/readyz`` ``/metrics``, and
+``run`` exposes the client's write counts as ``kmm_api_writes_total``, serves ``/healthz`` ``/readyz`` ``/metrics``, and
 runs the manager. It returns when ``stop`` is set and raises
 ``runtime.manager.LeadershipLost`` when the lease is lost (the process should
 exit and be restarted, as client-go's do).
@@ -12,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from kubernetes_asyncio import client
-
+from kmm.aio import tasks
+from kmm.kube import client
 from kmm.operator import metrics, probes, wiring
-from kmm.runtime import tasks, writes
 
 __all__ = ["Settings", "run"]
 
@@ -32,11 +30,10 @@ class Settings:
     workers: int = 4
 
 
-async def run(api: client.ApiClient, settings: Settings, stop: asyncio.Event) -> None:
-    counter = writes.WriteCounter().install(api)
+async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> None:
     holder: list[wiring.Operator] = []
     registry = metrics.OperatorMetrics(
-        counter,
+        api.counter,
         leading=lambda: bool(holder) and holder[0].leading(),
         cached=lambda: holder[0].cached() if holder else {},
     )
@@ -84,5 +81,4 @@ async def run(api: client.ApiClient, settings: Settings, stop: asyncio.Event) ->
         if pending:
             await asyncio.wait(pending, timeout=5)
         await servers.close()
-        counter.uninstall()
     servers.raise_failure()

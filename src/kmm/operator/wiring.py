@@ -14,27 +14,19 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from kubernetes_asyncio import client
-
 from kmm.api import modules
+from kmm.kube import client, listwatch, objects, resources
 from kmm.operator import caches, reconciler, writing
-from kmm.runtime import (
-    controllers,
-    handlers,
-    informers,
-    leaderelection,
-    listwatch,
-    manager,
-    stores,
-)
+from kmm.runtime import controllers, handlers, informers, leaderelection, manager, stores
 
 __all__ = ["Counting", "Election", "Operator"]
 
 # List pages of Nodes and pods: a page of 500 real Nodes parses to ~20 MiB of
-# dicts before projection, and the allocator keeps that peak; 100 per page
-# cuts the resident cost of caching 5,000 Nodes from ~23 to ~10 MiB
-# (bench/bench_operator.py) for 40 more list requests at start.
-LIST_PAGE = 100
+# dicts before projection, and the allocator keeps much of that peak around
+# the cached objects; 25 per page cuts the resident cost of caching 5,000
+# Nodes from ~15 to ~6 MiB (bench/bench_operator.py) for 180 more list
+# requests at start.
+LIST_PAGE = 25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +59,7 @@ class Counting:
 
 
 def _seen(pending: writing.Pending) -> informers.FuncHandler:
-    def version(obj: stores.RawObject) -> str | None:
-        value = (obj.get("metadata") or {}).get("resourceVersion")
-        return value if isinstance(value, str) else None
-
+    version = objects.resource_version
     return informers.FuncHandler(
         add=lambda obj: pending.seen(stores.key_of(obj), version(obj)),
         update=lambda _old, new: pending.seen(stores.key_of(new), version(new)),
@@ -81,39 +70,30 @@ def _seen(pending: writing.Pending) -> informers.FuncHandler:
 class Operator:
     def __init__(
         self,
-        api: client.ApiClient,
+        api: client.Client,
         *,
         election: Election | None = None,
         metrics: controllers.Metrics | None = None,
         workers: int = 4,
         instance: str = "kmm-operator",
     ) -> None:
-        core = client.CoreV1Api(api)
-        apps = client.AppsV1Api(api)
-        custom = client.CustomObjectsApi(api)
         self.pending = writing.Pending()
         self.writer = writing.Writer(api, pending=self.pending)
         self.modules = informers.Informer(
             "modules",
-            listwatch.ApiListWatch(
-                custom.list_cluster_custom_object,
-                modules.GROUP,
-                modules.VERSION,
-                modules.PLURAL,
-                kind=modules.KIND,
-            ),
+            listwatch.ApiListWatch(api, writing.MODULES, kind=modules.KIND),
             indexers={caches.SELECTOR_INDEX: caches.module_selector_index},
         )
         self.daemonsets = informers.Informer(
             "daemonsets",
-            listwatch.ApiListWatch(apps.list_daemon_set_for_all_namespaces, kind="DaemonSet"),
+            listwatch.ApiListWatch(api, resources.DAEMONSETS, kind="DaemonSet"),
             label_selector=caches.OWNED_SELECTOR,
             projection=stores.keep_fields(*caches.DAEMONSET_FIELDS),
             indexers={caches.MODULE_INDEX: caches.object_module_index},
         )
         self.pods = informers.Informer(
             "pods",
-            listwatch.ApiListWatch(core.list_pod_for_all_namespaces, kind="Pod"),
+            listwatch.ApiListWatch(api, resources.PODS, kind="Pod"),
             label_selector=caches.OWNED_SELECTOR,
             projection=stores.keep_fields(*caches.POD_FIELDS),
             indexers={caches.MODULE_INDEX: caches.object_module_index},
@@ -121,7 +101,7 @@ class Operator:
         )
         self.nodes = informers.Informer(
             "nodes",
-            listwatch.ApiListWatch(core.list_node, kind="Node"),
+            listwatch.ApiListWatch(api, resources.NODES, kind="Node"),
             projection=stores.keep_fields(*caches.NODE_FIELDS),
             indexers={caches.MODULE_INDEX: caches.node_module_index},
             page_size=LIST_PAGE,
@@ -163,7 +143,7 @@ class Operator:
         self.elector: leaderelection.LeaderElector | None = None
         if election is not None:
             self.elector = leaderelection.LeaderElector(
-                leaderelection.ApiLeases(client.CoordinationV1Api(api)),
+                leaderelection.ApiLeases(api),
                 election.identity,
                 namespace=election.namespace,
                 name=election.name,

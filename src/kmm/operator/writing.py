@@ -15,23 +15,19 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from typing import Any, Final
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from kmm.api import modules
+from kmm.kube import client, errors, objects, resources
 
-__all__ = ["FIELD_MANAGER", "Pending", "Writer"]
+__all__ = ["FIELD_MANAGER", "MODULES", "Pending", "Writer"]
 
 FIELD_MANAGER: Final = "kmm"
 
 _log = logging.getLogger(__name__)
 
 RawObject = dict[str, Any]
-_MERGE: Final = "application/merge-patch+json"
-_APPLY: Final = "application/apply-patch+yaml"
+MODULES: Final = resources.Resource(modules.GROUP, modules.VERSION, modules.PLURAL)
 
 
 class Pending:
@@ -79,49 +75,15 @@ def _caught_up(version: str | None, result: str | None) -> bool:
         return True
 
 
-def _result_version(body: bytes) -> str | None:
-    try:
-        value = json.loads(body).get("metadata", {}).get("resourceVersion")
-    except (ValueError, AttributeError):
-        return None
-    return value if isinstance(value, str) else None
-
-
 def _digest(body: object) -> str:
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
-
-
-def _version(obj: RawObject | None) -> str | None:
-    if obj is None:
-        return None
-    value = (obj.get("metadata") or {}).get("resourceVersion")
-    return value if isinstance(value, str) else None
-
-
-async def _send(call: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int, bytes]:
-    response = await call(*args, _preload_content=False, **kwargs)
-    try:
-        body: bytes = await response.read()
-        status: int = response.status
-    finally:
-        response.release()
-    return status, body
-
-
-def _check(status: int, body: bytes, what: str, *, missing_ok: bool = False) -> None:
-    if status == 404 and missing_ok:
-        return
-    if not 200 <= status <= 299:
-        raise ApiException(status=status, reason=f"{what}: {body[:300]!r}")
 
 
 class Writer:
     """The operator's writes; ``pending`` is shared with the informer handlers."""
 
-    def __init__(self, api: client.ApiClient, *, pending: Pending | None = None) -> None:
-        self.apps = client.AppsV1Api(api)
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
+    def __init__(self, api: client.Client, *, pending: Pending | None = None) -> None:
+        self.api = api
         self.pending = pending if pending is not None else Pending()
 
     async def apply_daemonset(self, desired: RawObject, observed: RawObject | None) -> bool:
@@ -129,54 +91,45 @@ class Writer:
         (also when skipped as already in flight)."""
         metadata = desired["metadata"]
         key = f"{metadata['namespace']}/{metadata['name']}"
-        if self.pending.in_flight(key, "apply", _version(observed), desired):
+        if self.pending.in_flight(key, "apply", objects.resource_version(observed), desired):
             return False
-        status, body = await _send(
-            self.apps.patch_namespaced_daemon_set,
-            metadata["name"],
-            metadata["namespace"],
-            desired,
-            field_manager=FIELD_MANAGER,
-            force=True,
-            _content_type=_APPLY,
+        reply = await self.api.send(
+            "PATCH",
+            resources.DAEMONSETS.path(metadata["namespace"], metadata["name"]),
+            query={"fieldManager": FIELD_MANAGER, "force": True},
+            body=desired,
+            content_type=client.APPLY_PATCH,
         )
-        _check(status, body, f"apply daemonset {key}")
-        self.pending.sent(key, "apply", desired, _result_version(body))
-        return status == 201
+        self.pending.sent(key, "apply", desired, objects.resource_version(reply.body))
+        return reply.status == 201
 
     async def delete_daemonset(self, namespace: str, name: str, observed: RawObject) -> bool:
         """Delete (background propagation: the garbage collector takes the pods)."""
         key = f"{namespace}/{name}"
-        if self.pending.in_flight(key, "delete", _version(observed), None):
+        if self.pending.in_flight(key, "delete", objects.resource_version(observed), None):
             return False
-        status, body = await _send(
-            self.apps.delete_namespaced_daemon_set,
-            name,
-            namespace,
-            propagation_policy="Background",
-        )
-        _check(status, body, f"delete daemonset {key}", missing_ok=True)
+        try:
+            await self.api.request(
+                "DELETE",
+                resources.DAEMONSETS.path(namespace, name),
+                query={"propagationPolicy": "Background"},
+            )
+            deleted = True
+        except errors.NotFound:
+            deleted = False
         # Gone only when the cache says so (its DELETED event).
         self.pending.sent(key, "delete", None, str(2**63))
-        return status != 404
+        return deleted
 
     async def patch_node_labels(self, node: RawObject, change: dict[str, str | None]) -> None:
         name = node["metadata"]["name"]
-        if self.pending.in_flight(name, "labels", _version(node), change):
+        patch = {"metadata": {"labels": change}}
+        if self.pending.in_flight(name, "labels", objects.resource_version(node), patch):
             return
-        status, body = await _send(
-            self.core.patch_node,
-            name,
-            {"metadata": {"labels": change}},
-            _content_type=_MERGE,
-        )
-        _check(status, body, f"label node {name}", missing_ok=True)
-        self.pending.sent(name, "labels", change, _result_version(body))
+        await self._merge(name, "labels", resources.NODES.path(name=name), patch)
 
     async def patch_module_status(self, module: RawObject, patch: RawObject) -> None:
-        await self._patch_module(
-            module, "status", patch, self.custom.patch_namespaced_custom_object_status
-        )
+        await self._patch_module(module, "status", patch, subresource="status")
 
     async def set_finalizers(self, module: RawObject, finalizers: list[str]) -> None:
         """Replace the finalizer list, guarded by the observed resourceVersion (409 on a race)."""
@@ -184,39 +137,34 @@ class Writer:
         patch = {
             "metadata": {"finalizers": finalizers, "resourceVersion": metadata["resourceVersion"]}
         }
-        await self._patch_module(
-            module, "finalizers", patch, self.custom.patch_namespaced_custom_object
-        )
+        await self._patch_module(module, "finalizers", patch, subresource=None)
 
     async def _patch_module(
-        self, module: RawObject, aspect: str, patch: RawObject, method: Any
+        self, module: RawObject, aspect: str, patch: RawObject, *, subresource: str | None
     ) -> None:
         """Merge-patch one aspect of a Module, unless the same patch is still in flight."""
         metadata = module["metadata"]
         key = f"{metadata['namespace']}/{metadata['name']}"
-        if self.pending.in_flight(key, aspect, _version(module), patch):
+        if self.pending.in_flight(key, aspect, objects.resource_version(module), patch):
             return
-        status, body = await _send(
-            method,
-            modules.GROUP,
-            modules.VERSION,
-            metadata["namespace"],
-            modules.PLURAL,
-            metadata["name"],
-            patch,
-            _content_type=_MERGE,
-        )
-        _check(status, body, f"{aspect} of module {key}", missing_ok=True)
-        self.pending.sent(key, aspect, patch, _result_version(body))
+        path = MODULES.path(metadata["namespace"], metadata["name"], subresource=subresource)
+        await self._merge(key, aspect, path, patch)
+
+    async def _merge(self, key: str, aspect: str, path: str, patch: RawObject) -> None:
+        """A merge patch whose object may be gone (then there is nothing to do)."""
+        try:
+            written = await self.api.request(
+                "PATCH", path, body=patch, content_type=client.MERGE_PATCH
+            )
+        except errors.NotFound:
+            written = None
+        self.pending.sent(key, aspect, patch, objects.resource_version(written))
 
     async def create_event(self, event: RawObject) -> None:
         """Best effort: an Event that cannot be written is logged, never retried."""
         try:
-            status, body = await _send(
-                self.core.create_namespaced_event, event["metadata"]["namespace"], event
+            await self.api.request(
+                "POST", resources.EVENTS.path(event["metadata"]["namespace"]), body=event
             )
-        except (ApiException, OSError) as err:
+        except errors.ApiError as err:
             _log.warning("event not written: %s", err)
-            return
-        if not 200 <= status <= 299:
-            _log.warning("event not written (%d): %s", status, body[:200])

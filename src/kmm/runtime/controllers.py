@@ -24,7 +24,8 @@ from typing import Protocol
 
 import prometheus_client
 
-from kmm.runtime import clocks, tasks, workqueue
+from kmm.aio import clocks, tasks
+from kmm.runtime import workqueue
 
 __all__ = [
     "Action",

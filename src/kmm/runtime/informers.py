@@ -1,16 +1,10 @@
 """Informers: keep a `stores.Store` true to the API server and tell handlers.
 
-One informer per (resource, label selector). Its loop, like client-go's
-reflector:
-1. list in pages (`listwatch.ListWatch.list_page`), project each object,
-   replace the store (handlers see adds, updates of changed objects, deletes
-   of vanished ones), remember the list's resourceVersion, mark synced;
-2. watch from that resourceVersion with bookmarks, applying events and moving
-   the resourceVersion forward (bookmarks move it without an object);
-3. a watch that ends normally (server timeout) resumes at once from the last
-   resourceVersion; 410 Gone relists at once; errors, and watches that end
-   without any event, back off exponentially (`initial_backoff` doubling to
-   `max_backoff`) and then resume.
+One informer per (resource, label selector): a `kube.reflecting.Reflector`
+(list in pages, then watch; resume, relist on 410, back off on errors) whose
+sink is the store. A relist replaces the store (handlers see adds, updates of
+changed objects, deletes of vanished ones) and marks the informer synced;
+each watch event updates it.
 
 Handlers are synchronous and must be quick (they enqueue keys); an exception
 in one is logged and does not stop the informer. What the store keeps is the
@@ -22,16 +16,14 @@ about 14 MiB (tests/unit/runtime/test_memory.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
-import aiohttp
-from kubernetes_asyncio.client.exceptions import ApiException
-
-from kmm.runtime import clocks, listwatch, stores, tasks
+from kmm.aio import backoff, clocks, tasks
+from kmm.kube import listwatch, objects, reflecting
+from kmm.runtime import stores
 
 __all__ = ["FuncHandler", "Handler", "Informer", "drop_managed_fields"]
 
@@ -81,17 +73,6 @@ def drop_managed_fields(obj: stores.RawObject) -> stores.RawObject:
     return result
 
 
-def _resource_version(obj: Mapping[str, Any]) -> str | None:
-    metadata = obj.get("metadata") or {}
-    value = metadata.get("resourceVersion")
-    return value if isinstance(value, str) and value else None
-
-
-# Errors after which a watch or list is retried with backoff. Anything else is
-# a bug and ends the informer (and the manager with it).
-_TRANSIENT = (ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError)
-
-
 class Informer:
     def __init__(
         self,
@@ -110,21 +91,33 @@ class Informer:
     ) -> None:
         self.name = name
         self.source = source
-        self.label_selector = label_selector
-        self.field_selector = field_selector
-        self.projection = projection
         self.store = stores.Store(indexers=indexers)
-        self.page_size = page_size
-        self.watch_timeout = watch_timeout
-        self.initial_backoff = initial_backoff
-        self.max_backoff = max_backoff
-        self._clock: clocks.Clock = clock or clocks.LoopClock()
+        self.reflector = reflecting.Reflector(
+            name,
+            source,
+            self,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            page_size=page_size,
+            watch_timeout=watch_timeout,
+            delays=backoff.Backoff(initial=initial_backoff, maximum=max_backoff, jitter=0.0),
+            clock=clock,
+            projection=projection,
+        )
         self._handlers: list[Handler] = []
         self._synced = asyncio.Event()
-        self.resource_version: str | None = None
-        # Counters for tests and metrics: how often each thing happened.
-        self.lists = 0
-        self.watches = 0
+
+    @property
+    def resource_version(self) -> str | None:
+        return self.reflector.resource_version
+
+    @property
+    def lists(self) -> int:
+        return self.reflector.lists
+
+    @property
+    def watches(self) -> int:
+        return self.reflector.watches
 
     def add_handler(self, handler: Handler) -> None:
         """Register before `run`; a late handler misses earlier events."""
@@ -137,47 +130,12 @@ class Informer:
         await self._synced.wait()
 
     async def run(self, stop: asyncio.Event) -> None:
-        await tasks.run_until(stop, self._loop(), name=f"informer/{self.name}")
+        await tasks.run_until(stop, self.reflector.run(), name=f"informer/{self.name}")
 
-    async def _loop(self) -> None:
-        backoff = self.initial_backoff
-        while True:
-            try:
-                if self.resource_version is None:
-                    await self._relist()
-                if await self._watch():
-                    backoff = self.initial_backoff
-                    continue
-                # A watch that ends without a single event (bookmarks included)
-                # is a server or proxy cutting us off: back off, do not spin.
-                _log.info("%s: watch ended without events, retry in %.1fs", self.name, backoff)
-            except _TRANSIENT as error:
-                if listwatch.is_gone(error):
-                    # Relist at once: the server told us our version is too old.
-                    _log.info("%s: resourceVersion gone, relisting", self.name)
-                    self.resource_version = None
-                    continue
-                _log.warning("%s: list/watch failed, retry in %.1fs: %s", self.name, backoff, error)
-            await self._clock.sleep(backoff)
-            backoff = min(self.max_backoff, backoff * 2)
+    # -- the reflector's sink ---------------------------------------------
 
-    async def _relist(self) -> None:
-        self.lists += 1
-        fresh: dict[stores.Key, stores.RawObject] = {}
-        token: str | None = None
-        while True:
-            page = await self.source.list_page(
-                label_selector=self.label_selector,
-                field_selector=self.field_selector,
-                limit=self.page_size,
-                continue_token=token,
-            )
-            for item in page["items"]:
-                obj = self.projection(item)
-                fresh[stores.key_of(obj)] = obj
-            token = page["continue_token"]
-            if token is None:
-                break
+    def replace(self, items: list[stores.RawObject], resource_version: str) -> None:
+        fresh = {stores.key_of(obj): obj for obj in items}
         for key in self.store.list_keys():
             if key not in fresh:
                 old = self.store.delete(key)
@@ -187,48 +145,26 @@ class Informer:
             old = self.store.put(obj)
             if old is None:
                 self._notify("on_add", obj)
-            elif _resource_version(old) != _resource_version(obj):
+            elif objects.resource_version(old) != objects.resource_version(obj):
                 self._notify("on_update", old, obj)
-        self.resource_version = page["resource_version"]
         self._synced.set()
 
-    async def _watch(self) -> int:
-        """Apply one watch's events; return how many there were."""
-        assert self.resource_version is not None
-        self.watches += 1
-        count = 0
-        events = self.source.watch(
-            resource_version=self.resource_version,
-            label_selector=self.label_selector,
-            field_selector=self.field_selector,
-            timeout_seconds=self.watch_timeout,
-        )
-        async with contextlib.aclosing(events):
-            async for event in events:
-                count += 1
-                self._apply(event)
-        return count
-
-    def _apply(self, event: listwatch.WatchEvent) -> None:
-        raw = event["object"]
-        version = _resource_version(raw)
+    def apply(self, event: listwatch.WatchEvent) -> None:
+        obj = event["object"]
         kind = event["type"]
         if kind == "BOOKMARK":
-            pass
-        elif kind in ("ADDED", "MODIFIED"):
-            obj = self.projection(raw)
+            return
+        if kind in ("ADDED", "MODIFIED"):
             old = self.store.put(obj)
             if old is None:
                 self._notify("on_add", obj)
             else:
                 self._notify("on_update", old, obj)
         elif kind == "DELETED":
-            old = self.store.delete(stores.key_of(raw))
-            self._notify("on_delete", old if old is not None else self.projection(raw))
+            old = self.store.delete(stores.key_of(obj))
+            self._notify("on_delete", old if old is not None else obj)
         else:
             _log.warning("%s: unexpected watch event type %r", self.name, kind)
-        if version is not None:
-            self.resource_version = version
 
     def _notify(self, method: str, *objs: stores.RawObject) -> None:
         for handler in self._handlers:

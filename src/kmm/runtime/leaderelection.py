@@ -15,9 +15,10 @@ Semantics kept from client-go's `tryAcquireOrRenew`:
 - On stop, a leader releases: empty holder, `leaseDurationSeconds: 1`, so a
   successor need not wait out the full duration.
 
-`LeaseClient` is the seam: `ApiLeases` speaks to the API server,
-`MemoryLeases` keeps leases in memory with the same resourceVersion rules for
-unit tests. The elector's own clock is a `clocks.Clock`; the timestamps written
+`LeaseClient` is the seam: `ApiLeases` speaks to the API server through a
+`kube.client.Client`, `MemoryLeases` keeps leases in memory with the same
+resourceVersion rules for unit tests; both raise `kube.errors.Conflict` when
+someone else wrote first. The elector's own clock is a `clocks.Clock`; the timestamps written
 into the Lease come from `wall` (UTC), both injectable.
 """
 
@@ -26,19 +27,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-import json
 import logging
 import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kubernetes_asyncio.client.exceptions import ApiException
-
-from kmm.runtime import clocks
+from kmm.aio import clocks
+from kmm.kube import client, errors, objects, resources
 
 __all__ = [
     "ApiLeases",
-    "Conflict",
     "LeaderElector",
     "LeaseClient",
     "LeaseRecord",
@@ -46,10 +44,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-
-
-class Conflict(Exception):
-    """Someone else wrote the lease first (409 on update, or AlreadyExists)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +186,7 @@ class LeaderElector:
             # A hung API call must not outlive the renew deadline (real time: I/O).
             async with asyncio.timeout(self.renew_deadline):
                 return await self._attempt()
-        except (Conflict, ApiException, OSError, TimeoutError) as error:
+        except (errors.ApiError, TimeoutError) as error:
             _log.info("%s: lease attempt failed: %s", self.identity, error)
             return False
 
@@ -258,7 +252,7 @@ class LeaderElector:
                     resource_version=current.resource_version,
                 ),
             )
-        except (Conflict, ApiException, OSError) as error:
+        except errors.ApiError as error:
             _log.warning("%s: could not release lease: %s", self.identity, error)
 
 
@@ -275,13 +269,13 @@ class MemoryLeases:
 
     async def create(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
         if (namespace, name) in self.records:
-            raise Conflict(f"{namespace}/{name} already exists")
+            raise errors.Conflict(409, f"{namespace}/{name} already exists", reason="AlreadyExists")
         return self._store(namespace, name, record)
 
     async def update(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
         current = self.records.get((namespace, name))
         if current is None or current.resource_version != record.resource_version:
-            raise Conflict(f"{namespace}/{name} was modified")
+            raise errors.Conflict(409, f"{namespace}/{name} was modified")
         return self._store(namespace, name, record)
 
     def _store(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
@@ -306,52 +300,29 @@ def _parse_time(value: str | None) -> datetime.datetime | None:
 
 
 class ApiLeases:
-    """LeaseClient over `kubernetes_asyncio.client.CoordinationV1Api`, raw JSON."""
+    """LeaseClient over the API server (coordination.k8s.io/v1), raw JSON."""
 
-    def __init__(self, coordination: Any) -> None:
-        self._api = coordination
+    def __init__(self, api: client.Client) -> None:
+        self._api = api
 
     async def get(self, namespace: str, name: str) -> LeaseRecord | None:
-        body = await self._call(self._api.read_namespaced_lease, name, namespace, missing_ok=True)
-        return None if body is None else self._record(body)
+        try:
+            body = await self._api.request("GET", resources.LEASES.path(namespace, name))
+        except errors.NotFound:
+            return None
+        return self._record(body)
 
     async def create(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
-        body = await self._call(
-            self._api.create_namespaced_lease, namespace, self._body(namespace, name, record)
+        body = await self._api.request(
+            "POST", resources.LEASES.path(namespace), body=self._body(namespace, name, record)
         )
-        assert body is not None
         return self._record(body)
 
     async def update(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
-        body = await self._call(
-            self._api.replace_namespaced_lease,
-            name,
-            namespace,
-            self._body(namespace, name, record),
+        body = await self._api.request(
+            "PUT", resources.LEASES.path(namespace, name), body=self._body(namespace, name, record)
         )
-        assert body is not None
         return self._record(body)
-
-    @staticmethod
-    async def _call(
-        method: Callable[..., Any], *args: Any, missing_ok: bool = False
-    ) -> dict[str, Any] | None:
-        # Raw JSON: the generated models would parse MicroTime through dateutil
-        # and raise nothing on non-2xx with _preload_content=False, so check here.
-        response = await method(*args, _preload_content=False)
-        try:
-            data = await response.read()
-            status = response.status
-        finally:
-            response.release()
-        if status == 404 and missing_ok:
-            return None
-        if status == 409:
-            raise Conflict(data.decode("utf-8", "replace")[:200])
-        if not 200 <= status <= 299:
-            raise ApiException(status=status, reason=data.decode("utf-8", "replace")[:200])
-        result: dict[str, Any] = json.loads(data)
-        return result
 
     @staticmethod
     def _record(body: dict[str, Any]) -> LeaseRecord:
@@ -362,7 +333,7 @@ class ApiLeases:
             acquire_time=_parse_time(spec.get("acquireTime")),
             renew_time=_parse_time(spec.get("renewTime")),
             lease_transitions=int(spec.get("leaseTransitions") or 0),
-            resource_version=(body.get("metadata") or {}).get("resourceVersion", ""),
+            resource_version=objects.resource_version(body) or "",
         )
 
     @staticmethod

@@ -24,7 +24,8 @@ import signal
 from collections.abc import Callable
 from typing import Protocol
 
-from kmm.runtime import leaderelection, tasks
+from kmm.aio import tasks
+from kmm.runtime import leaderelection
 
 __all__ = ["LeadershipLost", "Manager", "Runnable", "Syncable", "stop_on_signals"]
 

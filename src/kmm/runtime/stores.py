@@ -1,7 +1,7 @@
 """The informer's in-memory cache: projected objects by key, with named indexes.
 
-Objects are raw JSON dicts (`RawObject`), never kubernetes_asyncio models:
-the models cost several times the memory and controllers read few fields.
+Objects are raw JSON dicts (`RawObject`), never generated model classes:
+models cost several times the memory and controllers read few fields.
 A `Projection` keeps only what the controllers read (see `keep_fields`), so
 5,000 Nodes fit in a few megabytes. Keys are `namespace/name`, or `name` for
 cluster-scoped objects, as in client-go. Index functions map an object to
@@ -103,8 +103,8 @@ def keep_fields(*paths: str) -> Projection:
             value = source[name]
             if sub is None or not isinstance(value, Mapping):
                 out[sys.intern(name)] = compact(value)
-            else:
-                out[sys.intern(name)] = copy(value, sub)
+            elif kept := copy(value, sub):
+                out[sys.intern(name)] = kept
         return out
 
     def project(obj: RawObject) -> RawObject:

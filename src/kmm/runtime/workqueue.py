@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from kmm.runtime import clocks
+from kmm.aio import clocks
 
 __all__ = ["BucketRateLimiter", "ItemBackoff", "QueueShutDown", "WorkQueue"]
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import shutil
-import ssl
 from importlib import resources
 from pathlib import Path
 
-from kubernetes_asyncio import client, config
-
+from kmm.kube import client, objects
+from kmm.kube import kubeconfigs as kube_access
+from kmm.kube import resources as kube_resources
 from kmm.sandbox import (
     building,
     components,
@@ -87,27 +87,26 @@ def _stages_file(directory: Path) -> Path:
     return target
 
 
-def _client_ssl(credentials: pki.Pki) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=str(credentials.ca_cert))
-    context.load_cert_chain(
-        str(credentials.client_cert(_ADMIN)), str(credentials.client_key(_ADMIN))
+def _admin(credentials: pki.Pki, server: str) -> kube_access.Access:
+    return kube_access.Access(
+        server=server,
+        source="the sandbox's admin certificate",
+        ca_file=credentials.ca_cert,
+        client_cert_file=credentials.client_cert(_ADMIN),
+        client_key_file=credentials.client_key(_ADMIN),
     )
-    return context
 
 
-def _insecure_ssl() -> ssl.SSLContext:
+def _insecure(health_url: str) -> kube_access.Access:
     # controller-manager and scheduler serve health with self-signed certificates.
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    return context
+    return kube_access.Access(
+        server=health.server_of(health_url), source="a sandbox component", insecure=True
+    )
 
 
-async def api_client(kubeconfig: Path) -> client.ApiClient:
-    """A kubernetes-asyncio client for the sandbox described by ``kubeconfig``."""
-    configuration = client.Configuration()
-    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-    return client.ApiClient(configuration)
+def api_client(kubeconfig: Path) -> client.Client:
+    """A ``kube.client.Client`` for the sandbox described by ``kubeconfig``."""
+    return client.Client(kube_access.load(kubeconfig))
 
 
 async def up(
@@ -165,7 +164,7 @@ async def up(
             health_url=f"{server}/readyz",
         )
         await health.wait_healthy(
-            apiserver, timeout=options.start_timeout, ssl_context=_client_ssl(credentials)
+            apiserver, timeout=options.start_timeout, access=_admin(credentials, server)
         )
         controller_manager = launcher.launch(
             "kube-controller-manager",
@@ -213,15 +212,20 @@ async def up(
             ],
             health_url=f"http://{ports.HOST}:{kwok_port}/healthz",
         )
-        insecure = _insecure_ssl()
         await asyncio.gather(
             health.wait_healthy(
-                controller_manager, timeout=options.start_timeout, ssl_context=insecure
+                controller_manager,
+                timeout=options.start_timeout,
+                access=_insecure(controller_manager.health_url),
             ),
-            health.wait_healthy(scheduler, timeout=options.start_timeout, ssl_context=insecure),
+            health.wait_healthy(
+                scheduler,
+                timeout=options.start_timeout,
+                access=_insecure(scheduler.health_url),
+            ),
             health.wait_healthy(kwok, timeout=options.start_timeout),
         )
-        async with await api_client(admin_kubeconfig) as api:
+        async with api_client(admin_kubeconfig) as api:
             await nodes.create(api, node_plan)
             try:
                 await nodes.wait_ready(api, record.node_names, timeout=options.start_timeout)
@@ -326,13 +330,15 @@ def status(directory: Path) -> state.SandboxState:
 
 async def node_table(kubeconfig: Path) -> list[tuple[str, str, str]]:
     """(name, Ready status, kernel) of every node, for ``status``."""
-    async with await api_client(kubeconfig) as api:
-        listing = await client.CoreV1Api(api).list_node()
+    async with api_client(kubeconfig) as api:
+        listing = await api.request("GET", kube_resources.NODES.path())
     rows = []
-    for node in listing.items:
+    for node in listing["items"]:
+        status = node.get("status") or {}
         ready = next(
-            (c.status for c in node.status.conditions or [] if c.type == "Ready"), "Unknown"
+            (c["status"] for c in status.get("conditions") or () if c.get("type") == "Ready"),
+            "Unknown",
         )
-        kernel = node.status.node_info.kernel_version if node.status.node_info else ""
-        rows.append((node.metadata.name, ready, kernel))
+        kernel = (status.get("nodeInfo") or {}).get("kernelVersion", "")
+        rows.append((objects.name(node), ready, kernel))
     return rows

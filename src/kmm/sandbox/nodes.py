@@ -9,23 +9,23 @@ no taints, so scheduling tests decide taints themselves.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kubernetes_asyncio import client
+from kmm.kube import client, objects, resources
 
 __all__ = ["FAKE_NODE_ANNOTATION", "create", "node_body", "spread", "wait_ready"]
 
 FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
 
-def node_body(name: str, kernel: str) -> client.V1Node:
-    return client.V1Node(
-        api_version="v1",
-        kind="Node",
-        metadata=client.V1ObjectMeta(
-            name=name,
-            labels={
+def node_body(name: str, kernel: str) -> objects.RawObject:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
@@ -33,23 +33,23 @@ def node_body(name: str, kernel: str) -> client.V1Node:
                 "beta.kubernetes.io/arch": "amd64",
                 "type": "kwok",
             },
-            annotations={FAKE_NODE_ANNOTATION[0]: FAKE_NODE_ANNOTATION[1]},
-        ),
-        status=client.V1NodeStatus(
-            node_info=client.V1NodeSystemInfo(
-                kernel_version=kernel,
-                architecture="amd64",
-                operating_system="linux",
-                os_image="kmm sandbox",
-                container_runtime_version="kwok",
-                kubelet_version="kwok",
-                kube_proxy_version="kwok",
-                machine_id="",
-                system_uuid="",
-                boot_id="",
-            )
-        ),
-    )
+            "annotations": {FAKE_NODE_ANNOTATION[0]: FAKE_NODE_ANNOTATION[1]},
+        },
+        "status": {
+            "nodeInfo": {
+                "kernelVersion": kernel,
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "osImage": "kmm sandbox",
+                "containerRuntimeVersion": "kwok",
+                "kubeletVersion": "kwok",
+                "kubeProxyVersion": "kwok",
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+            }
+        },
+    }
 
 
 def spread(
@@ -59,29 +59,34 @@ def spread(
     return [(f"{prefix}-{index}", kernels[index % len(kernels)]) for index in range(count)]
 
 
-async def create(api: client.ApiClient, nodes: Sequence[tuple[str, str]]) -> None:
-    core = client.CoreV1Api(api)
-    await asyncio.gather(*(core.create_node(node_body(name, kernel)) for name, kernel in nodes))
+async def create(api: client.Client, nodes: Sequence[tuple[str, str]]) -> None:
+    path = resources.NODES.path()
+    await asyncio.gather(
+        *(api.request("POST", path, body=node_body(name, kernel)) for name, kernel in nodes)
+    )
 
 
-def _is_schedulable_ready(node: Any) -> bool:
-    conditions = node.status.conditions or []
-    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+def _is_schedulable_ready(node: Mapping[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     # The node lifecycle controller taints a new node not-ready until it sees
     # Ready; waiting for the taint to go makes the sandbox usable at once.
-    taints = node.spec.taints or []
-    return ready and not any(t.key.startswith("node.kubernetes.io/") for t in taints)
+    taints = (node.get("spec") or {}).get("taints") or ()
+    return ready and not any(
+        str(t.get("key", "")).startswith("node.kubernetes.io/") for t in taints
+    )
 
 
-async def wait_ready(api: client.ApiClient, names: Sequence[str], *, timeout: float) -> None:
+async def wait_ready(api: client.Client, names: Sequence[str], *, timeout: float) -> None:
     """Return when every named node is Ready and untainted; TimeoutError otherwise."""
-    core = client.CoreV1Api(api)
     wanted = set(names)
 
     async def poll() -> None:
         while True:
-            listing = await core.list_node(label_selector="type=kwok")
-            ready = {node.metadata.name for node in listing.items if _is_schedulable_ready(node)}
+            listing = await api.request(
+                "GET", resources.NODES.path(), query={"labelSelector": "type=kwok"}
+            )
+            ready = {objects.name(n) for n in listing["items"] if _is_schedulable_ready(n)}
             if wanted <= ready:
                 return
             await asyncio.sleep(0.25)

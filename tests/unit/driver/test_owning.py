@@ -13,7 +13,8 @@ from kubeletplugin import fakeapi, fakes
 from kubeletplugin.kubelet import Kubelet, devices_of
 
 from kmm.driver import config, kmod, owning
-from kmm.kubeletplugin import claimcache, errors, kubeapi, plugins
+from kmm.kube import client
+from kmm.kubeletplugin import claimcache, errors, plugins
 
 from .conftest import make_tree
 
@@ -21,15 +22,15 @@ DRIVER = "foo.example.com"
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[tuple[kubeapi.KubeAPI, fakeapi.FakeAPI]]:
+async def api() -> AsyncIterator[tuple[client.Client, fakeapi.FakeAPI]]:
     fake = fakeapi.FakeAPI()
-    async for client in fakeapi.started(fake):
-        yield client, fake
+    async for started in fakeapi.started(fake):
+        yield started, fake
 
 
 def make_driver(
     root: pathlib.Path,
-    api: kubeapi.KubeAPI | None,
+    api: client.Client | None,
     source: claimcache.StaticClaims,
     enabled: bool | None = None,
 ) -> owning.Driver:
@@ -52,7 +53,7 @@ async def run_until_started(driver: owning.Driver) -> asyncio.Task[str]:
 
 
 async def test_driver_publishes_prepares_and_shuts_down(
-    root: pathlib.Path, api: tuple[kubeapi.KubeAPI, fakeapi.FakeAPI]
+    root: pathlib.Path, api: tuple[client.Client, fakeapi.FakeAPI]
 ) -> None:
     client, fake = api
     make_tree(root)
@@ -86,7 +87,7 @@ async def test_driver_publishes_prepares_and_shuts_down(
 
 
 async def test_a_fatal_plugin_error_shuts_down_through_the_same_path(
-    root: pathlib.Path, api: tuple[kubeapi.KubeAPI, fakeapi.FakeAPI]
+    root: pathlib.Path, api: tuple[client.Client, fakeapi.FakeAPI]
 ) -> None:
     client, _ = api
     make_tree(root)
@@ -116,7 +117,7 @@ async def test_no_cluster_access_keeps_dra_off(
 
 
 async def test_explicit_false_wins(
-    root: pathlib.Path, api: tuple[kubeapi.KubeAPI, fakeapi.FakeAPI]
+    root: pathlib.Path, api: tuple[client.Client, fakeapi.FakeAPI]
 ) -> None:
     client, fake = api
     make_tree(root)

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from kmm.kubeletplugin import kubeapi
+from kmm.kube import client
 
 from . import fakeapi
 
@@ -28,6 +28,6 @@ def fake_api() -> fakeapi.FakeAPI:
 
 
 @pytest.fixture
-async def api(fake_api: fakeapi.FakeAPI) -> AsyncIterator[kubeapi.KubeAPI]:
-    async for client in fakeapi.started(fake_api):
-        yield client
+async def api(fake_api: fakeapi.FakeAPI) -> AsyncIterator[client.Client]:
+    async for started in fakeapi.started(fake_api):
+        yield started

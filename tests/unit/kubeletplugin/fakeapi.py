@@ -15,11 +15,11 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
+import kubeclients
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from kubernetes_asyncio import client as k8s
 
-from kmm.kubeletplugin import kubeapi
+from kmm.kube import client
 
 BASE = "/apis/resource.k8s.io/v1"
 
@@ -148,14 +148,13 @@ class FakeAPI:
         return web.json_response(claim)
 
 
-async def started(fake: FakeAPI) -> AsyncIterator[kubeapi.KubeAPI]:
+async def started(fake: FakeAPI) -> AsyncIterator[client.Client]:
     await fake.server.start_server()
-    configuration = k8s.Configuration()
-    configuration.host = str(fake.server.make_url("")).rstrip("/")
-    api_client = k8s.ApiClient(configuration)
+    # One attempt: the tests script failures for the library's own retries.
+    api = kubeclients.for_server(str(fake.server.make_url("")), max_attempts=1)
     try:
-        yield kubeapi.KubeAPI(api_client)
+        yield api
     finally:
         fake.end_watches()
-        await api_client.close()
+        await api.close()
         await fake.server.close()

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from kmm.kubeletplugin import checkpointing, claimcache, claims, errors, kubeapi, plugins, serving
+from kmm.kube import client
+from kmm.kubeletplugin import checkpointing, claimcache, claims, errors, plugins, serving
 
 from . import fakeapi, fakes
 from .kubelet import Kubelet, devices_of
@@ -39,7 +40,7 @@ def make_plugin(
     policy: fakes.FakePolicy | None = None,
     owner: fakes.FakeOwner | None = None,
     source: claimcache.ClaimSource | None = None,
-    api: kubeapi.KubeAPI | None = None,
+    api: client.Client | None = None,
 ) -> plugins.Plugin:
     return plugins.Plugin(
         fakes.DRIVER,
@@ -351,7 +352,7 @@ async def test_health_stream(root: pathlib.Path) -> None:
 
 
 async def test_devices_published_before_start_go_out_at_start(
-    root: pathlib.Path, api: kubeapi.KubeAPI, fake_api: fakeapi.FakeAPI
+    root: pathlib.Path, api: client.Client, fake_api: fakeapi.FakeAPI
 ) -> None:
     plugin = make_plugin(root, api=api)
     plugin.publish([{"name": "early"}])
@@ -371,7 +372,7 @@ async def test_devices_published_before_start_go_out_at_start(
 
 
 async def test_zero_api_calls_per_prepare_with_a_warm_cache(
-    root: pathlib.Path, api: kubeapi.KubeAPI, fake_api: fakeapi.FakeAPI
+    root: pathlib.Path, api: client.Client, fake_api: fakeapi.FakeAPI
 ) -> None:
     warm = [fakes.make_claim(f"c{i}") for i in range(5)]
     for claim in warm:
@@ -382,15 +383,15 @@ async def test_zero_api_calls_per_prepare_with_a_warm_cache(
     plugin.allow_claims()
     try:
         await asyncio.wait_for(cache.synced.wait(), timeout=10)
-        before = api.requests
+        before = api.counter.total
         async with Kubelet(plugin.paths.registration_socket(fakes.DRIVER)) as kubelet:
             answers = await kubelet.prepare(*warm)
             assert all(answer.error == "" for answer in answers.values())
-            assert api.requests == before
+            assert api.counter.total == before
             cold = fakes.make_claim("cold")
             fake_api.put_claim(cold, notify=False)
             assert (await kubelet.prepare(cold))[cold["metadata"]["uid"]].error == ""
-            assert api.requests == before + 1  # one GET, for the miss
+            assert api.counter.total == before + 1  # one GET, for the miss
     finally:
         await plugin.stop()
 

@@ -6,7 +6,9 @@ import asyncio
 
 import pytest
 
-from kmm.kubeletplugin import claims, errors, kubeapi, publishing
+from kmm.aio import backoff
+from kmm.kube import client
+from kmm.kubeletplugin import claims, errors, publishing
 
 from . import fakeapi
 
@@ -22,7 +24,7 @@ def devices(count: int, *, tag: str = "a") -> list[publishing.Device]:
 
 
 def publisher(
-    api: kubeapi.KubeAPI, reported: list[BaseException] | None = None
+    api: client.Client, reported: list[BaseException] | None = None
 ) -> publishing.Publisher:
     sink = reported if reported is not None else []
     return publishing.Publisher(
@@ -30,7 +32,7 @@ def publisher(
         driver=DRIVER,
         node=NODE,
         on_error=lambda err, _msg: sink.append(err),
-        backoff=lambda _attempt: 0.0,
+        delays=backoff.Backoff(initial=0.0, jitter=0.0),
     )
 
 
@@ -39,7 +41,7 @@ def generations(fake: fakeapi.FakeAPI) -> set[int]:
 
 
 async def test_300_devices_make_three_slices_of_one_generation(
-    api: kubeapi.KubeAPI, fake_api: fakeapi.FakeAPI
+    api: client.Client, fake_api: fakeapi.FakeAPI
 ) -> None:
     pub = publisher(api)
     pub.publish(devices(300))
@@ -63,7 +65,7 @@ async def test_300_devices_make_three_slices_of_one_generation(
 
 
 async def test_same_devices_again_write_nothing(
-    api: kubeapi.KubeAPI, fake_api: fakeapi.FakeAPI
+    api: client.Client, fake_api: fakeapi.FakeAPI
 ) -> None:
     pub = publisher(api)
     pub.publish(devices(300))
@@ -81,7 +83,7 @@ async def test_same_devices_again_write_nothing(
 
 
 async def test_one_changed_device_bumps_generation_and_removes_old_slices(
-    api: kubeapi.KubeAPI, fake_api: fakeapi.FakeAPI
+    api: client.Client, fake_api: fakeapi.FakeAPI
 ) -> None:
     pub = publisher(api)
     pub.publish(devices(300))
@@ -97,7 +99,7 @@ async def test_one_changed_device_bumps_generation_and_removes_old_slices(
 
 
 async def test_leftover_old_generation_is_deleted_without_rewriting(
-    api: kubeapi.KubeAPI, fake_api: fakeapi.FakeAPI
+    api: client.Client, fake_api: fakeapi.FakeAPI
 ) -> None:
     pub = publisher(api)
     pub.publish(devices(3))
@@ -116,7 +118,7 @@ async def test_leftover_old_generation_is_deleted_without_rewriting(
 
 
 async def test_no_devices_publish_one_empty_slice(
-    api: kubeapi.KubeAPI, fake_api: fakeapi.FakeAPI
+    api: client.Client, fake_api: fakeapi.FakeAPI
 ) -> None:
     pub = publisher(api)
     await pub.sync()
@@ -124,7 +126,7 @@ async def test_no_devices_publish_one_empty_slice(
 
 
 async def test_recoverable_failures_are_reported_and_retried(
-    api: kubeapi.KubeAPI, fake_api: fakeapi.FakeAPI
+    api: client.Client, fake_api: fakeapi.FakeAPI
 ) -> None:
     reported: list[BaseException] = []
     pub = publisher(api, reported)
@@ -142,7 +144,7 @@ async def test_recoverable_failures_are_reported_and_retried(
 
 
 async def test_fatal_failure_is_reported_and_ends_the_loop(
-    api: kubeapi.KubeAPI, fake_api: fakeapi.FakeAPI
+    api: client.Client, fake_api: fakeapi.FakeAPI
 ) -> None:
     reported: list[BaseException] = []
     pub = publisher(api, reported)
@@ -152,7 +154,7 @@ async def test_fatal_failure_is_reported_and_ends_the_loop(
 
 
 async def test_other_nodes_slices_are_left_alone(
-    api: kubeapi.KubeAPI, fake_api: fakeapi.FakeAPI
+    api: client.Client, fake_api: fakeapi.FakeAPI
 ) -> None:
     other = publishing.Publisher(
         api, driver=DRIVER, node=claims.NodeName("node-b"), on_error=lambda e, m: None

@@ -8,13 +8,15 @@ import logging
 
 import aiohttp
 
+from kmm.kube import counting
 from kmm.operator import jsonlogs, metrics, probes
-from kmm.runtime import writes
 
 
 def test_metrics_render_writes_leader_and_cache_sizes() -> None:
-    counter = writes.WriteCounter()
-    counter.counts[("PATCH", "nodes")] = 3
+    counter = counting.RequestCounter()
+    for _ in range(3):
+        counter.record("PATCH", "/api/v1/nodes/n1")
+    counter.record("GET", "/api/v1/nodes/n1")  # a read: not a write
     registry = metrics.OperatorMetrics(counter, leading=lambda: True, cached=lambda: {"nodes": 5})
     registry.controllers.reconciled("module", "success", 0.01)
     text = registry.render().decode()

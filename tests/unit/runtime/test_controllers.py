@@ -8,7 +8,8 @@ from collections.abc import Callable
 import prometheus_client
 import pytest
 
-from kmm.runtime import clocks, controllers, workqueue
+from kmm.aio import clocks
+from kmm.runtime import controllers, workqueue
 
 from . import helpers
 

@@ -9,10 +9,14 @@ from typing import Any
 
 import pytest
 
-from kmm.runtime import clocks, informers, listwatch, stores
+from kmm.aio import clocks
+from kmm.kube import listwatch, resources
+from kmm.runtime import informers, stores
 
 from . import helpers, wire
 from .wire import event, obj, page
+
+CONFIGMAPS = resources.Resource("", "v1", "configmaps")
 
 
 class Recorder:
@@ -49,7 +53,7 @@ async def running(informer: informers.Informer) -> AsyncIterator[None]:
 def make(
     conn: wire.Connection, clock: clocks.FakeClock | None = None, **kwargs: Any
 ) -> tuple[informers.Informer, Recorder]:
-    source = listwatch.ApiListWatch(conn.core.list_namespaced_config_map, "ns")
+    source = listwatch.ApiListWatch(conn.api, CONFIGMAPS, namespace="ns")
     informer = informers.Informer("cm", source, clock=clock or clocks.FakeClock(), **kwargs)
     recorder = Recorder()
     informer.add_handler(recorder)
@@ -78,9 +82,9 @@ async def test_lists_in_pages_then_watches_from_the_list_version(conn: wire.Conn
     assert second.query == {"limit": "1", "continue": "tok", **selectors}
     (watch,) = server.watch_requests()
     assert watch.query == {
-        "watch": "True",  # the client spells booleans the Python way
+        "watch": "true",
         "resourceVersion": "11",
-        "allowWatchBookmarks": "True",
+        "allowWatchBookmarks": "true",
         "timeoutSeconds": "123",
         **selectors,
     }
@@ -175,7 +179,7 @@ async def test_failed_list_is_retried_with_backoff(conn: wire.Connection) -> Non
     async with running(informer):
         await helpers.settle(lambda: clock.pending == 1)
         assert not informer.has_synced()
-        clock.advance(informer.initial_backoff)
+        clock.advance(informer.reflector.delays.initial)
         await informer.wait_synced()
     assert informer.lists == 2
 
@@ -217,20 +221,16 @@ async def test_projection_and_indexes(conn: wire.Connection) -> None:
 
 
 async def test_custom_resources_cluster_scoped(conn: wire.Connection) -> None:
-    from kubernetes_asyncio import client
-
     server = conn.server
     server.lists.append((200, page([obj("m", "3", namespace="")], "4")))
-    custom = client.CustomObjectsApi(conn.api)
-    source = listwatch.ApiListWatch(
-        custom.list_cluster_custom_object, "example.com", "v1", "things"
-    )
+    things = resources.Resource("example.com", "v1", "things", namespaced=False)
+    source = listwatch.ApiListWatch(conn.api, things)
     informer = informers.Informer("things", source, clock=clocks.FakeClock())
     async with running(informer):
         await server.wait_until(lambda: len(server.watch_requests()) == 1)
     assert server.requests[0].path == "/apis/example.com/v1/things"
     assert informer.store.list_keys() == ["m"]
-    assert server.watch_requests()[0].query["allowWatchBookmarks"] == "True"
+    assert server.watch_requests()[0].query["allowWatchBookmarks"] == "true"
 
 
 async def test_handler_failure_does_not_stop_the_informer(conn: wire.Connection) -> None:

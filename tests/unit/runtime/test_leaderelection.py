@@ -8,7 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from kmm.runtime import clocks, leaderelection
+from kmm.aio import clocks
+from kmm.kube import errors
+from kmm.runtime import leaderelection
 
 from . import helpers
 
@@ -135,7 +137,7 @@ class Flaky(leaderelection.MemoryLeases):
         self, namespace: str, name: str, record: leaderelection.LeaseRecord
     ) -> leaderelection.LeaseRecord:
         if self.broken:
-            raise OSError("connection refused")
+            raise errors.Unavailable(0, "connection refused")
         return await super().update(namespace, name, record)
 
 
@@ -162,9 +164,9 @@ async def test_stale_update_conflicts() -> None:
     record = leaderelection.LeaseRecord("a", 15, EPOCH, EPOCH, 0)
     created = await leases.create("ns", "lock", record)
     await leases.update("ns", "lock", created)
-    with pytest.raises(leaderelection.Conflict):
+    with pytest.raises(errors.Conflict):
         await leases.update("ns", "lock", created)
-    with pytest.raises(leaderelection.Conflict):
+    with pytest.raises(errors.Conflict):
         await leases.create("ns", "lock", record)
 
 

@@ -9,11 +9,11 @@ import datetime
 from collections.abc import AsyncIterator
 from typing import Any
 
+import kubeclients
 import pytest
 from aiohttp import test_utils, web
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
+from kmm.kube import errors
 from kmm.runtime import leaderelection
 
 LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
@@ -39,11 +39,9 @@ async def setup() -> AsyncIterator[tuple[Scripted, leaderelection.ApiLeases]]:
     app.router.add_route("*", "/{tail:.*}", scripted.handle)
     server = test_utils.TestServer(app)
     await server.start_server()
-    configuration = client.Configuration()
-    configuration.host = str(server.make_url("")).rstrip("/")
-    api = client.ApiClient(configuration)
+    api = kubeclients.for_server(str(server.make_url("")), max_attempts=1)
     try:
-        yield scripted, leaderelection.ApiLeases(client.CoordinationV1Api(api))
+        yield scripted, leaderelection.ApiLeases(api)
     finally:
         await api.close()
         await server.close()
@@ -86,11 +84,12 @@ async def test_get_create_update_and_conflicts(
     assert created.lease_transitions == 2
     updated = await leases.update("ns", "lock", created)
     assert updated.resource_version == "6"
-    with pytest.raises(leaderelection.Conflict):
+    with pytest.raises(errors.Conflict):
         await leases.update("ns", "lock", created)
-    with pytest.raises(leaderelection.Conflict):
+    with pytest.raises(errors.Conflict) as exists:
         await leases.create("ns", "lock", record)
-    with pytest.raises(ApiException) as failure:
+    assert exists.value.already_exists
+    with pytest.raises(errors.Unavailable) as failure:
         await leases.get("ns", "lock")
     assert failure.value.status == 500
 

@@ -8,7 +8,9 @@ import signal
 
 import pytest
 
-from kmm.runtime import clocks, leaderelection, manager
+from kmm.aio import clocks
+from kmm.kube import errors
+from kmm.runtime import leaderelection, manager
 
 from . import helpers
 
@@ -156,7 +158,7 @@ class Breakable(leaderelection.MemoryLeases):
 
     async def get(self, namespace: str, name: str) -> leaderelection.LeaseRecord | None:
         if self.broken:
-            raise OSError("apiserver unreachable")
+            raise errors.Unavailable(0, "apiserver unreachable")
         return await super().get(namespace, name)
 
 

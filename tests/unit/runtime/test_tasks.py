@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from kmm.runtime import tasks
+from kmm.aio import tasks
 
 
 async def test_failure_is_recorded_and_reraised_by_the_owner(

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from kmm.runtime import clocks, workqueue
+from kmm.aio import clocks
+from kmm.runtime import workqueue
 
 
 def make(

@@ -15,8 +15,10 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
+import kubeclients
 from aiohttp import test_utils, web
-from kubernetes_asyncio import client
+
+from kmm.kube import client
 
 
 @dataclasses.dataclass
@@ -37,8 +39,7 @@ class Request:
 
     @property
     def watch(self) -> bool:
-        # The client sends Python's spelling ("True"); Go's ParseBool takes both.
-        return self.query.get("watch", "").lower() == "true"
+        return self.query.get("watch", "") == "true"
 
 
 def obj(name: str, rv: str, *, namespace: str = "ns", **fields: Any) -> dict[str, Any]:
@@ -145,16 +146,10 @@ class Server:
 @dataclasses.dataclass
 class Connection:
     server: Server
-    api: client.ApiClient
-    core: Any
+    api: client.Client
 
 
 async def connect() -> AsyncIterator[Connection]:
-    async with Server() as server:
-        configuration = client.Configuration()
-        configuration.host = server.url
-        api = client.ApiClient(configuration)
-        try:
-            yield Connection(server, api, client.CoreV1Api(api))
-        finally:
-            await api.close()
+    # One attempt per request: the informer's own backoff is under test.
+    async with Server() as server, kubeclients.for_server(server.url, max_attempts=1) as api:
+        yield Connection(server, api)

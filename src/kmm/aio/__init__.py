@@ -1,0 +1,10 @@
+"""Shared asyncio helpers, the bottom layer: every package may use them.
+
+They know nothing of Kubernetes, Modules or devices. Import modules, not names:
+
+- ``tasks``: guarded background tasks (``TaskSet``, ``guard``, ``run_until``);
+- ``clocks``: the ``Clock`` seam (``LoopClock``; ``FakeClock`` for tests);
+- ``backoff``: exponential retry delays with jitter (``Backoff``).
+"""
+
+__all__: list[str] = []

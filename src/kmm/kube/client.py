@@ -1,0 +1,402 @@
+"""The one way kmm talks to an API server: ``Client``.
+
+- ``send(method, path, *, query, body, content_type)``: JSON in, JSON out
+  (an answer that is not JSON, such as ``/healthz``'s, comes back as text),
+  with the status (``Reply``); ``request`` is the same, answer only.
+  Patches are requests with a patch content type (``MERGE_PATCH``,
+  ``STRATEGIC_MERGE_PATCH``, ``APPLY_PATCH``, ``JSON_PATCH``); status
+  subresources are paths (``Resource.path(..., subresource="status")``).
+- ``watch(path, *, query, timeout_seconds)``: the events of one watch,
+  bookmarks included. An ERROR event raises its error (``Gone`` for 410); a
+  stream cut short, or a line that is not JSON, raises ``Unavailable``.
+- A non-2xx answer raises ``errors.from_response``'s class; no answer at all
+  (refused, reset, timed out) raises ``Unavailable`` with status 0.
+- Retries live here and only here: a ``Throttled`` request waits for its
+  Retry-After (else a backoff step) and goes again; an ``Unavailable`` GET
+  is retried with backoff; a write is not retried on ``Unavailable`` (it may
+  have landed: the callers' level-based loops decide); a 401 with
+  credentials that can be refreshed (exec plugin, token file) is retried
+  once with fresh ones. At most ``max_attempts`` attempts in all.
+- ``counter`` records every request sent (``kube.counting``).
+
+The transport is aiohttp, chosen by ``bench/bench_transport.py`` (import
+memory, requests per second on the sandbox): one pooled keep-alive session
+per client, TLS and identity from the kubeconfig. Nothing else in kmm
+imports it (import-linter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import ssl
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, TypedDict, Unpack
+
+import aiohttp
+import multidict
+
+from kmm.aio import backoff, clocks
+from kmm.kube import counting, credentials, errors, kubeconfigs
+
+__all__ = [
+    "APPLY_PATCH",
+    "JSON",
+    "JSON_PATCH",
+    "MERGE_PATCH",
+    "STRATEGIC_MERGE_PATCH",
+    "USER_AGENT",
+    "Client",
+    "Options",
+    "Query",
+    "Reply",
+]
+
+JSON: Final = "application/json"
+MERGE_PATCH: Final = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
+# Server-side apply takes YAML, and JSON is YAML.
+APPLY_PATCH: Final = "application/apply-patch+yaml"
+USER_AGENT: Final = "kmm/0.1.0"
+
+Query = Mapping[str, str | int | bool | None]
+
+_IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+# A watch's socket may stay quiet until the server ends it; past this margin
+# beyond the server-side timeout the connection is taken for dead.
+_WATCH_READ_MARGIN: Final = 60.0
+_MAX_RETRY_DELAY: Final = 30.0
+
+
+def _params(query: Query | None) -> list[tuple[str, str]]:
+    found = []
+    for key, value in (query or {}).items():
+        if value is None:
+            continue
+        found.append(
+            (key, ("true" if value else "false") if isinstance(value, bool) else str(value))
+        )
+    return found
+
+
+class Options(TypedDict, total=False):
+    """What a request may carry beside its method and path."""
+
+    query: Query | None
+    body: Any
+    content_type: str  # JSON unless a patch: MERGE_PATCH, APPLY_PATCH, ...
+    timeout: float | None  # seconds for the whole request; the client's default
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """A 2xx answer: its status (201 tells a create from an update) and decoded body."""
+
+    status: int
+    body: Any
+
+
+class Client:
+    """API access for one cluster identity; close it (or use ``async with``)."""
+
+    def __init__(
+        self,
+        access: kubeconfigs.Access,
+        *,
+        timeout: float = 60.0,
+        max_attempts: int = 5,
+        connections: int = 64,
+        clock: clocks.Clock | None = None,
+        user_agent: str = USER_AGENT,
+    ) -> None:
+        self.access = access
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.counter = counting.RequestCounter()
+        self._connections = connections
+        self._clock: clocks.Clock = clock or clocks.LoopClock()
+        self._credentials = credentials.Credentials(access)
+        self._session: aiohttp.ClientSession | None = None
+        self._session_certificate: credentials.Certificate | None = None
+        self._headers: list[tuple[str, str]] = [("Accept", JSON), ("User-Agent", user_agent)]
+        if access.impersonate:
+            self._headers.append(("Impersonate-User", access.impersonate))
+        self._headers.extend(("Impersonate-Group", group) for group in access.impersonate_groups)
+        if access.impersonate_uid:
+            self._headers.append(("Impersonate-Uid", access.impersonate_uid))
+
+    @property
+    def namespace(self) -> str:
+        """The context's namespace (kubectl's default for namespaced requests)."""
+        return self.access.namespace
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    # -- the two calls -----------------------------------------------------
+
+    async def send(self, method: str, path: str, **options: Unpack[Options]) -> Reply:
+        """Send one request (retried as the module says); its status and decoded answer."""
+        method = method.upper()
+        response = await self._send(
+            method,
+            path,
+            query=options.get("query"),
+            body=options.get("body"),
+            content_type=options.get("content_type", JSON),
+            timeout=aiohttp.ClientTimeout(total=options.get("timeout") or self.timeout),
+            watching=False,
+        )
+        try:
+            data = await response.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            raise errors.Unavailable(
+                0, f"answer cut short: {err!r}", method=method, path=path
+            ) from err
+        finally:
+            response.release()
+        if not data:
+            return Reply(response.status, None)
+        if response.content_type == JSON:
+            try:
+                return Reply(response.status, json.loads(data))
+            except ValueError as err:
+                raise errors.Unavailable(
+                    0, f"unreadable JSON answer: {err}", method=method, path=path
+                ) from err
+        return Reply(response.status, data.decode("utf-8", "replace"))
+
+    async def request(self, method: str, path: str, **options: Unpack[Options]) -> Any:
+        """``send``'s decoded answer, for the callers that need no status (most)."""
+        return (await self.send(method, path, **options)).body
+
+    async def watch(
+        self, path: str, *, query: Query | None = None, timeout_seconds: int = 300
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events of one watch of ``path`` until the server ends it."""
+        params: dict[str, str | int | bool | None] = {
+            **(query or {}),
+            "watch": True,
+            "allowWatchBookmarks": True,
+            "timeoutSeconds": timeout_seconds,
+        }
+        response = await self._send(
+            "GET",
+            path,
+            query=params,
+            body=None,
+            content_type=JSON,
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=30.0, sock_read=timeout_seconds + _WATCH_READ_MARGIN
+            ),
+            watching=True,
+        )
+        buffer = bytearray()
+        scanned = 0  # no newline before this offset of the buffer
+        try:
+            # Lines are split here rather than by aiohttp's readline, whose
+            # 64 KiB line limit a large object would exceed.
+            async for chunk in response.content.iter_any():
+                buffer += chunk
+                start = 0
+                while (end := buffer.find(b"\n", max(start, scanned))) >= 0:
+                    line = bytes(buffer[start:end])
+                    start, scanned = end + 1, 0
+                    if line.strip():
+                        yield _event(line, path)
+                del buffer[:start]
+                scanned = len(buffer)
+            if buffer.strip():
+                raise errors.Unavailable(
+                    0, "watch stream ended inside an event", method="GET", path=path
+                )
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            raise errors.Unavailable(
+                0, f"watch stream cut: {err!r}", method="GET", path=path
+            ) from err
+        finally:
+            response.release()
+
+    # -- sending, retrying -------------------------------------------------
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query | None,
+        body: Any,
+        content_type: str,
+        timeout: aiohttp.ClientTimeout,
+        watching: bool,
+    ) -> aiohttp.ClientResponse:
+        delays = backoff.Backoff(initial=0.5, maximum=_MAX_RETRY_DELAY)
+        refreshed = False
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._attempt(
+                    method,
+                    path,
+                    query=query,
+                    body=body,
+                    content_type=content_type,
+                    timeout=timeout,
+                    watching=watching,
+                )
+            except errors.Throttled as err:
+                if attempt >= self.max_attempts:
+                    raise
+                delay = err.retry_after if err.retry_after is not None else delays.next()
+            except errors.Unavailable:
+                if method not in _IDEMPOTENT or attempt >= self.max_attempts:
+                    raise
+                delay = delays.next()
+            except errors.Unauthorized:
+                if refreshed or not self._credentials.refreshable or attempt >= self.max_attempts:
+                    raise
+                self._credentials.invalidate()
+                refreshed, delay = True, 0.0
+            await self._clock.sleep(min(delay, _MAX_RETRY_DELAY))
+
+    async def _attempt(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query | None,
+        body: Any,
+        content_type: str,
+        timeout: aiohttp.ClientTimeout,
+        watching: bool,
+    ) -> aiohttp.ClientResponse:
+        session = await self._ready_session()
+        # Pairs, not a dict: Impersonate-Group repeats, one header per group.
+        headers = multidict.CIMultiDict(self._headers)
+        authorization = await self._credentials.authorization()
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        data: bytes | None = None
+        if body is not None:
+            data = (
+                body
+                if isinstance(body, bytes)
+                else json.dumps(body, separators=(",", ":")).encode()
+            )
+            headers["Content-Type"] = content_type
+        self.counter.record("WATCH" if watching else method, path)
+        try:
+            response = await session.request(
+                method,
+                self.access.server + path,
+                params=_params(query),
+                data=data,
+                headers=headers,
+                timeout=timeout,
+                proxy=self.access.proxy_url,
+                server_hostname=self.access.tls_server_name,
+            )
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            raise errors.Unavailable(
+                0, f"{type(err).__name__}: {err}", method=method, path=path
+            ) from err
+        if 200 <= response.status < 300:
+            return response
+        try:
+            answer = await response.read()
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            answer = b""
+        finally:
+            response.release()
+        raise errors.from_response(
+            response.status, answer, method=method, path=path, headers=response.headers
+        )
+
+    async def _ready_session(self) -> aiohttp.ClientSession:
+        certificate = await self._credentials.certificate()
+        if self._session is not None and certificate == self._session_certificate:
+            return self._session
+        # First use, or an exec plugin handed out a new certificate.
+        old, self._session = self._session, None
+        if old is not None:
+            await old.close()
+        connector = aiohttp.TCPConnector(
+            ssl=self._ssl_context(certificate), limit=self._connections
+        )
+        self._session = aiohttp.ClientSession(connector=connector)
+        self._session_certificate = certificate
+        return self._session
+
+    def _ssl_context(self, certificate: credentials.Certificate | None) -> ssl.SSLContext | bool:
+        access = self.access
+        if not access.server.startswith("https:"):
+            return False
+        if access.insecure:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        elif access.ca_file is not None or access.ca_data is not None:
+            # The kubeconfig's CA alone, as kubectl trusts it: the system's
+            # roots would also let any public CA vouch for this API server.
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            if access.ca_file is not None:
+                context.load_verify_locations(cafile=str(access.ca_file))
+            if access.ca_data is not None:
+                context.load_verify_locations(cadata=access.ca_data.decode())
+        else:
+            context = ssl.create_default_context()
+        if certificate is not None:
+            _load_certificate(context, certificate)
+        return context
+
+
+def _load_certificate(context: ssl.SSLContext, certificate: credentials.Certificate) -> None:
+    # ssl loads a client certificate from files only: write both to a private
+    # directory for the call, then remove them.
+    with tempfile.TemporaryDirectory(prefix="kmm-tls-") as directory:
+        cert, key = Path(directory) / "cert.pem", Path(directory) / "key.pem"
+        for path, data in ((cert, certificate.cert), (key, certificate.key)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as stream:
+                stream.write(data)
+        try:
+            context.load_cert_chain(str(cert), str(key))
+        except ssl.SSLError as err:
+            raise errors.ConfigError(f"unusable client certificate: {err}") from err
+
+
+def _event(line: bytes, path: str) -> dict[str, Any]:
+    try:
+        event = json.loads(line)
+    except ValueError as err:
+        raise errors.Unavailable(
+            0, f"unreadable watch event: {line[:200]!r}", method="GET", path=path
+        ) from err
+    if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+        raise errors.Unavailable(0, f"not a watch event: {line[:200]!r}", method="GET", path=path)
+    if event.get("type") == "ERROR":
+        status = event["object"]
+        code = status.get("code")
+        raise errors.from_response(
+            code if isinstance(code, int) else 0, status, method="GET", path=path
+        )
+    return event
