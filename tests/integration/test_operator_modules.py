@@ -6,6 +6,7 @@ the operator in process, with a write counter on its client.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import test_operator_support as support
@@ -301,3 +302,41 @@ async def test_kernel_that_cannot_expand_is_degraded_others_still_load(
             await support.delete_and_wait_clean(api_client, namespace, name)
     finally:
         await _set_kernel(api_client, odd, odd_from)
+
+
+async def test_a_fresh_converge_patches_each_node_exactly_twice(
+    sandbox: testing.RunningSandbox, manifests: None, api_client: client.ApiClient, namespace: str
+) -> None:
+    """Kernel label, then ``.ready``: the two label changes a new node needs, and
+    no more, however the watch events interleave with the reconciles."""
+    import uuid
+
+    from kmm.sandbox import cluster, nodes
+
+    count = 20
+    names = [f"kmm-fresh-{uuid.uuid4().hex[:6]}-{i}" for i in range(count)]
+    select = f"kmm-test/{namespace}"
+    async with cluster.api_client(sandbox.kubeconfig) as kmm_api:
+        await nodes.create(kmm_api, [(n, "6.8.0-45-generic") for n in names])
+    try:
+        async with (
+            support.selecting(api_client, names, select),
+            support.operator_in_process(sandbox.kubeconfig) as running,
+        ):
+            await client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+                modules.GROUP,
+                modules.VERSION,
+                namespace,
+                modules.PLURAL,
+                support.module_body("fresh", {select: "yes"}),
+            )
+            await testing.eventually(
+                lambda: _converged(api_client, namespace, "fresh", set(names)), "fresh converged"
+            )
+            await running.wait_idle("settled")
+            assert running.counter.writes_to("nodes") == 2 * count
+            await support.delete_and_wait_clean(api_client, namespace, "fresh")
+    finally:
+        for name in names:
+            with contextlib.suppress(client.ApiException):
+                await client.CoreV1Api(api_client).delete_node(name)

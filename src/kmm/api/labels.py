@@ -44,9 +44,11 @@ __all__ = [
     "label_value",
     "module_labels",
     "module_loader_version",
+    "module_of_node_label",
     "module_version",
     "node_label_keys",
     "ready",
+    "version_ready",
 ]
 
 PREFIX: Final = "kmm.node.kubernetes.io/"
@@ -79,10 +81,14 @@ _PER_MODULE_PARTS: Final = (
     ("", ".dra-target"),
     ("", ".device-plugin-ready"),
     ("", ".dra-ready"),
+    ("", ".version.ready"),
     ("version-module.", ""),
     ("version-module-loader.", ""),
     ("version-device-plugin.", ""),
 )
+# Of those, the ones written under PREFIX that end in a suffix (parsed back
+# by ``module_of_node_label``); ".version.ready" before ".ready".
+_SUFFIXES: Final = (".version.ready", ".ready", ".dra-target", ".device-plugin-ready", ".dra-ready")
 # The longest derived label name decides the budget; "." joins ns and name.
 MAX_NAME_AND_NAMESPACE: Final = (
     MAX_LABEL_NAME - 1 - max(len(a) + len(b) for a, b in _PER_MODULE_PARTS)
@@ -117,6 +123,12 @@ def dra_ready(namespace: str, name: str) -> str:
     return _module_key(PREFIX, "", namespace, name, ".dra-ready")
 
 
+def version_ready(namespace: str, name: str) -> str:
+    """Node label: the version of the module loaded here, once it is (and its
+    device plugin Ready, when there is one): an upgrade's "this node is done"."""
+    return _module_key(PREFIX, "", namespace, name, ".version.ready")
+
+
 def module_version(namespace: str, name: str) -> str:
     """Node label the *user* sets to the version the node should run (seed 003)."""
     return _module_key(PREFIX, "version-module.", namespace, name, "")
@@ -139,10 +151,40 @@ def node_label_keys(namespace: str, name: str) -> tuple[str, ...]:
         dra_target(namespace, name),
         device_plugin_ready(namespace, name),
         dra_ready(namespace, name),
+        version_ready(namespace, name),
         module_version(namespace, name),
         module_loader_version(namespace, name),
         device_plugin_version(namespace, name),
     )
+
+
+def module_of_node_label(key: str) -> tuple[str, str] | None:
+    """(namespace, name) of the Module a node label key belongs to, or None.
+
+    Every per-module key: the state labels (``<ns>.<name>.ready`` ...), the
+    user's ``version-module.<ns>.<name>`` and the operator's version labels.
+    A namespace has no dots (a DNS label), so the first dot ends it.
+    """
+    if key.startswith(BETA_PREFIX):
+        part = key[len(BETA_PREFIX) :]
+        for before in ("version-module-loader.", "version-device-plugin."):
+            if part.startswith(before):
+                return _split(part[len(before) :])
+        return None
+    if not key.startswith(PREFIX):
+        return None
+    part = key[len(PREFIX) :]
+    if part.startswith("version-module."):
+        return _split(part[len("version-module.") :])
+    for suffix in _SUFFIXES:
+        if part.endswith(suffix):
+            return _split(part[: -len(suffix)])
+    return None
+
+
+def _split(text: str) -> tuple[str, str] | None:
+    namespace, dot, name = text.partition(".")
+    return (namespace, name) if dot and namespace and name else None
 
 
 def module_labels(namespace: str, name: str, role: Role) -> dict[str, str]:

@@ -29,6 +29,7 @@ __all__ = [
     "KIND",
     "PLURAL",
     "VERSION",
+    "VERSION_TRANSITION_MESSAGE",
     "CELDeviceSelector",
     "Condition",
     "ContainerSpec",
@@ -49,6 +50,7 @@ __all__ = [
     "ObjectMeta",
     "RegistryTLS",
     "Toleration",
+    "VersionCounts",
 ]
 
 GROUP = "kmm.sigs.x-k8s.io"
@@ -69,6 +71,11 @@ _MAX_DEVICE_CLASSES = 32
 _MAX_SELECTORS = 32
 
 PassThroughObject = Annotated[dict[str, Any], cel.PassThrough()]
+
+VERSION_TRANSITION_MESSAGE = (
+    "version may not be added to or removed from an existing Module: "
+    "delete the Module and create it again with or without a version"
+)
 
 
 def _checked(check: Callable[[str], str | None]) -> AfterValidator:
@@ -287,13 +294,24 @@ class KernelMapping(_Model):
 
 
 class ModuleLoaderContainerSpec(_Model):
-    """The loader container: modprobe settings and the kernel → image mappings."""
+    """The loader container: modprobe settings and the kernel → image mappings.
+
+    ``version`` turns on ordered upgrades (seed 003): each node runs the
+    version its ``version-module`` label names. It may change, but not come
+    or go on an existing Module (a transition rule: the operator could not
+    tell the nodes' old loader from the new one).
+    """
 
     cel_rules: ClassVar[tuple[cel.Rule, ...]] = (
         cel.Rule(
             "has(self.containerImage) || self.kernelMappings.all(m, has(m.containerImage))",
             "every kernelMappings entry needs containerImage when container.containerImage is not set",
             ".kernelMappings",
+        ),
+        cel.Rule(
+            "has(self.version) == has(oldSelf.version)",
+            VERSION_TRANSITION_MESSAGE,
+            ".version",
         ),
     )
 
@@ -413,12 +431,30 @@ class ModuleSpec(_Model):
         return self
 
 
+class VersionCounts(_Model):
+    """The DaemonSets of one module version (ordered upgrades): their counts."""
+
+    version: str
+    desired_number: int = 0
+    available_number: int = 0
+
+
 class DaemonSetStatus(_Model):
-    """Counts for one kind of DaemonSet the Module owns (KMM's field names)."""
+    """Counts for one kind of DaemonSet the Module owns (KMM's field names),
+    and with ``version`` set, the same per version (kmm's, not KMM's)."""
 
     nodes_matching_selector_number: int = 0
     desired_number: int = 0
     available_number: int = 0
+    versions: (
+        Annotated[
+            list[VersionCounts],
+            cel.SchemaExtra(
+                (("x-kubernetes-list-type", "map"), ("x-kubernetes-list-map-keys", ("version",)))
+            ),
+        ]
+        | None
+    ) = None
 
 
 class Condition(_K8sModel):

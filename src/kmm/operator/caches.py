@@ -7,7 +7,9 @@ Indexes answer the reconciler's questions without scans:
 
 - DaemonSets and pods by ``MODULE_INDEX`` (``<ns>/<name>`` from their labels);
 - Nodes by ``MODULE_INDEX`` too, from the per-module labels they carry
-  (``<ns>.<name>.ready`` ...), so a Module finds the nodes it labelled;
+  (``<ns>.<name>.ready``, the version labels ...; parsed by
+  ``kmm.api.labels.module_of_node_label``), so a Module finds the nodes it
+  labelled and the nodes whose user version label names it;
 - Modules by ``SELECTOR_INDEX`` (one value per ``key=value`` of the
   selector; ``""`` for an empty selector), so a node event finds the Modules
   that select it without trying every Module.
@@ -31,7 +33,6 @@ __all__ = [
     "OWNED_SELECTOR",
     "POD_FIELDS",
     "SELECTOR_INDEX",
-    "module_of_label",
     "module_of_object",
     "module_selector_index",
     "modules_of_node",
@@ -66,24 +67,6 @@ POD_FIELDS: Final = (
     "status.conditions",
 )
 
-# Per-module node label suffixes the module loader and device plugin manage.
-_SUFFIXES: Final = (".ready", ".device-plugin-ready", ".dra-target", ".dra-ready")
-
-
-def module_of_label(key: str) -> str | None:
-    """``<ns>/<name>`` of a per-module node label key, or None for other labels.
-
-    A namespace has no dots (a DNS label), so the first dot ends it.
-    """
-    if not key.startswith(labels.PREFIX):
-        return None
-    name_part = key[len(labels.PREFIX) :]
-    for suffix in _SUFFIXES:
-        if name_part.endswith(suffix):
-            namespace, dot, name = name_part[: -len(suffix)].partition(".")
-            return f"{namespace}/{name}" if dot and namespace and name else None
-    return None
-
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
     found: Mapping[str, str] = (obj.get("metadata") or {}).get("labels") or {}
@@ -102,8 +85,13 @@ def object_module_index(obj: stores.RawObject) -> Iterable[str]:
     return (key,) if key else ()
 
 
+def _module_key(label: str) -> str | None:
+    found = labels.module_of_node_label(label)
+    return f"{found[0]}/{found[1]}" if found else None
+
+
 def node_module_index(obj: stores.RawObject) -> Iterable[str]:
-    return {key for label in _labels(obj) if (key := module_of_label(label))}
+    return {key for label in _labels(obj) if (key := _module_key(label))}
 
 
 def module_selector_index(obj: stores.RawObject) -> Iterable[str]:
@@ -126,5 +114,5 @@ def modules_of_node(node: Mapping[str, Any], modules_store: stores.Store) -> lis
         selector = ((module or {}).get("spec") or {}).get("selector") or {}
         if isinstance(selector, Mapping) and scheduling.matches_selector(node_labels, selector):
             found.add(key)
-    found.update(m for label in node_labels if (m := module_of_label(label)))
+    found.update(m for label in node_labels if (m := _module_key(label)))
     return sorted(found)

@@ -4,7 +4,9 @@ It runs where the module is loaded: it selects the node label
 ``<ns>.<name>.ready`` that the operator keeps true to the loader pod's
 readiness. A Module without ``moduleLoader`` (an in-tree driver) has nothing
 to wait for, so its device plugin selects ``spec.selector`` directly
-(DESIGN §4-§5). The kubelet's device-plugin socket directory is mounted, as
+(DESIGN §4-§5). With ``version`` set there is one per version, also
+selecting the node label ``version-device-plugin`` = that version (the
+upgrade planner moves it). The kubelet's device-plugin socket directory is mounted, as
 every device plugin needs it.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from kmm.api import labels, modules
-from kmm.operator import objects
+from kmm.operator import objects, podspecs
 
 __all__ = ["daemonset", "daemonset_name", "node_selector", "pod_labels"]
 
@@ -22,20 +24,36 @@ RawObject = dict[str, Any]
 _PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
 
 
+def _version(module: modules.Module) -> str | None:
+    loader = module.spec.module_loader
+    return loader.container.version if loader is not None else None
+
+
 def pod_labels(module: modules.Module) -> dict[str, str]:
-    return labels.module_labels(
+    found = labels.module_labels(
         module.metadata.namespace or "", module.metadata.name, "device-plugin"
     )
+    version = _version(module)
+    if version is not None:
+        found[labels.MODULE_VERSION] = version
+    return found
 
 
 def node_selector(module: modules.Module) -> dict[str, str]:
     if module.spec.module_loader is None:
         return dict(module.spec.selector)
-    return {labels.ready(module.metadata.namespace or "", module.metadata.name): ""}
+    namespace, name = module.metadata.namespace or "", module.metadata.name
+    selected = {labels.ready(namespace, name): ""}
+    version = _version(module)
+    if version is not None:
+        selected[labels.device_plugin_version(namespace, name)] = version
+    return selected
 
 
 def daemonset_name(module: modules.Module) -> str:
-    return labels.daemonset_name(module.metadata.name, "device-plugin")
+    version = _version(module)
+    parts = () if version is None else (version,)
+    return labels.daemonset_name(module.metadata.name, "device-plugin", *parts)
 
 
 def _container(spec: modules.ContainerSpec, name: str) -> RawObject:
@@ -64,9 +82,9 @@ def daemonset(module: modules.Module) -> RawObject:
         *(plugin.container.volume_mounts or ()),
     ]
     pod_spec: RawObject = {
+        **podspecs.base(module, service_account=plugin.service_account_name),
         "containers": [container],
         "nodeSelector": node_selector(module),
-        "priorityClassName": "system-node-critical",
         "volumes": [
             {"name": "kubelet-device-plugins", "hostPath": {"path": _PLUGINS_DIR}},
             *(plugin.volumes or ()),
@@ -77,14 +95,6 @@ def daemonset(module: modules.Module) -> RawObject:
         if plugin.init_container.volume_mounts:
             init["volumeMounts"] = list(plugin.init_container.volume_mounts)
         pod_spec["initContainers"] = [init]
-    if module.spec.tolerations:
-        pod_spec["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_none=True) for t in module.spec.tolerations
-        ]
-    if module.spec.image_repo_secret is not None:
-        pod_spec["imagePullSecrets"] = [{"name": module.spec.image_repo_secret.name}]
-    if plugin.service_account_name:
-        pod_spec["serviceAccountName"] = plugin.service_account_name
     selected = pod_labels(module)
     return objects.stamped(
         {

@@ -7,8 +7,13 @@ hole: ``updateStrategy: OnDelete``, and the pod template is a function of the
 (kernel, image, modprobe) content and the Module's scheduling fields only, so
 an operator upgrade never changes it and never restarts a loader pod.
 
-Neighbours: ``objects`` (hash, owner), ``moduleloader`` (the reconciler that
-sends these), ``kmm.api.labels`` (every name used here).
+With ``version`` set (ordered upgrades), a DaemonSet is per (kernel, image,
+version): its name and labels carry the version and its pods select the
+node label ``version-module-loader`` = that version as well as the kernel.
+
+Neighbours: ``objects`` (hash, owner), ``podspecs`` (the shared pod-spec
+fields), ``moduleloader`` (the planner that wants these), ``kmm.api.labels``
+(every name used here).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import shlex
 from typing import Any
 
 from kmm.api import kernels, labels, modules
-from kmm.operator import objects
+from kmm.operator import objects, podspecs
 
 __all__ = ["daemonset", "daemonset_name", "load_commands", "pair_labels", "unload_commands"]
 
@@ -80,20 +85,31 @@ def _shell(commands: list[list[str]]) -> list[str]:
     return ["/bin/sh", "-c", " && ".join(shlex.join(command) for command in commands)]
 
 
+def _version(module: modules.Module) -> str | None:
+    loader = module.spec.module_loader
+    return loader.container.version if loader is not None else None
+
+
 def pair_labels(module: modules.Module, kernel: str, image: str) -> dict[str, str]:
     """The labels a loader DaemonSet and its pods carry: how the pair is found again."""
-    return {
+    found = {
         **labels.module_labels(
             module.metadata.namespace or "", module.metadata.name, "module-loader"
         ),
         labels.KERNEL_VERSION_FULL: labels.kernel_value(kernel),
         labels.IMAGE_HASH: labels.image_hash(image),
     }
+    version = _version(module)
+    if version is not None:
+        found[labels.MODULE_VERSION] = version
+    return found
 
 
 def daemonset_name(module: modules.Module, kernel: str, image: str) -> str:
-    """Deterministic per pair, so a create repeated after a crash cannot duplicate."""
-    return labels.daemonset_name(module.metadata.name, "module-loader", kernel, image)
+    """Deterministic per pair (and version), so a create repeated after a crash cannot duplicate."""
+    version = _version(module)
+    parts = (kernel, image) if version is None else (kernel, image, version)
+    return labels.daemonset_name(module.metadata.name, "module-loader", *parts)
 
 
 def daemonset(module: modules.Module, target: kernels.Target) -> RawObject:
@@ -107,6 +123,10 @@ def daemonset(module: modules.Module, target: kernels.Target) -> RawObject:
         **module.spec.selector,
         labels.KERNEL_VERSION_FULL: labels.kernel_value(target.kernel),
     }
+    version = _version(module)
+    if version is not None:
+        namespace = module.metadata.namespace or ""
+        node_selector[labels.module_loader_version(namespace, module.metadata.name)] = version
     container: RawObject = {
         "name": _CONTAINER,
         "image": target.image,
@@ -124,9 +144,9 @@ def daemonset(module: modules.Module, target: kernels.Target) -> RawObject:
     if container_spec.image_pull_policy is not None:
         container["imagePullPolicy"] = container_spec.image_pull_policy
     pod_spec: RawObject = {
+        **podspecs.base(module, service_account=loader.service_account_name),
         "containers": [container],
         "nodeSelector": node_selector,
-        "priorityClassName": "system-node-critical",
     }
     if modprobe.firmware_path:
         container["volumeMounts"] = [{"name": "firmware", "mountPath": _FIRMWARE_HOST_PATH}]
@@ -136,14 +156,6 @@ def daemonset(module: modules.Module, target: kernels.Target) -> RawObject:
                 "hostPath": {"path": "/lib/firmware", "type": "DirectoryOrCreate"},
             }
         ]
-    if module.spec.tolerations:
-        pod_spec["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_none=True) for t in module.spec.tolerations
-        ]
-    if module.spec.image_repo_secret is not None:
-        pod_spec["imagePullSecrets"] = [{"name": module.spec.image_repo_secret.name}]
-    if loader.service_account_name:
-        pod_spec["serviceAccountName"] = loader.service_account_name
     return objects.stamped(
         {
             "apiVersion": "apps/v1",

@@ -1,36 +1,51 @@
-"""The module loader's plan for one Module: which loader DaemonSets, where it is ready.
+"""The module loader's planner for one Module: which loader DaemonSets, where it is loaded.
 
-Seed 000 steps 1-5, as a pure function of the cache: the selector picks nodes
-(equality match), the kernel mapping turns their kernels into (kernel, image)
-pairs, each pair wants one DaemonSet, found among the existing ones by its
-labels (kernel, image hash); a pair's DaemonSet is sent when missing or when
-its ``SPEC_HASH`` differs from the desired one; DaemonSets of pairs that no
-longer exist (and duplicates of a pair) are deleted.
+Seed 000 steps 1-5, as a pure function of a ``views.ModuleView``: the
+selector picks nodes (equality match), the kernel mapping turns their kernels
+into (kernel, image) pairs, each pair wants one DaemonSet, found among the
+existing ones by its labels (kernel, image hash); a pair's DaemonSet is sent
+when missing or when its ``SPEC_HASH`` differs from the desired one;
+DaemonSets of pairs that no longer exist (and duplicates of a pair) are deleted.
 
 A selected node counts for a pair when the Module may schedule on it
 (DESIGN §5 "schedulable"), or when a loader pod of the Module already runs
 there: cordoning or tainting a node must not unload a module in use.
 
-Readiness: a targeted node is ready when the loader pod of *its* pair on it
-is Ready; ``reconciler`` keeps the ``.ready`` label true to that.
+Ordered upgrades (``version`` set, seed 003): DaemonSets are per (kernel,
+image, version) and run only on nodes whose ``version-module-loader`` label
+names their version (``upgrade`` moves that label). A node is targeted when
+it carries that label, and loaded when a loader pod of the Module of that
+version and the node's kernel is Ready there. A DaemonSet of another version
+than the Module's is deleted once ``status.desiredNumberScheduled`` is 0, and
+never before: nodes still run it.
+
+Without a version, a targeted node is loaded when the loader pod of *its*
+pair is Ready. Wanted labels: ``kernel-version.full`` on selected nodes
+(shared by all Modules, never removed), ``.ready`` exactly where loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from kmm.api import kernels, labels, modules, scheduling
-from kmm.operator import loaderbuilders, objects
+from kmm.api import kernels, labels, scheduling
+from kmm.operator import loaderbuilders, objects, plans, views
 
-__all__ = ["LoaderPlan", "is_pod_ready", "plan", "ready_nodes", "selected_nodes"]
+__all__ = ["LoaderPlan", "keep_old_version", "plan"]
 
 RawObject = dict[str, Any]
+_ROLE = "module-loader"
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     found: Mapping[str, Any] = obj.get("metadata") or {}
+    return found
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    found: Mapping[str, str] = _meta(obj).get("labels") or {}
     return found
 
 
@@ -39,120 +54,122 @@ def _kernel_version(node: Mapping[str, Any]) -> str:
     return value if isinstance(value, str) else ""
 
 
-def selected_nodes(module: modules.Module, nodes: Iterable[RawObject]) -> list[RawObject]:
-    """Nodes whose labels match ``spec.selector``, by name."""
-    found = [
-        node
-        for node in nodes
-        if scheduling.matches_selector(_meta(node).get("labels"), module.spec.selector)
-    ]
-    return sorted(found, key=lambda node: _meta(node)["name"])
+def _pair_of(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    found = _labels(obj)
+    return (
+        found.get(labels.KERNEL_VERSION_FULL, ""),
+        found.get(labels.IMAGE_HASH, ""),
+        found.get(labels.MODULE_VERSION, ""),
+    )
 
 
-def is_pod_ready(pod: Mapping[str, Any]) -> bool:
-    if _meta(pod).get("deletionTimestamp"):
-        return False
-    conditions = (pod.get("status") or {}).get("conditions") or ()
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+def keep_old_version(ds: Mapping[str, Any]) -> bool:
+    """Whether a DaemonSet of a version the Module no longer has must stay:
+    until its controller reports no node left (``desiredNumberScheduled`` 0)."""
+    return (ds.get("status") or {}).get("desiredNumberScheduled") != 0
 
 
-@dataclasses.dataclass(frozen=True)
-class LoaderPlan:
-    """What the loader part of a reconcile must make true.
+@dataclasses.dataclass
+class LoaderPlan(plans.Plan):
+    """The loader's wants, and the facts the other planners and the status read.
 
-    ``kernel_labels`` maps every selected node that reports a kernel to its
-    ``kernel-version.full`` value; ``node_pairs`` maps targeted nodes to the
-    pair labels (kernel value, image hash) their loader pod must carry.
+    ``current`` are the loader DaemonSets kept (every version); ``targeted``
+    the nodes that should have the module loaded, ``loaded`` those that have
+    it; ``grouping`` maps kernels to targets (its ``errors`` make the Module
+    Degraded).
     """
 
-    selected: list[str]
-    grouping: kernels.Grouping
-    desired: dict[str, RawObject]
-    to_apply: list[RawObject]
-    to_delete: list[str]
-    current: list[RawObject]
-    kernel_labels: dict[str, str]
-    node_pairs: dict[str, tuple[str, str]]
+    grouping: kernels.Grouping = dataclasses.field(
+        default_factory=lambda: kernels.Grouping({}, {}, [], {})
+    )
+    current: list[RawObject] = dataclasses.field(default_factory=list)
+    targeted: set[str] = dataclasses.field(default_factory=set)
+    loaded: set[str] = dataclasses.field(default_factory=set)
 
 
-def _pair_of(obj: Mapping[str, Any]) -> tuple[str, str]:
-    found = _meta(obj).get("labels") or {}
-    return (found.get(labels.KERNEL_VERSION_FULL, ""), found.get(labels.IMAGE_HASH, ""))
-
-
-def plan(
-    module: modules.Module,
-    nodes: Iterable[RawObject],
-    existing: Iterable[RawObject],
-    pods: Iterable[RawObject],
-) -> LoaderPlan:
-    """The loader plan; ``existing`` and ``pods`` are the Module's loader DaemonSets and pods."""
-    selected = selected_nodes(module, nodes)
+def plan(view: views.ModuleView) -> LoaderPlan:
+    module = view.module
+    result = LoaderPlan()
+    ready_key = labels.ready(view.namespace, view.name)
+    existing = sorted(view.daemonsets.get(_ROLE, ()), key=lambda obj: _meta(obj)["name"])
+    if module.spec.module_loader is None:
+        result.delete = [
+            _meta(ds)["name"] for ds in existing if not _meta(ds).get("deletionTimestamp")
+        ]
+        for node in view.nodes():
+            result.want(node, ready_key, None)
+        return result
+    version = view.version
+    loader_key = labels.module_loader_version(view.namespace, view.name)
+    pods = view.pods.get(_ROLE, ())
     with_loader = {
-        pod.get("spec", {}).get("nodeName")
+        (pod.get("spec") or {}).get("nodeName")
         for pod in pods
         if not _meta(pod).get("deletionTimestamp")
     }
     kernel_labels: dict[str, str] = {}
     candidates: list[tuple[str, str]] = []
-    for node in selected:
-        name = _meta(node)["name"]
-        version = _kernel_version(node)
-        if not version:
+    for selected in view.selected:
+        name = _meta(selected)["name"]
+        kernel_version = _kernel_version(selected)
+        if not kernel_version:
             continue
-        kernel_labels[name] = labels.kernel_value(kernels.node_kernel(version))
-        if name in with_loader or scheduling.is_schedulable(node, module.spec.tolerations):
-            candidates.append((name, version))
-    grouping = kernels.group_nodes(module, candidates)
+        kernel_labels[name] = labels.kernel_value(kernels.node_kernel(kernel_version))
+        result.want(name, labels.KERNEL_VERSION_FULL, kernel_labels[name])
+        if name in with_loader or scheduling.is_schedulable(selected, module.spec.tolerations):
+            candidates.append((name, kernel_version))
+    result.grouping = kernels.group_nodes(module, candidates)
 
     desired: dict[str, RawObject] = {}
-    node_pairs: dict[str, tuple[str, str]] = {}
-    for kernel, target in grouping.targets.items():
+    node_pairs: dict[str, tuple[str, str, str]] = {}
+    for kernel, target in result.grouping.targets.items():
         ds = loaderbuilders.daemonset(module, target)
-        desired[ds["metadata"]["name"]] = ds
-        pair = (labels.kernel_value(kernel), labels.image_hash(target.image))
-        for node_name in grouping.nodes.get(kernel, ()):
-            node_pairs[node_name] = pair
+        desired[_meta(ds)["name"]] = ds
+        for node_name in result.grouping.nodes.get(kernel, ()):
+            node_pairs[node_name] = _pair_of(ds)
 
     wanted_by_pair = {_pair_of(ds): name for name, ds in desired.items()}
-    to_apply: list[RawObject] = []
-    to_delete: list[str] = []
-    current: list[RawObject] = []
     found_names: set[str] = set()
-    for ds in sorted(existing, key=lambda obj: _meta(obj)["name"]):
-        name = _meta(ds)["name"]
+    for ds in existing:
+        name, deleting = _meta(ds)["name"], _meta(ds).get("deletionTimestamp")
+        ds_version = _labels(ds).get(labels.MODULE_VERSION)
         if wanted_by_pair.get(_pair_of(ds)) == name:
             found_names.add(name)
-            current.append(ds)
-            if not _meta(ds).get("deletionTimestamp") and objects.observed_hash(
-                ds
-            ) != objects.observed_hash(desired[name]):
-                to_apply.append(desired[name])
-        elif not _meta(ds).get("deletionTimestamp"):
-            to_delete.append(name)  # its pair is gone, or a stray duplicate of a pair
-    to_apply.extend(ds for name, ds in sorted(desired.items()) if name not in found_names)
-    return LoaderPlan(
-        selected=[_meta(node)["name"] for node in selected],
-        grouping=grouping,
-        desired=desired,
-        to_apply=to_apply,
-        to_delete=to_delete,
-        current=current,
-        kernel_labels=kernel_labels,
-        node_pairs=node_pairs,
-    )
+            result.current.append(ds)
+            if not deleting and objects.observed_hash(ds) != objects.observed_hash(desired[name]):
+                result.apply.append(desired[name])
+        elif version is not None and ds_version != version and keep_old_version(ds):
+            result.current.append(ds)  # nodes still run this version
+        elif not deleting:
+            result.delete.append(name)  # its pair is gone, or a stray duplicate of a pair
+    result.apply.extend(ds for name, ds in sorted(desired.items()) if name not in found_names)
 
-
-def ready_nodes(node_pairs: Mapping[str, tuple[str, str]], pods: Iterable[RawObject]) -> set[str]:
-    """Targeted nodes whose loader pod for the node's own pair is Ready."""
-    ready: set[str] = set()
-    for pod in pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        if (
-            isinstance(node, str)
-            and node in node_pairs
-            and is_pod_ready(pod)
-            and _pair_of(pod) == node_pairs[node]
-        ):
-            ready.add(node)
-    return ready
+    nodes = view.nodes()
+    ready_pods = [
+        (str((pod.get("spec") or {}).get("nodeName") or ""), pod)
+        for pod in pods
+        if views.is_pod_ready(pod)
+    ]
+    if version is None:
+        result.targeted = set(node_pairs)
+        result.loaded = {
+            node
+            for node, pod in ready_pods
+            if node in node_pairs and _pair_of(pod) == node_pairs[node]
+        }
+    else:
+        # The version a node runs is the one its loader label names, which
+        # may be an older one than the Module's (even one whose mapping the
+        # Module no longer has) during an upgrade.
+        running = {n: v for n in kernel_labels if (v := _labels(nodes[n]).get(loader_key))}
+        result.loaded = {
+            node
+            for node, pod in ready_pods
+            if node in running
+            and _labels(pod).get(labels.MODULE_VERSION) == running[node]
+            and _labels(pod).get(labels.KERNEL_VERSION_FULL) == kernel_labels[node]
+        }
+        result.targeted = {n for n in node_pairs if n in running} | result.loaded
+    for node in nodes:
+        result.want(node, ready_key, "" if node in result.loaded else None)
+    return result

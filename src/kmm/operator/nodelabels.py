@@ -1,14 +1,12 @@
-"""Node label changes for one Module, computed from what should be true (pure).
+"""The one place where the planners' wanted node labels become patches (pure).
 
-Three kinds of node label follow the cluster (DESIGN §4-§5):
-- ``kernel-version.full`` on every selected node that reports a kernel, so
-  loader DaemonSets can select on it. It is shared by all Modules (each
-  computes the same value) and is left in place when a Module goes;
-- ``<ns>.<name>.ready`` exactly on the nodes whose loader pod is Ready;
-- ``<ns>.<name>.device-plugin-ready`` exactly where the plugin pod is Ready.
-
-A change is ``{label: value}`` to set or ``{label: None}`` to remove, which is
-also the body of a JSON merge patch of ``metadata.labels``.
+Each planner says, per node, what value the label keys it owns should have
+(``plans.Plan.labels``; ``None`` for absent). ``merge`` compares all of them
+with each node's labels and returns, per node, one change: ``{label: value}``
+to set, ``{label: None}`` to remove, which is also the body of a JSON merge
+patch of ``metadata.labels``. A node already as wanted is absent, so a
+converged Module patches nothing. ``still_needed`` trims a change against a
+fresher copy of the node, just before it is sent.
 """
 
 from __future__ import annotations
@@ -16,43 +14,46 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kmm.api import labels
+from kmm.operator import plans
 
-__all__ = ["LabelChanges", "changes"]
+__all__ = ["LabelChanges", "merge", "still_needed"]
 
 LabelChanges = dict[str, dict[str, str | None]]
 
 
-def changes(
-    nodes: Iterable[Mapping[str, Any]],
-    *,
-    namespace: str,
-    name: str,
-    kernel_labels: Mapping[str, str],
-    ready: Iterable[str],
-    plugin_ready: Iterable[str],
-) -> LabelChanges:
+def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
+    found: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
+    return found
+
+
+def still_needed(
+    node: Mapping[str, Any], change: Mapping[str, str | None]
+) -> dict[str, str | None]:
+    """The part of ``change`` that ``node``'s labels do not show yet."""
+    current = _labels(node)
+    return {
+        key: value
+        for key, value in change.items()
+        if (value is None and key in current) or (value is not None and current.get(key) != value)
+    }
+
+
+def merge(nodes: Mapping[str, Mapping[str, Any]], wanted: Iterable[plans.Plan]) -> LabelChanges:
     """Per node name, the labels to set or remove; nodes needing nothing are absent."""
-    ready_key = labels.ready(namespace, name)
-    plugin_key = labels.device_plugin_ready(namespace, name)
-    ready_set, plugin_set = set(ready), set(plugin_ready)
+    combined: dict[str, dict[str, str | None]] = {}
+    for plan in wanted:
+        for node, values in plan.labels.items():
+            into = combined.setdefault(node, {})
+            for key, value in values.items():
+                if key in into and into[key] != value:
+                    raise AssertionError(
+                        f"two planners want {key} on {node}: {into[key]!r}, {value!r}"
+                    )
+                into[key] = value
     result: LabelChanges = {}
-    for node in nodes:
-        metadata = node.get("metadata") or {}
-        node_name: str = metadata["name"]
-        current: Mapping[str, str] = metadata.get("labels") or {}
-        change: dict[str, str | None] = {}
-        kernel = kernel_labels.get(node_name)
-        if kernel is not None and current.get(labels.KERNEL_VERSION_FULL) != kernel:
-            change[labels.KERNEL_VERSION_FULL] = kernel
-        for key, wanted in (
-            (ready_key, node_name in ready_set),
-            (plugin_key, node_name in plugin_set),
-        ):
-            if wanted and current.get(key) != "":
-                change[key] = ""
-            elif not wanted and key in current:
-                change[key] = None
-        if change:
-            result[node_name] = change
+    for node, values in sorted(combined.items()):
+        if node in nodes:
+            change = still_needed(nodes[node], values)
+            if change:
+                result[node] = change
     return result

@@ -1,13 +1,17 @@
-"""The Module reconciler: one key (``<ns>/<name>``), the whole loader + plugin state.
+"""The Module reconciler: one key (``<ns>/<name>``), every concern of the Module.
 
 Level-based (``runtime.controllers.Reconciler``). For a live Module it:
 1. keeps the finalizer on it (node labels are not ownable; DESIGN §5);
 2. repeats admission (``kmm.api.validation``): an invalid Module gets a
    Degraded condition and one Warning Event, and nothing is created;
-3. applies the loader plan (``moduleloader``) and the device-plugin plan
-   (``deviceplugin``): DaemonSets sent only when missing or changed, stale
-   ones deleted, an Event for each create and delete;
-4. brings node labels to the truth (``nodelabels``);
+3. takes one read-only view of the caches (``views``) and asks each planner
+   what it wants: ``moduleloader``, then ``deviceplugin`` (it runs where the
+   module is loaded), then ``upgrade`` (ordered upgrades: version labels);
+4. sends what they want: DaemonSets applied when missing or changed, stale
+   ones deleted (an Event for each create and delete), and the node labels
+   all of them want, merged into one patch per node (``nodelabels``), each
+   checked against the freshest cached node just before it goes, with a Node
+   Event when ``.ready`` comes or goes;
 5. writes the status (``status``) only when a field it owns changes, and
    counts-only changes at most once per ``STATUS_INTERVAL`` (requeued).
 For a Module being deleted it removes its node labels, then the finalizer;
@@ -26,7 +30,18 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal
 
 from kmm.api import labels, validation
-from kmm.operator import caches, deviceplugin, events, moduleloader, nodelabels, status, writing
+from kmm.operator import (
+    caches,
+    deviceplugin,
+    events,
+    moduleloader,
+    nodelabels,
+    plans,
+    status,
+    upgrade,
+    views,
+    writing,
+)
 from kmm.runtime import controllers, stores
 
 __all__ = ["Caches", "ModuleReconciler", "rfc3339_now"]
@@ -57,11 +72,6 @@ class Caches:
     daemonsets: stores.Store
     pods: stores.Store
     nodes: stores.Store
-
-
-def _role(obj: RawObject) -> str | None:
-    value = ((obj.get("metadata") or {}).get("labels") or {}).get(labels.ROLE)
-    return value if isinstance(value, str) else None
 
 
 class ModuleReconciler:
@@ -106,49 +116,36 @@ class ModuleReconciler:
             await self._refuse(raw, str(err))
             return controllers.Result()
 
-        owned = self.caches.daemonsets.by_index(caches.MODULE_INDEX, key)
-        pods = self.caches.pods.by_index(caches.MODULE_INDEX, key)
-        loader_pods = [p for p in pods if _role(p) == "module-loader"]
-        plugin_pods = [p for p in pods if _role(p) == "device-plugin"]
-        has_loader = module.spec.module_loader is not None
-        has_plugin = module.spec.device_plugin is not None
-        selected = moduleloader.selected_nodes(module, self.caches.nodes.objects())
-        loader = moduleloader.plan(
+        view = views.build(
+            raw,
             module,
-            selected if has_loader else [],
-            [d for d in owned if _role(d) == "module-loader"],
-            loader_pods,
+            nodes=self.caches.nodes,
+            daemonsets=self.caches.daemonsets.by_index(caches.MODULE_INDEX, key),
+            pods=self.caches.pods.by_index(caches.MODULE_INDEX, key),
+            labelled=self.caches.nodes.by_index(caches.MODULE_INDEX, key),
         )
-        plugin = deviceplugin.plan(module, [d for d in owned if _role(d) == "device-plugin"])
-        await self._send_daemonsets(raw, [*loader.to_apply, *plugin.to_apply])
-        await self._delete_daemonsets(raw, [*loader.to_delete, *plugin.to_delete])
+        loader = moduleloader.plan(view)
+        plugin = deviceplugin.plan(view, loader)
+        moving = upgrade.plan(view, loader, plugin)
+        concerns: tuple[plans.Plan, ...] = (loader, plugin, moving)
+        await self._send_daemonsets(raw, [ds for plan in concerns for ds in plan.apply])
+        await self._delete_daemonsets(raw, [name for plan in concerns for name in plan.delete])
+        await self._patch_labels(nodelabels.merge(view.nodes(), concerns), view)
 
-        loaded = moduleloader.ready_nodes(loader.node_pairs, loader_pods)
-        plugin_ready = deviceplugin.ready_nodes(plugin_pods) if has_plugin else set()
-        # Candidates: nodes the Module selects, and nodes still carrying its labels.
-        labelled = self.caches.nodes.by_index(caches.MODULE_INDEX, key)
-        candidates = {n["metadata"]["name"]: n for n in [*selected, *labelled]}
-        changes = nodelabels.changes(
-            candidates.values(),
-            namespace=namespace,
-            name=name,
-            kernel_labels=loader.kernel_labels,
-            ready=loaded,
-            plugin_ready=plugin_ready,
-        )
-        await self._patch_labels(candidates, changes)
-
-        # The plugin runs where the module is loaded, or on every selected
-        # node for an in-tree driver.
-        plugin_wanted = (len(loaded) if has_loader else len(selected)) if has_plugin else 0
+        versioned = view.version is not None
+        selected = len(view.selected)
         seen = status.Observed(
-            selected=len(selected),
-            loader=status.counts(len(selected), loader.current) if has_loader else None,
-            plugin=status.counts(plugin_wanted, plugin.current) if has_plugin else None,
-            targeted=len(loader.node_pairs),
-            ready=len(loaded),
-            plugin_wanted=plugin_wanted,
-            plugin_ready=len(plugin_ready),
+            selected=selected,
+            loader=status.counts(selected, loader.current, versioned=versioned)
+            if module.spec.module_loader is not None
+            else None,
+            plugin=status.counts(len(plugin.wanted), plugin.current, versioned=versioned)
+            if plugin.enabled
+            else None,
+            targeted=len(loader.targeted),
+            ready=len(loader.loaded),
+            plugin_wanted=len(plugin.wanted),
+            plugin_ready=len(plugin.ready & plugin.wanted),
             mapping_errors=loader.grouping.errors,
         )
         new = status.compute(raw, seen, now=self.now())
@@ -193,22 +190,62 @@ class ModuleReconciler:
         await self.writer.set_finalizers(raw, [f for f in finalizers if f != labels.FINALIZER])
 
     async def _remove_labels(self, namespace: str, name: str) -> None:
+        """Every label the operator put on nodes for the Module (the user's own
+        version label stays: it is the user's)."""
         labelled = self.caches.nodes.by_index(caches.MODULE_INDEX, f"{namespace}/{name}")
-        changes = nodelabels.changes(
-            labelled, namespace=namespace, name=name, kernel_labels={}, ready=(), plugin_ready=()
+        owned = [
+            k
+            for k in labels.node_label_keys(namespace, name)
+            if k != labels.module_version(namespace, name)
+        ]
+        gone = plans.Plan()
+        for node in labelled:
+            for key in owned:
+                gone.want(node["metadata"]["name"], key, None)
+        await self._patch_labels(
+            nodelabels.merge({n["metadata"]["name"]: n for n in labelled}, [gone]), None
         )
-        await self._patch_labels({n["metadata"]["name"]: n for n in labelled}, changes)
 
     async def _patch_labels(
-        self, nodes: dict[str, RawObject], changes: nodelabels.LabelChanges
+        self, changes: nodelabels.LabelChanges, view: views.ModuleView | None
     ) -> None:
         limit = asyncio.Semaphore(_PARALLEL_WRITES)
 
         async def one(node_name: str, change: dict[str, str | None]) -> None:
             async with limit:
-                await self.writer.patch_node_labels(nodes[node_name], change)
+                # The view is as old as the reconcile; another reconcile's
+                # write may have landed since (DESIGN §5: no repeated writes).
+                node = self.caches.nodes.get(node_name)
+                if node is None:
+                    return
+                change = nodelabels.still_needed(node, change)
+                sent = bool(change) and await self.writer.patch_node_labels(node, change)
+                if sent and view is not None:
+                    await self._ready_event(view, node, change)
 
         await _all(one(n, c) for n, c in sorted(changes.items()))
+
+    async def _ready_event(
+        self, view: views.ModuleView, node: RawObject, change: dict[str, str | None]
+    ) -> None:
+        key = labels.ready(view.namespace, view.name)
+        if key not in change:
+            return
+        current = node["metadata"].get("labels") or {}
+        version = current.get(
+            labels.module_loader_version(view.namespace, view.name)
+        ) or current.get(labels.version_ready(view.namespace, view.name))
+        loaded = change[key] is not None
+        what = f"module {view.namespace}/{view.name}" + (f" version {version}" if version else "")
+        await self.writer.create_event(
+            events.node_event(
+                node,
+                reason="ModuleLoaded" if loaded else "ModuleUnloaded",
+                message=f"{what} {'loaded' if loaded else 'unloaded'}",
+                now=self.now(),
+                instance=self.instance,
+            )
+        )
 
     async def _event(
         self, raw: RawObject, type_: Literal["Normal", "Warning"], reason: str, message: str

@@ -2,7 +2,8 @@
 
 Counts follow KMM: ``nodesMatchingSelectorNumber`` (nodes the DaemonSets'
 selection starts from), ``desiredNumber`` and ``availableNumber`` (sums of
-the DaemonSets' ``desiredNumberScheduled`` / ``numberAvailable``).
+the DaemonSets' ``desiredNumberScheduled`` / ``numberAvailable``); with
+ordered upgrades, ``versions`` gives the same sums per module version.
 Conditions (ours, DESIGN §3) come from the node labels' truth, not from the
 DaemonSets' lagging counters:
 
@@ -24,7 +25,7 @@ from typing import Any
 
 import pydantic
 
-from kmm.api import conditions, modules
+from kmm.api import conditions, labels, modules
 
 __all__ = ["Observed", "compute", "counts", "differs", "invalid", "only_progress", "patch_body"]
 
@@ -48,14 +49,35 @@ class Observed:
     mapping_errors: Mapping[str, str]
 
 
-def counts(matching: int, daemonsets: Iterable[Mapping[str, Any]]) -> modules.DaemonSetStatus:
+def counts(
+    matching: int, daemonsets: Iterable[Mapping[str, Any]], *, versioned: bool = False
+) -> modules.DaemonSetStatus:
+    """KMM's counts over ``daemonsets``; with ``versioned``, also per module version."""
     desired = available = 0
+    per_version: dict[str, list[int]] = {}
     for ds in daemonsets:
         status = ds.get("status") or {}
-        desired += int(status.get("desiredNumberScheduled") or 0)
-        available += int(status.get("numberAvailable") or 0)
+        wanted, up = (
+            int(status.get("desiredNumberScheduled") or 0),
+            int(status.get("numberAvailable") or 0),
+        )
+        desired += wanted
+        available += up
+        version = ((ds.get("metadata") or {}).get("labels") or {}).get(labels.MODULE_VERSION)
+        if versioned and version:
+            found = per_version.setdefault(version, [0, 0])
+            found[0] += wanted
+            found[1] += up
     return modules.DaemonSetStatus(
-        nodes_matching_selector_number=matching, desired_number=desired, available_number=available
+        nodes_matching_selector_number=matching,
+        desired_number=desired,
+        available_number=available,
+        versions=[
+            modules.VersionCounts(version=v, desired_number=d, available_number=a)
+            for v, (d, a) in sorted(per_version.items())
+        ]
+        if versioned
+        else None,
     )
 
 

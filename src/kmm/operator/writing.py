@@ -121,12 +121,14 @@ class Writer:
         self.pending.sent(key, "delete", None, str(2**63))
         return deleted
 
-    async def patch_node_labels(self, node: RawObject, change: dict[str, str | None]) -> None:
+    async def patch_node_labels(self, node: RawObject, change: dict[str, str | None]) -> bool:
+        """Merge-patch the node's labels; False when skipped as already in flight."""
         name = node["metadata"]["name"]
         patch = {"metadata": {"labels": change}}
         if self.pending.in_flight(name, "labels", objects.resource_version(node), patch):
-            return
+            return False
         await self._merge(name, "labels", resources.NODES.path(name=name), patch)
+        return True
 
     async def patch_module_status(self, module: RawObject, patch: RawObject) -> None:
         await self._patch_module(module, "status", patch, subresource="status")

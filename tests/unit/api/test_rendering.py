@@ -126,6 +126,14 @@ def test_status_subresource_and_columns() -> None:
         "nodesMatchingSelectorNumber",
         "desiredNumber",
         "availableNumber",
+        "versions",
+    }
+    per_version = status["moduleLoader"]["properties"]["versions"]
+    assert per_version["x-kubernetes-list-map-keys"] == ["version"]
+    assert set(per_version["items"]["properties"]) == {
+        "version",
+        "desiredNumber",
+        "availableNumber",
     }
 
 

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import operator_fixtures as fixtures
+import pytest
 
 from kmm.api import conditions, labels
-from kmm.operator import caches, deviceplugin, loaderbuilders, moduleloader, nodelabels, status
+from kmm.operator import (
+    caches,
+    deviceplugin,
+    loaderbuilders,
+    moduleloader,
+    nodelabels,
+    plans,
+    status,
+    views,
+)
 from kmm.runtime import stores
 
 K68, K61, KEL9 = fixtures.KERNELS
@@ -22,100 +34,128 @@ def _nodes() -> list[dict]:
     ]
 
 
+def view(
+    module: Any,
+    nodes: list[dict],
+    daemonsets: list[dict] | tuple[()] = (),
+    pods: list[dict] | tuple[()] = (),
+) -> views.ModuleView:
+    store = stores.Store()
+    for node in nodes:
+        store.put(node)
+    key = f"{module.metadata.namespace}/{module.metadata.name}"
+    labelled = [n for n in nodes if key in caches.node_module_index(n)]
+    return views.build(
+        fixtures.module_raw(),
+        module,
+        nodes=store,
+        daemonsets=daemonsets,
+        pods=pods,
+        labelled=labelled,
+    )
+
+
+def _desired(plan: moduleloader.LoaderPlan) -> dict[str, dict]:
+    return {d["metadata"]["labels"][labels.KERNEL_VERSION_FULL]: d for d in plan.apply}
+
+
 def test_plan_groups_selected_nodes_into_pairs() -> None:
     module = fixtures.module()
-    plan = moduleloader.plan(module, _nodes(), [], [])
-    assert plan.selected == ["n0", "n1", "n2", "n3", "unknown"]
+    plan = moduleloader.plan(view(module, _nodes()))
     assert sorted(plan.grouping.nodes) == ["5.14.0-427.el9.x86_64", "6.1.0-27-amd64", K68]
     assert plan.grouping.untargeted == ["unknown"]
-    assert len(plan.to_apply) == 3
-    assert plan.to_delete == []
-    assert plan.kernel_labels["n2"] == "5.14.0-427.el9.x86_64"
-    assert "other" not in plan.kernel_labels
-    assert plan.node_pairs["n0"] == plan.node_pairs["n3"]
+    assert len(plan.apply) == 3
+    assert plan.delete == []
+    assert plan.labels["n2"][labels.KERNEL_VERSION_FULL] == "5.14.0-427.el9.x86_64"
+    assert "other" not in plan.labels
+    assert plan.targeted == {"n0", "n1", "n2", "n3"}
 
 
 def test_converged_plan_applies_nothing_and_deletes_stale_pairs() -> None:
     module = fixtures.module()
-    first = moduleloader.plan(module, _nodes(), [], [])
+    first = moduleloader.plan(view(module, _nodes()))
     stale = loaderbuilders.daemonset(module, first.grouping.targets[K68])
     stale["metadata"]["name"] = "stray-duplicate"
-    existing = [*first.desired.values(), stale]
-    again = moduleloader.plan(module, _nodes(), existing, [])
-    assert again.to_apply == []
-    assert again.to_delete == ["stray-duplicate"]
+    again = moduleloader.plan(view(module, _nodes(), [*first.apply, stale]))
+    assert again.apply == []
+    assert again.delete == ["stray-duplicate"]
 
     fewer = [n for n in _nodes() if n["metadata"]["name"] != "n1"]
-    after = moduleloader.plan(module, fewer, list(first.desired.values()), [])
-    assert after.to_apply == []
-    assert len(after.to_delete) == 1
+    after = moduleloader.plan(view(module, fewer, first.apply))
+    assert after.apply == []
+    assert len(after.delete) == 1
 
 
 def test_changed_image_replaces_only_that_pair() -> None:
     raw = fixtures.module_raw()
-    first = moduleloader.plan(fixtures.module(raw), _nodes(), [], [])
+    first = moduleloader.plan(view(fixtures.module(raw), _nodes()))
     raw["spec"]["moduleLoader"]["container"]["kernelMappings"][1]["containerImage"] = "r.io/x:v2"
-    second = moduleloader.plan(fixtures.module(raw), _nodes(), list(first.desired.values()), [])
-    assert [d["spec"]["template"]["spec"]["containers"][0]["image"] for d in second.to_apply] == [
+    second = moduleloader.plan(view(fixtures.module(raw), _nodes(), first.apply))
+    assert [d["spec"]["template"]["spec"]["containers"][0]["image"] for d in second.apply] == [
         "r.io/x:v2"
     ]
-    assert len(second.to_delete) == 1
+    assert len(second.delete) == 1
 
 
 def test_untolerated_taint_excludes_node_unless_loaded_already() -> None:
     module = fixtures.module()
     taint = [{"key": "gpu", "effect": "NoSchedule"}]
     nodes = [fixtures.node("n1", K61, taints=taint)]
-    assert moduleloader.plan(module, nodes, [], []).to_apply == []
-    ds = moduleloader.plan(module, [fixtures.node("n1", K61)], [], []).to_apply[0]
-    kept = moduleloader.plan(module, nodes, [ds], [fixtures.pod(ds, "n1")])
-    assert kept.to_delete == []
-    assert kept.node_pairs.keys() == {"n1"}
+    assert moduleloader.plan(view(module, nodes)).apply == []
+    ds = moduleloader.plan(view(module, [fixtures.node("n1", K61)])).apply[0]
+    kept = moduleloader.plan(view(module, nodes, [ds], [fixtures.pod(ds, "n1")]))
+    assert kept.delete == []
+    assert kept.targeted == {"n1"}
+    assert kept.loaded == {"n1"}
 
 
-def test_ready_nodes_need_the_pod_of_the_nodes_own_pair() -> None:
+def test_loaded_needs_the_pod_of_the_nodes_own_pair() -> None:
     module = fixtures.module()
-    plan = moduleloader.plan(module, _nodes(), [], [])
-    by_kernel = {
-        d["metadata"]["labels"][labels.KERNEL_VERSION_FULL]: d for d in plan.desired.values()
-    }
+    by_kernel = _desired(moduleloader.plan(view(module, _nodes())))
     pods = [
         fixtures.pod(by_kernel[K68], "n0"),
         fixtures.pod(by_kernel[K68], "n3", ready=False),
         fixtures.pod(by_kernel[K68], "n1"),  # wrong pair for n1's kernel
     ]
-    assert moduleloader.ready_nodes(plan.node_pairs, pods) == {"n0"}
+    plan = moduleloader.plan(view(module, _nodes(), list(by_kernel.values()), pods))
+    assert plan.loaded == {"n0"}
+    assert plan.labels["n0"][labels.ready("ns", "m")] == ""
+    assert plan.labels["n3"][labels.ready("ns", "m")] is None
 
 
-def test_label_changes_set_and_remove_exactly() -> None:
-    nodes = [
-        fixtures.node("a", K68, extra={labels.ready("ns", "m"): ""}),
-        fixtures.node("b", K68, extra={labels.KERNEL_VERSION_FULL: K68}),
-        fixtures.node("c", K68, extra={labels.device_plugin_ready("ns", "m"): ""}),
-    ]
-    found = nodelabels.changes(
-        nodes,
-        namespace="ns",
-        name="m",
-        kernel_labels={"a": K68, "b": K68},
-        ready={"b"},
-        plugin_ready=set(),
-    )
-    assert found == {
+def test_merge_sets_and_removes_exactly_what_differs() -> None:
+    nodes = {
+        "a": fixtures.node("a", K68, extra={labels.ready("ns", "m"): ""}),
+        "b": fixtures.node("b", K68, extra={labels.KERNEL_VERSION_FULL: K68}),
+        "c": fixtures.node("c", K68, extra={labels.device_plugin_ready("ns", "m"): ""}),
+    }
+    loader, plugin = plans.Plan(), plans.Plan()
+    for name in ("a", "b"):
+        loader.want(name, labels.KERNEL_VERSION_FULL, K68)
+    for name, value in (("a", None), ("b", ""), ("c", None)):
+        loader.want(name, labels.ready("ns", "m"), value)
+        plugin.want(name, labels.device_plugin_ready("ns", "m"), None)
+    plugin.want("gone", labels.device_plugin_ready("ns", "m"), None)  # not cached: skipped
+    assert nodelabels.merge(nodes, [loader, plugin]) == {
         "a": {labels.KERNEL_VERSION_FULL: K68, labels.ready("ns", "m"): None},
         "b": {labels.ready("ns", "m"): ""},
         "c": {labels.device_plugin_ready("ns", "m"): None},
     }
+    clash = plans.Plan()
+    clash.want("a", labels.ready("ns", "m"), "")
+    with pytest.raises(AssertionError, match="two planners"):
+        nodelabels.merge(nodes, [loader, clash])
 
 
 def test_device_plugin_plan() -> None:
     raw = fixtures.module_raw(devicePlugin={"container": {"image": "r.io/p:1"}})
-    plan = deviceplugin.plan(fixtures.module(raw), [])
-    assert len(plan.to_apply) == 1
-    again = deviceplugin.plan(fixtures.module(raw), plan.to_apply)
-    assert again.to_apply == []
-    gone = deviceplugin.plan(fixtures.module(), plan.to_apply)
-    assert gone.to_delete == [plan.to_apply[0]["metadata"]["name"]]
+    loader = moduleloader.LoaderPlan()
+    plan = deviceplugin.plan(view(fixtures.module(raw), []), loader)
+    assert len(plan.apply) == 1
+    again = deviceplugin.plan(view(fixtures.module(raw), [], plan.apply), loader)
+    assert again.apply == []
+    gone = deviceplugin.plan(view(fixtures.module(), [], plan.apply), loader)
+    assert gone.delete == [plan.apply[0]["metadata"]["name"]]
 
 
 def _seen(**overrides: object) -> status.Observed:
@@ -165,8 +205,16 @@ def test_node_events_map_to_selecting_and_labelled_modules() -> None:
     assert caches.modules_of_node(left, store) == ["ns/all", "ns/b.dotted"]
 
 
-def test_module_of_label() -> None:
-    assert caches.module_of_label(labels.ready("ns", "a.b")) == "ns/a.b"
-    assert caches.module_of_label(labels.device_plugin_ready("ns", "m")) == "ns/m"
-    assert caches.module_of_label(labels.KERNEL_VERSION_FULL) is None
-    assert caches.module_of_label("example.com/x.ready") is None
+def test_node_index_names_modules_from_their_labels() -> None:
+    node = fixtures.node(
+        "n",
+        K68,
+        extra={
+            labels.ready("ns", "a.b"): "",
+            labels.module_version("ns", "u"): "v1",
+            labels.device_plugin_version("ns", "p"): "v1",
+            labels.KERNEL_VERSION_FULL: K68,
+            "example.com/x.ready": "",
+        },
+    )
+    assert set(caches.node_module_index(node)) == {"ns/a.b", "ns/u", "ns/p"}

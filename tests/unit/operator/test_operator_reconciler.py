@@ -8,7 +8,7 @@ import operator_fixtures as fixtures
 import pytest
 
 from kmm.api import conditions, labels
-from kmm.operator import caches, reconciler, writing
+from kmm.operator import caches, reconciler, views, writing
 from kmm.runtime import stores
 
 K68, K61, KEL9 = fixtures.KERNELS
@@ -32,7 +32,7 @@ class RecordingWriter:
         self.cached.daemonsets.delete(f"{namespace}/{name}")
         return True
 
-    async def patch_node_labels(self, node: dict, change: dict) -> None:
+    async def patch_node_labels(self, node: dict, change: dict) -> bool:
         self.calls.append(("labels", (node["metadata"]["name"], change)))
         updated = {**node, "metadata": {**node["metadata"]}}
         current = dict(updated["metadata"].get("labels") or {})
@@ -43,6 +43,7 @@ class RecordingWriter:
                 current[key] = value
         updated["metadata"]["labels"] = current
         self.cached.nodes.put(updated)
+        return True
 
     async def patch_module_status(self, module: dict, patch: dict) -> None:
         self.calls.append(("status", patch))
@@ -213,3 +214,54 @@ async def test_counts_only_status_changes_wait_for_the_interval(world: Any) -> N
     clock[0] += 1.0
     await rec.reconcile("ns/m")
     assert writer.kinds() == ["status"]
+
+
+def _run_pods(cached: reconciler.Caches) -> None:
+    for ds in cached.daemonsets.objects():
+        node = "n0" if ds["metadata"]["labels"][labels.KERNEL_VERSION_FULL] == K68 else "n1"
+        cached.pods.put(fixtures.pod(ds, node))
+
+
+async def test_node_events_when_the_module_is_loaded_and_unloaded(world: Any) -> None:
+    rec, writer, cached = world
+    cached.modules.put(fixtures.module_raw())
+    await rec.reconcile("ns/m")
+    _run_pods(cached)
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    loaded = [c[1] for c in writer.calls if c[0] == "event"]
+    assert loaded == [("ModuleLoaded", "module ns/m loaded")] * 2
+    for pod in cached.pods.objects():
+        if pod["spec"]["nodeName"] == "n1":
+            cached.pods.delete(stores.key_of(pod))
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    assert [c[1] for c in writer.calls if c[0] == "event"] == [
+        ("ModuleUnloaded", "module ns/m unloaded")
+    ]
+
+
+async def test_a_stale_view_does_not_repeat_a_label_write(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reconcile plans from the view it took at its start; when another
+    write landed in the cache since, the patch it would repeat is not sent."""
+    rec, writer, cached = world
+    cached.modules.put(fixtures.module_raw())
+    await rec.reconcile("ns/m")
+    _run_pods(cached)
+    stale = {n["metadata"]["name"]: n for n in cached.nodes.objects()}
+    await rec.reconcile("ns/m")  # writes .ready on n0 and n1
+    build = views.build
+
+    def stale_view(raw: Any, module: Any, **kwargs: Any) -> views.ModuleView:
+        old = stores.Store()
+        for node in stale.values():
+            old.put(node)
+        # Nothing carried the Module's labels yet, as far as the stale view knows.
+        return build(raw, module, **{**kwargs, "nodes": old, "labelled": []})
+
+    monkeypatch.setattr(views, "build", stale_view)
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    assert [c for c in writer.calls if c[0] == "labels"] == []

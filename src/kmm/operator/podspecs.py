@@ -1,0 +1,32 @@
+"""The pod-spec fields every pod kmm makes for a Module shares (pure).
+
+Loader, device-plugin and DRA pods all run ``system-node-critical`` (a node
+must not evict what holds its drivers), carry the Module's tolerations (so
+they go where the Module may go, DESIGN §5), pull with its
+``imageRepoSecret``, and run as the service account their part of the spec
+names. Each builder adds its containers and volumes to this base.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kmm.api import modules
+
+__all__ = ["base"]
+
+RawObject = dict[str, Any]
+
+
+def base(module: modules.Module, *, service_account: str | None) -> RawObject:
+    """A pod spec with the shared fields set; containers and volumes are the caller's."""
+    spec: RawObject = {"priorityClassName": "system-node-critical"}
+    if module.spec.tolerations:
+        spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in module.spec.tolerations
+        ]
+    if module.spec.image_repo_secret is not None:
+        spec["imagePullSecrets"] = [{"name": module.spec.image_repo_secret.name}]
+    if service_account:
+        spec["serviceAccountName"] = service_account
+    return spec

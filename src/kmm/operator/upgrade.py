@@ -1,0 +1,197 @@
+"""Ordered upgrades (seed 003): each node's move from one module version to the next.
+
+The admin decides which node moves and when, by setting the node's user
+label ``version-module.<ns>.<name>`` (or removing it); the operator makes the
+move safe by walking two labels of its own, which the versioned DaemonSets
+select on: ``version-module-loader`` (the loader of that version runs) and
+``version-device-plugin`` (the device plugin, or DRA driver, of that version
+runs). Per node, the three labels' states pick one action (KMM's table,
+DESIGN §5), kept here as data:
+
+=========  =========  =========  ===========================
+user       loader     plugin     action
+=========  =========  =========  ===========================
+missing    present    present    remove the plugin label
+missing    present    missing    remove the loader label
+present    missing    missing    add the loader label (user's value)
+present    same       missing    add the plugin label (user's value)
+present    different  different  remove the plugin label
+present    different  missing    remove the loader label
+(others)                         nothing
+=========  =========  =========  ===========================
+
+("same"/"different": equal to the user's value or not.) Two guards make the
+order safe: the loader label goes only once no device-plugin or DRA pod of
+the Module is left on the node (the old module is not in use), and a new
+loader label comes only once ``.ready`` is gone (the old module is
+unloaded). A node the selector no longer picks is treated as one whose user
+label is missing. ``.version.ready`` = v marks a node that runs version v,
+loaded and with its device plugin Ready when there is one.
+
+``step`` names what a node is doing or waiting for; ``kmm upgrade`` and
+``kmm status`` print the same words from the same function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Literal
+
+from kmm.api import labels
+from kmm.operator import deviceplugin, moduleloader, plans, views
+
+__all__ = ["ACTIONS", "Action", "Step", "UpgradePlan", "plan", "step"]
+
+RawObject = dict[str, Any]
+Presence = Literal["missing", "present", "same", "different"]
+
+
+class Action(enum.Enum):
+    REMOVE_PLUGIN_LABEL = "remove the device-plugin version label"
+    REMOVE_LOADER_LABEL = "remove the module-loader version label"
+    ADD_LOADER_LABEL = "add the module-loader version label"
+    ADD_PLUGIN_LABEL = "add the device-plugin version label"
+    NOTHING = "nothing"
+
+
+# (user, loader, plugin) -> action; "present" stands for any value when the
+# user label is missing, "same"/"different" compare with the user's value.
+ACTIONS: Final[Mapping[tuple[Presence, Presence, Presence], Action]] = {
+    ("missing", "present", "present"): Action.REMOVE_PLUGIN_LABEL,
+    ("missing", "present", "missing"): Action.REMOVE_LOADER_LABEL,
+    ("present", "missing", "missing"): Action.ADD_LOADER_LABEL,
+    ("present", "same", "missing"): Action.ADD_PLUGIN_LABEL,
+    ("present", "different", "different"): Action.REMOVE_PLUGIN_LABEL,
+    ("present", "different", "missing"): Action.REMOVE_LOADER_LABEL,
+}
+
+
+def _presence(value: str | None, user: str | None) -> Presence:
+    if value is None:
+        return "missing"
+    if user is None:
+        return "present"
+    return "same" if value == user else "different"
+
+
+def action(user: str | None, loader: str | None, plugin: str | None) -> Action:
+    """The table's action for a node's three version labels."""
+    first: Presence = "missing" if user is None else "present"
+    return ACTIONS.get((first, _presence(loader, user), _presence(plugin, user)), Action.NOTHING)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What a node is doing: the action taken now (or NOTHING), and in words."""
+
+    action: Action
+    description: str
+    done: bool = False
+
+
+def step(
+    *,
+    user: str | None,
+    loader: str | None,
+    plugin: str | None,
+    ready: bool,
+    loaded: bool,
+    plugin_ready: bool,
+    has_plugin: bool,
+    blocking_pods: Sequence[str],
+) -> Step:
+    """The step a node is at. ``ready``: the node's ``.ready`` label now;
+    ``loaded``: its loader pod is Ready; ``blocking_pods``: device-plugin and
+    DRA pods of the Module still on the node."""
+    found = action(user, loader, plugin)
+    if found is Action.REMOVE_LOADER_LABEL and blocking_pods:
+        return Step(
+            Action.NOTHING,
+            f"device-plugin pod {', '.join(sorted(blocking_pods))} still on the node; "
+            "waiting before removing the module-loader version label",
+        )
+    if found is Action.ADD_LOADER_LABEL and ready:
+        return Step(
+            Action.NOTHING,
+            "the old module is still loaded (.ready is set); "
+            "waiting before adding the module-loader version label",
+        )
+    if found is Action.REMOVE_PLUGIN_LABEL:
+        return Step(found, f"removing the device-plugin version label {plugin}")
+    if found is Action.REMOVE_LOADER_LABEL:
+        return Step(found, f"removing the module-loader version label {loader}")
+    if found is Action.ADD_LOADER_LABEL:
+        return Step(found, f"adding the module-loader version label {user}")
+    if found is Action.ADD_PLUGIN_LABEL:
+        return Step(found, f"adding the device-plugin version label {user}")
+    if user is None:
+        return Step(Action.NOTHING, "unloaded: no version label", done=loader is None)
+    if not loaded:
+        return Step(Action.NOTHING, f"waiting for the module-loader pod of {loader} to be Ready")
+    if has_plugin and not plugin_ready:
+        return Step(Action.NOTHING, f"waiting for the device-plugin pod of {plugin} to be Ready")
+    return Step(Action.NOTHING, f"{loader} loaded", done=True)
+
+
+@dataclasses.dataclass
+class UpgradePlan(plans.Plan):
+    """The version labels wanted, and each node's step (for status and the CLI)."""
+
+    steps: dict[str, Step] = dataclasses.field(default_factory=dict)
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    found: Mapping[str, str] = (obj.get("metadata") or {}).get("labels") or {}
+    return found
+
+
+def plan(
+    view: views.ModuleView,
+    loader: moduleloader.LoaderPlan,
+    plugin: deviceplugin.PluginPlan,
+) -> UpgradePlan:
+    result = UpgradePlan()
+    if view.version is None:
+        return result
+    ns, name = view.namespace, view.name
+    user_key = labels.module_version(ns, name)
+    loader_key = labels.module_loader_version(ns, name)
+    plugin_key = labels.device_plugin_version(ns, name)
+    ready_key = labels.ready(ns, name)
+    selected = view.selected_names()
+    for node_name, node in view.nodes().items():
+        current = _labels(node)
+        user = current.get(user_key) if node_name in selected else None
+        loader_label, plugin_label = current.get(loader_key), current.get(plugin_key)
+        blocking = [
+            (pod.get("metadata") or {}).get("name", "?")
+            for pod in view.pods_on(node_name, "device-plugin", "dra")
+        ]
+        found = step(
+            user=user,
+            loader=loader_label,
+            plugin=plugin_label,
+            ready=ready_key in current,
+            loaded=node_name in loader.loaded,
+            plugin_ready=node_name in plugin.ready,
+            has_plugin=plugin.enabled,
+            blocking_pods=blocking,
+        )
+        result.steps[node_name] = found
+        if found.action is Action.REMOVE_PLUGIN_LABEL:
+            result.want(node_name, plugin_key, None)
+        elif found.action is Action.REMOVE_LOADER_LABEL:
+            result.want(node_name, loader_key, None)
+        elif found.action is Action.ADD_LOADER_LABEL:
+            result.want(node_name, loader_key, user)
+        elif found.action is Action.ADD_PLUGIN_LABEL:
+            result.want(node_name, plugin_key, user)
+        finished = (
+            node_name in loader.loaded
+            and loader_label is not None
+            and (not plugin.enabled or (node_name in plugin.ready and plugin_label == loader_label))
+        )
+        result.want(node_name, labels.version_ready(ns, name), loader_label if finished else None)
+    return result

@@ -1,0 +1,116 @@
+"""What one reconcile sees of the cluster for one Module: a read-only view.
+
+``build`` takes it from the informer caches once, at the start of a
+reconcile, so every planner (``moduleloader``, ``deviceplugin``,
+``upgrade``) judges the same moment. The view holds the cached dicts
+themselves: planners read them and never change them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from kmm.api import labels, modules, scheduling
+from kmm.runtime import stores
+
+__all__ = ["ModuleView", "build", "is_pod_ready"]
+
+RawObject = dict[str, Any]
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    found: Mapping[str, Any] = obj.get("metadata") or {}
+    return found
+
+
+def is_pod_ready(pod: Mapping[str, Any]) -> bool:
+    if _meta(pod).get("deletionTimestamp"):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleView:
+    """One Module and the objects that concern it, as the caches hold them."""
+
+    raw: RawObject
+    module: modules.Module
+    # Nodes matching spec.selector, by name; and nodes carrying this
+    # Module's labels (they may have stopped matching).
+    selected: Sequence[RawObject]
+    labelled: Sequence[RawObject]
+    daemonsets: Mapping[str, Sequence[RawObject]]  # by role
+    pods: Mapping[str, Sequence[RawObject]]  # by role
+
+    @property
+    def namespace(self) -> str:
+        return self.module.metadata.namespace or ""
+
+    @property
+    def name(self) -> str:
+        return self.module.metadata.name
+
+    @property
+    def version(self) -> str | None:
+        """``moduleLoader.container.version``: ordered upgrades are on when set."""
+        loader = self.module.spec.module_loader
+        return loader.container.version if loader is not None else None
+
+    def nodes(self) -> dict[str, RawObject]:
+        """Every node this reconcile may label: the selected and the labelled, by name."""
+        return {_meta(n)["name"]: n for n in (*self.selected, *self.labelled)}
+
+    def selected_names(self) -> set[str]:
+        return {_meta(n)["name"] for n in self.selected}
+
+    def pods_on(self, node: str, *roles: str) -> list[RawObject]:
+        """The Module's pods of ``roles`` bound to ``node``, terminating ones included."""
+        return [
+            pod
+            for role in roles
+            for pod in self.pods.get(role, ())
+            if (pod.get("spec") or {}).get("nodeName") == node
+        ]
+
+
+def _role(obj: Mapping[str, Any]) -> str:
+    value = (_meta(obj).get("labels") or {}).get(labels.ROLE)
+    return value if isinstance(value, str) else ""
+
+
+def _by_role(objs: Iterable[RawObject]) -> dict[str, list[RawObject]]:
+    found: dict[str, list[RawObject]] = {}
+    for obj in objs:
+        found.setdefault(_role(obj), []).append(obj)
+    return found
+
+
+def build(
+    raw: RawObject,
+    module: modules.Module,
+    *,
+    nodes: stores.Store,
+    daemonsets: Iterable[RawObject],
+    pods: Iterable[RawObject],
+    labelled: Iterable[RawObject],
+) -> ModuleView:
+    """The view of ``module`` from the caches (its own DaemonSets and pods given)."""
+    selected = sorted(
+        (
+            n
+            for n in nodes.objects()
+            if scheduling.matches_selector(_meta(n).get("labels"), module.spec.selector)
+        ),
+        key=lambda n: _meta(n)["name"],
+    )
+    return ModuleView(
+        raw=raw,
+        module=module,
+        selected=selected,
+        labelled=sorted(labelled, key=lambda n: _meta(n)["name"]),
+        daemonsets=_by_role(daemonsets),
+        pods=_by_role(pods),
+    )
