@@ -24,6 +24,8 @@ _REGISTRARS = {
     "operator": "kmm.cli.operating",
     "apply": "kmm.cli.applying",
     "modules": "kmm.cli.listing",
+    "upgrade": "kmm.cli.upgrading",
+    "status": "kmm.cli.upgrading",
     "driver": "kmm.cli.driving",
     "manifests": "kmm.cli.manifesting",
 }

@@ -3,17 +3,26 @@
 It never imports ``kmm.kubeletplugin`` (the node side is a separate process),
 and it does not re-implement the runtime: informers, the work queue, the
 controller loop and its one requeue policy, the manager and Lease election
-all come from ``kmm.runtime``; Module models, validation, names and kernel
-mapping from ``kmm.api``. Import modules, not names.
+all come from ``kmm.runtime``; API access from ``kmm.kube``; Module models,
+validation, names and kernel mapping from ``kmm.api``. Import modules, not names.
+
+A reconcile reads one ``views.ModuleView`` and asks one pure planner per
+concern what it wants (each answers a ``plans.Plan``: DaemonSets to apply or
+delete, the node labels it owns); ``nodelabels`` merges their labels into one
+patch per node; ``reconciler`` sends it all and writes the status.
 
 Pure (no I/O, table-tested):
 
-- ``objects``: owner references and the ``SPEC_HASH`` stamp of desired objects;
-- ``loaderbuilders`` / ``devicepluginbuilders``: the DaemonSets;
-- ``moduleloader`` / ``deviceplugin``: per-Module plans (what to apply,
-  delete, where the module is ready);
-- ``nodelabels``: node label changes; ``status``: status and conditions;
-- ``events``: Event bodies; ``caches``: projections, indexes, event -> key maps.
+- ``views``: the read-only view of the caches; ``plans``: the planners' answer;
+- ``moduleloader``: loader DaemonSets per (kernel, image[, version]), where
+  the module is loaded; ``deviceplugin``: the plugin DaemonSet(s) and
+  readiness; ``upgrade``: ordered upgrades, the action table as data;
+- ``loaderbuilders`` / ``devicepluginbuilders``: the DaemonSets, on the
+  shared pod-spec base of ``podspecs``; ``objects``: owner references and the
+  ``SPEC_HASH`` stamp;
+- ``nodelabels``: merging wanted labels into patches; ``status``: status
+  and conditions; ``events``: Event bodies (Module and Node);
+  ``caches``: projections, indexes, event -> key maps.
 
 With I/O:
 
@@ -21,8 +30,9 @@ With I/O:
   shown yet, so a lagging cache causes no repeat);
 - ``reconciler``: the Module reconciler tying the above together;
 - ``wiring``: informers + controller + manager (``Operator``);
-- ``running``: the process (metrics, probes, write counter); ``metrics``,
-  ``probes``, ``jsonlogs`` its parts.
+- ``running``: the process (metrics, probes); ``metrics``, ``probes``,
+  ``jsonlogs`` its parts;
+- ``inspecting``: what an admin sees per node (``kmm status``, ``kmm upgrade``).
 
-Not here (DESIGN §5, other issues): ordered upgrades and the DRA reconciler.
+Not here yet (DESIGN §5, the next issue): the DRA reconciler.
 """

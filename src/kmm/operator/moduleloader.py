@@ -85,6 +85,8 @@ class LoaderPlan(plans.Plan):
     current: list[RawObject] = dataclasses.field(default_factory=list)
     targeted: set[str] = dataclasses.field(default_factory=set)
     loaded: set[str] = dataclasses.field(default_factory=set)
+    # With a version: the version each loaded node runs.
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def plan(view: views.ModuleView) -> LoaderPlan:
@@ -170,6 +172,7 @@ def plan(view: views.ModuleView) -> LoaderPlan:
             and _labels(pod).get(labels.KERNEL_VERSION_FULL) == kernel_labels[node]
         }
         result.targeted = {n for n in node_pairs if n in running} | result.loaded
+        result.versions = {n: running[n] for n in result.loaded}
     for node in nodes:
         result.want(node, ready_key, "" if node in result.loaded else None)
     return result

@@ -92,6 +92,8 @@ class ModuleReconciler:
         self.monotonic = monotonic
         self.status_interval = status_interval
         self._status_written: dict[str, float] = {}
+        # Per Module, the version last seen loaded on each node (Node Events).
+        self._versions: dict[str, dict[str, str]] = {}
 
     async def reconcile(self, key: str) -> controllers.Result:
         raw = self.caches.modules.get(key)
@@ -99,6 +101,7 @@ class ModuleReconciler:
             # Normally the finalizer cleaned up; labels left behind (the
             # finalizer removed by hand, a crash between the two) go now.
             self._status_written.pop(key, None)
+            self._versions.pop(key, None)
             namespace, _, name = key.partition("/")
             await self._remove_labels(namespace, name)
             return controllers.Result()
@@ -131,6 +134,8 @@ class ModuleReconciler:
         await self._send_daemonsets(raw, [ds for plan in concerns for ds in plan.apply])
         await self._delete_daemonsets(raw, [name for plan in concerns for name in plan.delete])
         await self._patch_labels(nodelabels.merge(view.nodes(), concerns), view)
+        if loader.versions:
+            self._versions.setdefault(key, {}).update(loader.versions)
 
         versioned = view.version is not None
         selected = len(view.selected)
@@ -155,8 +160,8 @@ class ModuleReconciler:
             wait = self._status_written.get(key, -1e9) + self.status_interval - self.monotonic()
             if wait > 0:
                 return controllers.Result(requeue_after=wait)
-        await self.writer.patch_module_status(raw, status.patch_body(new))
-        self._status_written[key] = self.monotonic()
+        if await self.writer.patch_module_status(raw, status.patch_body(new)):
+            self._status_written[key] = self.monotonic()
         return controllers.Result()
 
     async def _send_daemonsets(self, raw: RawObject, desired: list[RawObject]) -> None:
@@ -178,8 +183,10 @@ class ModuleReconciler:
         new = status.invalid(raw, message, now=self.now())
         if not status.differs(raw, new):
             return
-        await self.writer.patch_module_status(raw, status.patch_body(new))
-        await self._event(raw, "Warning", "InvalidSpec", message)
+        # One Event per refusal: a reconcile in the cache gap (the status
+        # write not seen yet) finds the same patch in flight and says nothing.
+        if await self.writer.patch_module_status(raw, status.patch_body(new)):
+            await self._event(raw, "Warning", "InvalidSpec", message)
 
     async def _clean_up(
         self, raw: RawObject, namespace: str, name: str, finalizers: list[str]
@@ -231,10 +238,18 @@ class ModuleReconciler:
         key = labels.ready(view.namespace, view.name)
         if key not in change:
             return
-        current = node["metadata"].get("labels") or {}
-        version = current.get(
-            labels.module_loader_version(view.namespace, view.name)
-        ) or current.get(labels.version_ready(view.namespace, view.name))
+        name = node["metadata"]["name"]
+        loaded_before = self._versions.get(f"{view.namespace}/{view.name}", {})
+        # Loading: the version the node's label asks for. Unloading: that
+        # label (and the loader pod) may be gone already; the last version
+        # seen loaded there is the one unloaded (unknown after a restart).
+        version = (
+            (node["metadata"].get("labels") or {}).get(
+                labels.module_loader_version(view.namespace, view.name)
+            )
+            if change[key] is not None
+            else loaded_before.get(name)
+        )
         loaded = change[key] is not None
         what = f"module {view.namespace}/{view.name}" + (f" version {version}" if version else "")
         await self.writer.create_event(

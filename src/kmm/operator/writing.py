@@ -75,6 +75,15 @@ def _caught_up(version: str | None, result: str | None) -> bool:
         return True
 
 
+def _timeless(body: object) -> object:
+    """``body`` without its condition transition times."""
+    if isinstance(body, dict):
+        return {k: _timeless(v) for k, v in body.items() if k != "lastTransitionTime"}
+    if isinstance(body, list):
+        return [_timeless(item) for item in body]
+    return body
+
+
 def _digest(body: object) -> str:
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
@@ -130,8 +139,16 @@ class Writer:
         await self._merge(name, "labels", resources.NODES.path(name=name), patch)
         return True
 
-    async def patch_module_status(self, module: RawObject, patch: RawObject) -> None:
-        await self._patch_module(module, "status", patch, subresource="status")
+    async def patch_module_status(self, module: RawObject, patch: RawObject) -> bool:
+        """Merge-patch the status; False when skipped as already in flight.
+
+        Two reconciles in the cache gap compute the same conditions with
+        different transition times (``now`` moved on): the same write, so
+        the times take no part in telling whether it is in flight.
+        """
+        return await self._patch_module(
+            module, "status", patch, subresource="status", same=_timeless(patch)
+        )
 
     async def set_finalizers(self, module: RawObject, finalizers: list[str]) -> None:
         """Replace the finalizer list, guarded by the observed resourceVersion (409 on a race)."""
@@ -142,17 +159,28 @@ class Writer:
         await self._patch_module(module, "finalizers", patch, subresource=None)
 
     async def _patch_module(
-        self, module: RawObject, aspect: str, patch: RawObject, *, subresource: str | None
-    ) -> None:
-        """Merge-patch one aspect of a Module, unless the same patch is still in flight."""
+        self,
+        module: RawObject,
+        aspect: str,
+        patch: RawObject,
+        *,
+        subresource: str | None,
+        same: object = None,
+    ) -> bool:
+        """Merge-patch one aspect of a Module, unless the same patch is still in
+        flight; ``same`` is what identifies the write (the patch itself by default)."""
         metadata = module["metadata"]
         key = f"{metadata['namespace']}/{metadata['name']}"
-        if self.pending.in_flight(key, aspect, objects.resource_version(module), patch):
-            return
+        identity = patch if same is None else same
+        if self.pending.in_flight(key, aspect, objects.resource_version(module), identity):
+            return False
         path = MODULES.path(metadata["namespace"], metadata["name"], subresource=subresource)
-        await self._merge(key, aspect, path, patch)
+        await self._merge(key, aspect, path, patch, identity)
+        return True
 
-    async def _merge(self, key: str, aspect: str, path: str, patch: RawObject) -> None:
+    async def _merge(
+        self, key: str, aspect: str, path: str, patch: RawObject, identity: object = None
+    ) -> None:
         """A merge patch whose object may be gone (then there is nothing to do)."""
         try:
             written = await self.api.request(
@@ -160,7 +188,8 @@ class Writer:
             )
         except errors.NotFound:
             written = None
-        self.pending.sent(key, aspect, patch, objects.resource_version(written))
+        remembered = patch if identity is None else identity
+        self.pending.sent(key, aspect, remembered, objects.resource_version(written))
 
     async def create_event(self, event: RawObject) -> None:
         """Best effort: an Event that cannot be written is logged, never retried."""

@@ -45,12 +45,13 @@ class RecordingWriter:
         self.cached.nodes.put(updated)
         return True
 
-    async def patch_module_status(self, module: dict, patch: dict) -> None:
+    async def patch_module_status(self, module: dict, patch: dict) -> bool:
         self.calls.append(("status", patch))
         key = f"{module['metadata']['namespace']}/{module['metadata']['name']}"
         current = self.cached.modules.get(key)
         assert current is not None
         self.cached.modules.put({**current, "status": patch["status"]})
+        return True
 
     async def set_finalizers(self, module: dict, finalizers: list[str]) -> None:
         self.calls.append(("finalizers", finalizers))

@@ -6,15 +6,18 @@ would; the in-flight memory (``writing.Pending``) is what is under test.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import kubeclients
+import operator_fixtures as fixtures
 import pytest
 from scripted import Server
 
-from kmm.operator import writing
+from kmm.operator import reconciler, writing
+from kmm.runtime import stores
 
 
 def node(rv: str, **labels: str) -> dict[str, Any]:
@@ -78,3 +81,37 @@ async def test_status_patches_go_to_the_subresource_and_events_are_best_effort(
     status, event = server.seen
     assert status.path == "/apis/kmm.sigs.x-k8s.io/v1beta1/namespaces/ns/modules/m/status"
     assert (event.method, event.path) == ("POST", "/api/v1/namespaces/ns/events")
+
+
+async def test_a_refusal_in_the_cache_gap_writes_one_status_and_one_event(
+    writer: tuple[writing.Writer, Server],
+) -> None:
+    """Two reconciles of an invalid Module before the cache shows the first
+    status write, a second apart: the conditions differ only in their
+    transition times, so the second sends neither the status nor the Event."""
+    write, server = writer
+    cached = reconciler.Caches(
+        modules=stores.Store(), daemonsets=stores.Store(), pods=stores.Store(), nodes=stores.Store()
+    )
+    raw = fixtures.module_raw()
+    raw["spec"]["moduleLoader"]["container"]["kernelMappings"][0]["containerImage"] = "r.io/x"
+    cached.modules.put(raw)
+    ticks = itertools.count()
+    rec = reconciler.ModuleReconciler(
+        cached, write, now=lambda: f"2026-01-01T00:00:{next(ticks):02d}Z"
+    )
+    server.script((200, {"metadata": {"resourceVersion": "11"}}), (201, {}))
+    await rec.reconcile("ns/m")
+    await rec.reconcile("ns/m")  # the cache still shows resourceVersion 10
+    assert [(s.method, s.path.rsplit("/", 1)[-1]) for s in server.seen] == [
+        ("PATCH", "status"),
+        ("POST", "events"),
+    ]
+    # A new refusal (the user changed the spec) is a new write and a new Event.
+    server.script((200, {"metadata": {"resourceVersion": "13"}}), (201, {}))
+    changed = {**raw, "metadata": {**raw["metadata"], "resourceVersion": "12", "generation": 2}}
+    changed["spec"] = json.loads(json.dumps(raw["spec"]))
+    changed["spec"]["moduleLoader"]["container"]["kernelMappings"][1]["regexp"] = "("
+    cached.modules.put(changed)
+    await rec.reconcile("ns/m")
+    assert len(server.seen) == 4

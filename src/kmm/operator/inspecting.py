@@ -1,0 +1,265 @@
+"""What an admin sees of one Module on each node: its labels, its pods, the upgrade step.
+
+Read through any ``kube.client.Client`` (so against any cluster) and judged
+with the planners' own rule (``upgrade.step``): ``kmm status`` and
+``kmm upgrade`` say what the operator does next on a node, in its words. A
+pod of the Module that cannot run there (an image that does not pull, a
+container that keeps crashing) is reported as the node's ``problem``: an
+upgrade waiting on it would wait forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from kmm.aio import tasks
+from kmm.api import kernels, labels
+from kmm.kube import client, listwatch, objects, reflecting, resources
+from kmm.operator import upgrade, writing
+
+__all__ = [
+    "STUCK_REASONS",
+    "NodeState",
+    "Watcher",
+    "get_module",
+    "module_version",
+    "node_states",
+    "states",
+]
+
+RawObject = dict[str, Any]
+
+# Container waiting reasons that do not heal by waiting.
+STUCK_REASONS: Final = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeState:
+    node: str
+    kernel: str
+    user: str | None
+    loader: str | None
+    plugin: str | None
+    loaded: bool
+    plugin_ready: bool
+    version_ready: str | None
+    step: upgrade.Step
+    problem: str | None
+
+
+async def get_module(api: client.Client, namespace: str, name: str) -> RawObject:
+    """The Module (raises ``kube.errors.NotFound``)."""
+    found: RawObject = await api.request("GET", writing.MODULES.path(namespace, name))
+    return found
+
+
+def _problem(pods: Iterable[Mapping[str, Any]]) -> str | None:
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or ():
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK_REASONS:
+                message = waiting.get("message") or ""
+                return f"pod {objects.name(pod)}: {waiting['reason']}" + (
+                    f" ({message})" if message else ""
+                )
+    return None
+
+
+def states(
+    module: Mapping[str, Any],
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    *,
+    only: Iterable[str] | None = None,
+) -> list[NodeState]:
+    """Per node the Module selects or has labelled (or just ``only`` these), by name."""
+    namespace, name = objects.namespace(module) or "", objects.name(module)
+    spec = module.get("spec") or {}
+    selector: Mapping[str, str] = spec.get("selector") or {}
+    has_plugin = bool(spec.get("devicePlugin") or spec.get("dra"))
+    keys = {
+        "user": labels.module_version(namespace, name),
+        "loader": labels.module_loader_version(namespace, name),
+        "plugin": labels.device_plugin_version(namespace, name),
+        "ready": labels.ready(namespace, name),
+        "plugin_ready": labels.device_plugin_ready(namespace, name),
+        "dra_ready": labels.dra_ready(namespace, name),
+        "version_ready": labels.version_ready(namespace, name),
+    }
+    pods = list(pods)
+    wanted = set(only) if only is not None else None
+    found: list[NodeState] = []
+    for node in sorted(nodes, key=objects.name):
+        node_name, node_labels = objects.name(node), objects.labels(node)
+        selected = all(node_labels.get(k) == v for k, v in selector.items())
+        mine = any(labels.module_of_node_label(k) == (namespace, name) for k in node_labels)
+        if wanted is not None and node_name not in wanted:
+            continue
+        if wanted is None and not (selected or mine):
+            continue
+        on_node = [p for p in pods if (p.get("spec") or {}).get("nodeName") == node_name]
+        blocking = [
+            objects.name(p)
+            for p in on_node
+            if objects.labels(p).get(labels.ROLE) in ("device-plugin", "dra")
+        ]
+        plugin_ready = keys["plugin_ready"] in node_labels or keys["dra_ready"] in node_labels
+        user = node_labels.get(keys["user"]) if selected else None
+        kernel = ((node.get("status") or {}).get("nodeInfo") or {}).get("kernelVersion", "")
+        found.append(
+            NodeState(
+                node=node_name,
+                kernel=kernels.node_kernel(kernel),
+                user=user,
+                loader=node_labels.get(keys["loader"]),
+                plugin=node_labels.get(keys["plugin"]),
+                loaded=keys["ready"] in node_labels,
+                plugin_ready=plugin_ready,
+                version_ready=node_labels.get(keys["version_ready"]),
+                step=upgrade.step(
+                    user=user,
+                    loader=node_labels.get(keys["loader"]),
+                    plugin=node_labels.get(keys["plugin"]),
+                    ready=keys["ready"] in node_labels,
+                    loaded=keys["ready"] in node_labels,
+                    plugin_ready=plugin_ready,
+                    has_plugin=has_plugin,
+                    blocking_pods=blocking,
+                ),
+                problem=_problem(on_node),
+            )
+        )
+    return found
+
+
+def _pods_of(module: Mapping[str, Any]) -> tuple[resources.Resource, str, str]:
+    namespace, name = objects.namespace(module) or "", objects.name(module)
+    return (
+        resources.PODS,
+        namespace,
+        f"{labels.MODULE_NAME}={name},{labels.MODULE_NAMESPACE}={namespace}",
+    )
+
+
+async def node_states(
+    api: client.Client, module: Mapping[str, Any], *, only: Iterable[str] | None = None
+) -> list[NodeState]:
+    """``states`` of the cluster as it is now (two lists)."""
+    pod_resource, namespace, owned = _pods_of(module)
+    nodes = (await api.request("GET", resources.NODES.path()))["items"]
+    pods = (await api.request("GET", pod_resource.path(namespace), query={"labelSelector": owned}))[
+        "items"
+    ]
+    return states(module, nodes, pods, only=only)
+
+
+class _Objects:
+    """A reflector's sink: objects by name; ``on_change`` hears of every change."""
+
+    def __init__(self, on_change: Callable[[], None]) -> None:
+        self.by_name: dict[str, RawObject] = {}
+        self.synced = False
+        self._on_change = on_change
+
+    def replace(self, items: list[RawObject], resource_version: str) -> None:
+        self.by_name = {objects.name(item): item for item in items}
+        self.synced = True
+        self._on_change()
+
+    def apply(self, event: listwatch.WatchEvent) -> None:
+        if event["type"] == "DELETED":
+            self.by_name.pop(objects.name(event["object"]), None)
+        elif event["type"] != "BOOKMARK":
+            self.by_name[objects.name(event["object"])] = event["object"]
+        self._on_change()
+
+
+class Watcher:
+    """Nodes and the Module's pods kept current by watches. The nodes
+    ``follow`` names are judged after every single event, so ``steps`` holds
+    each step they pass through, however quickly the operator moves them
+    (several events may arrive before the caller looks)."""
+
+    def __init__(self, api: client.Client, module: Mapping[str, Any]) -> None:
+        self.module = module
+        self.changed = asyncio.Event()
+        self.steps: collections.deque[NodeState] = collections.deque()
+        self._followed: set[str] = set()
+        self._said: dict[str, str] = {}
+        self._nodes, self._pods = _Objects(self._changed), _Objects(self._changed)
+        pod_resource, namespace, owned = _pods_of(module)
+        self._reflectors = [
+            reflecting.Reflector(
+                "nodes", listwatch.ApiListWatch(api, resources.NODES), self._nodes
+            ),
+            reflecting.Reflector(
+                "pods",
+                listwatch.ApiListWatch(api, pod_resource, namespace=namespace),
+                self._pods,
+                label_selector=owned,
+            ),
+        ]
+        self._tasks = tasks.TaskSet("watcher")
+
+    async def __aenter__(self) -> Watcher:
+        for reflector in self._reflectors:
+            self._tasks.spawn(reflector.run(), name=reflector.name)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._tasks.close()
+
+    def follow(self, nodes: Iterable[str]) -> None:
+        """Record the steps of ``nodes`` from now on (and only theirs)."""
+        self._followed = set(nodes)
+        self._said.clear()
+        self.steps.clear()
+        self._changed()
+
+    def _changed(self) -> None:
+        found = self.states(only=self._followed) if self._followed else None
+        for state in found or ():
+            if self._said.get(state.node) != state.step.description:
+                self._said[state.node] = state.step.description
+                self.steps.append(state)
+        self.changed.set()
+
+    async def wait(self) -> None:
+        """Until the next change (or a failure of a watch, raised)."""
+        failed = asyncio.ensure_future(self._tasks.failed.wait())
+        changed = asyncio.ensure_future(self.changed.wait())
+        try:
+            await asyncio.wait({failed, changed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+            changed.cancel()
+        self.changed.clear()
+        self._tasks.raise_failure()
+
+    def states(self, *, only: Iterable[str] | None = None) -> list[NodeState] | None:
+        """The states now, or None until both lists are in."""
+        if not (self._nodes.synced and self._pods.synced):
+            return None
+        return states(
+            self.module, self._nodes.by_name.values(), self._pods.by_name.values(), only=only
+        )
+
+
+def module_version(module: Mapping[str, Any]) -> str | None:
+    """``spec.moduleLoader.container.version`` of a raw Module."""
+    loader = (module.get("spec") or {}).get("moduleLoader") or {}
+    value = (loader.get("container") or {}).get("version")
+    return value if isinstance(value, str) else None
