@@ -129,6 +129,36 @@ CASES: list[tuple[str, Callable[[Obj], None], tuple[str, ...]]] = [
         lambda obj: obj["spec"].__setitem__("devicePlugin", {"container": {"image": "r/x:1"}}),
         ("spec.dra", "mutually exclusive"),
     ),
+    (
+        "dra-host-path-etc",
+        lambda obj: obj["spec"]["dra"].__setitem__(
+            "volumes", [{"name": "etc", "hostPath": {"path": "/etc"}}]
+        ),
+        ("spec.dra.volumes[0].hostPath.path", "/dev, /sys, /var, /opt, /run"),
+    ),
+    (
+        "dra-host-path-climbs-out",
+        lambda obj: obj["spec"]["dra"].__setitem__(
+            "volumes", [{"name": "v", "hostPath": {"path": "/run/../etc"}}]
+        ),
+        ("spec.dra.volumes[0].hostPath.path", "'..'"),
+    ),
+    (
+        "device-plugin-host-path-root",
+        lambda obj: obj["spec"].update(
+            dra=None,
+            devicePlugin={
+                "container": {"image": "r/x:1"},
+                "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+            },
+        ),
+        ("spec.devicePlugin.volumes[0].hostPath.path", "/dev, /sys, /var, /opt, /run"),
+    ),
+    (
+        "dra-volume-name-reserved",
+        lambda obj: obj["spec"]["dra"].__setitem__("volumes", [{"name": "cdi", "emptyDir": {}}]),
+        ("spec.dra.volumes", "reserved"),
+    ),
 ]
 
 

@@ -15,6 +15,7 @@ schema cannot express live in :mod:`kmm.api.admission`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -25,7 +26,10 @@ from kmm.api import cel, formats, labels, regexps
 
 __all__ = [
     "API_VERSION",
+    "DEVICE_PLUGIN_VOLUMES",
+    "DRA_VOLUMES",
     "GROUP",
+    "HOST_PATH_ROOTS",
     "KIND",
     "PLURAL",
     "VERSION",
@@ -34,10 +38,12 @@ __all__ = [
     "Condition",
     "ContainerSpec",
     "DaemonSetStatus",
+    "DeviceClassConfig",
     "DeviceClassSpec",
     "DevicePluginSpec",
     "DeviceSelector",
     "DraSpec",
+    "HostPathVolumeSource",
     "KernelMapping",
     "LocalObjectReference",
     "ModprobeArgs",
@@ -48,9 +54,11 @@ __all__ = [
     "ModuleSpec",
     "ModuleStatus",
     "ObjectMeta",
+    "OpaqueDeviceConfig",
     "RegistryTLS",
     "Toleration",
     "VersionCounts",
+    "Volume",
 ]
 
 GROUP = "kmm.sigs.x-k8s.io"
@@ -68,7 +76,17 @@ _MAX_REGEXP = 1024
 _MAX_LOADING_ORDER = 32
 _MAX_CEL_EXPRESSION = 10 * 1024  # resource.k8s.io/v1 CELDeviceSelector limit
 _MAX_DEVICE_CLASSES = 32
-_MAX_SELECTORS = 32
+_MAX_SELECTORS = 32  # resource.k8s.io/v1 DeviceSelectorsMaxSize
+_MAX_CONFIGS = 32  # resource.k8s.io/v1 DeviceConfigMaxSize
+_MAX_DRIVER_NAME = 63  # resource.k8s.io/v1 DriverNameMaxLength
+_MAX_VOLUMES = 64
+_MAX_HOST_PATH = 4096  # PATH_MAX
+
+# Host paths a Module may mount into its privileged pods: device, sysfs and
+# the state/runtime trees drivers use; never ``/`` or ``/etc`` (DESIGN §5).
+HOST_PATH_ROOTS = ("/dev", "/sys", "/var", "/opt", "/run")
+_HOST_PATH_PATTERN = "^/(" + "|".join(r[1:] for r in HOST_PATH_ROOTS) + ")(/.*)?$"
+_PARENT_COMPONENT = r"(^|/)\.\.(/|$)"
 
 PassThroughObject = Annotated[dict[str, Any], cel.PassThrough()]
 
@@ -148,6 +166,7 @@ Regexp = Annotated[
     # operand, so both operands carry the match.
     cel.Rule("''.matches(self) || !''.matches(self)", "must be a valid RE2 regular expression"),
 ]
+DriverName = Annotated[DnsSubdomain, Field(max_length=_MAX_DRIVER_NAME)]
 ModuleVersion = Annotated[
     str,
     Field(min_length=1, max_length=63),
@@ -357,13 +376,79 @@ class ContainerSpec(_Model):
     volume_mounts: list[PassThroughObject] | None = None
 
 
+def _host_path_error(path: str) -> str | None:
+    if not re.match(_HOST_PATH_PATTERN, path):
+        return f"must be under one of {', '.join(HOST_PATH_ROOTS)}, not {path!r}"
+    if re.search(_PARENT_COMPONENT, path):
+        return f"may not contain a '..' component: {path!r}"
+    return None
+
+
+HostPath = Annotated[
+    str,
+    Field(min_length=1, max_length=_MAX_HOST_PATH),
+    _checked(_host_path_error),
+    cel.Rule(
+        f"self.matches({_HOST_PATH_PATTERN!r})",
+        f"must be under one of {', '.join(HOST_PATH_ROOTS)}",
+    ),
+    cel.Rule(f"!self.matches({_PARENT_COMPONENT!r})", "may not contain a '..' component"),
+]
+
+
+class HostPathVolumeSource(_K8sModel):
+    """core/v1 HostPathVolumeSource, typed because its path is limited."""
+
+    path: HostPath
+    type: str | None = None
+
+
+class Volume(_K8sModel):
+    """core/v1 Volume: any source passes through to the pod, except that a
+    hostPath must lie under /dev, /sys, /var, /opt or /run."""
+
+    name: Annotated[str, Field(min_length=1, max_length=63)]
+    host_path: HostPathVolumeSource | None = None
+
+
+def _reserved_names(names: tuple[str, ...]) -> tuple[AfterValidator, cel.Rule]:
+    """Volume names the operator's builder uses itself, refused in the spec
+    (the pod would carry two volumes of one name and never be created)."""
+
+    def check(volumes: list[Volume]) -> list[Volume]:
+        taken = sorted({v.name for v in volumes} & set(names))
+        if taken:
+            raise ValueError(f"volume names {taken} are reserved for the volumes kmm mounts")
+        return volumes
+
+    return AfterValidator(check), cel.Rule(
+        f"self.all(v, !(v.name in {list(names)!r}))",
+        f"volume names {', '.join(names)} are reserved for the volumes kmm mounts",
+    )
+
+
+# The names the device-plugin and DRA builders give their own volumes.
+DEVICE_PLUGIN_VOLUMES = ("kubelet-device-plugins",)
+DRA_VOLUMES = ("kubelet-plugins", "kubelet-plugins-registry", "cdi")
+
+
+_PLUGIN_NAMES_FREE, _PLUGIN_NAMES_FREE_CEL = _reserved_names(DEVICE_PLUGIN_VOLUMES)
+_DRA_NAMES_FREE, _DRA_NAMES_FREE_CEL = _reserved_names(DRA_VOLUMES)
+DevicePluginVolumes = Annotated[
+    list[Volume], Field(max_length=_MAX_VOLUMES), _PLUGIN_NAMES_FREE, _PLUGIN_NAMES_FREE_CEL
+]
+DraVolumes = Annotated[
+    list[Volume], Field(max_length=_MAX_VOLUMES), _DRA_NAMES_FREE, _DRA_NAMES_FREE_CEL
+]
+
+
 class DevicePluginSpec(_Model):
     """``spec.devicePlugin``: a device-plugin DaemonSet on nodes with the module loaded."""
 
     container: ContainerSpec
     init_container: ContainerSpec | None = None
     service_account_name: str | None = None
-    volumes: list[PassThroughObject] | None = None
+    volumes: DevicePluginVolumes | None = None
 
 
 class CELDeviceSelector(_Model):
@@ -378,22 +463,35 @@ class DeviceSelector(_Model):
     cel: CELDeviceSelector
 
 
+class OpaqueDeviceConfig(_Model):
+    """resource.k8s.io/v1 OpaqueDeviceConfiguration: parameters for one driver."""
+
+    driver: DriverName
+    parameters: PassThroughObject
+
+
+class DeviceClassConfig(_Model):
+    """resource.k8s.io/v1 DeviceClassConfiguration (opaque is its only form)."""
+
+    opaque: OpaqueDeviceConfig
+
+
 class DeviceClassSpec(_Model):
     """One cluster-scoped DeviceClass the DRA reconciler keeps for the Module."""
 
     name: DnsSubdomain
     selectors: Annotated[list[DeviceSelector], Field(max_length=_MAX_SELECTORS)] | None = None
-    config: list[PassThroughObject] | None = None
+    config: Annotated[list[DeviceClassConfig], Field(max_length=_MAX_CONFIGS)] | None = None
 
 
 class DraSpec(_Model):
     """``spec.dra`` (seed 000): the DRA driver DaemonSet and the DeviceClasses."""
 
-    driver_name: DnsSubdomain
+    driver_name: DriverName
     container: ContainerSpec
     init_container: ContainerSpec | None = None
     service_account_name: str | None = None
-    volumes: list[PassThroughObject] | None = None
+    volumes: DraVolumes | None = None
     device_classes: (
         Annotated[
             list[DeviceClassSpec],

@@ -22,6 +22,7 @@ __all__ = ["daemonset", "daemonset_name", "node_selector", "pod_labels"]
 RawObject = dict[str, Any]
 
 _PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
+(_PLUGINS_VOLUME,) = modules.DEVICE_PLUGIN_VOLUMES
 
 
 def _version(module: modules.Module) -> str | None:
@@ -78,7 +79,7 @@ def daemonset(module: modules.Module) -> RawObject:
     container = _container(plugin.container, "device-plugin")
     container["securityContext"] = {"privileged": True}
     container["volumeMounts"] = [
-        {"name": "kubelet-device-plugins", "mountPath": _PLUGINS_DIR},
+        {"name": _PLUGINS_VOLUME, "mountPath": _PLUGINS_DIR},
         *(plugin.container.volume_mounts or ()),
     ]
     pod_spec: RawObject = {
@@ -86,8 +87,8 @@ def daemonset(module: modules.Module) -> RawObject:
         "containers": [container],
         "nodeSelector": node_selector(module),
         "volumes": [
-            {"name": "kubelet-device-plugins", "hostPath": {"path": _PLUGINS_DIR}},
-            *(plugin.volumes or ()),
+            {"name": _PLUGINS_VOLUME, "hostPath": {"path": _PLUGINS_DIR}},
+            *podspecs.volumes(plugin.volumes),
         ],
     }
     if plugin.init_container is not None:

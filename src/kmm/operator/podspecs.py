@@ -9,11 +9,12 @@ names. Each builder adds its containers and volumes to this base.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kmm.api import modules
 
-__all__ = ["base"]
+__all__ = ["base", "volumes"]
 
 RawObject = dict[str, Any]
 
@@ -30,3 +31,8 @@ def base(module: modules.Module, *, service_account: str | None) -> RawObject:
     if service_account:
         spec["serviceAccountName"] = service_account
     return spec
+
+
+def volumes(declared: Sequence[modules.Volume] | None) -> list[RawObject]:
+    """The Module's own volumes as pod-spec entries (admission limited their host paths)."""
+    return [v.model_dump(by_alias=True, exclude_none=True) for v in declared or ()]

@@ -265,7 +265,77 @@ INVALID_DRA: list[tuple[str, Callable[[Obj], None], str, str]] = [
         "spec.dra.driverName",
         "Field required",
     ),
+    (
+        "driver-name-too-long-for-resource-slices",
+        _set("spec.dra.driverName", "d" * 60 + ".example.com"),
+        "spec.dra.driverName",
+        "at most 63",
+    ),
+    (
+        "dra-host-path-etc",
+        _set("spec.dra.volumes", [{"name": "etc", "hostPath": {"path": "/etc"}}]),
+        "spec.dra.volumes[0].hostPath.path",
+        "must be under one of /dev, /sys, /var, /opt, /run",
+    ),
+    (
+        "dra-host-path-root",
+        _set("spec.dra.volumes", [{"name": "root", "hostPath": {"path": "/"}}]),
+        "spec.dra.volumes[0].hostPath.path",
+        "must be under one of",
+    ),
+    (
+        "dra-host-path-lookalike",
+        _set("spec.dra.volumes", [{"name": "v", "hostPath": {"path": "/variable"}}]),
+        "spec.dra.volumes[0].hostPath.path",
+        "must be under one of",
+    ),
+    (
+        "dra-host-path-climbs-out",
+        _set("spec.dra.volumes", [{"name": "v", "hostPath": {"path": "/var/../etc"}}]),
+        "spec.dra.volumes[0].hostPath.path",
+        "'..' component",
+    ),
+    (
+        "dra-volume-name-reserved",
+        _set("spec.dra.volumes", [{"name": "cdi", "emptyDir": {}}]),
+        "spec.dra.volumes",
+        "reserved for the volumes kmm mounts",
+    ),
+    (
+        "device-class-config-without-driver",
+        _set("spec.dra.deviceClasses.0.config", [{"opaque": {"parameters": {}}}]),
+        "spec.dra.deviceClasses[0].config[0].opaque.driver",
+        "Field required",
+    ),
+    (
+        "device-plugin-host-path-etc",
+        _set(
+            "spec.devicePlugin",
+            {
+                "container": {"image": "r/dp:1"},
+                "volumes": [{"name": "etc", "hostPath": {"path": "/etc/kubernetes"}}],
+            },
+        ),
+        "spec.devicePlugin.volumes[0].hostPath.path",
+        "must be under one of",
+    ),
 ]
+
+
+def test_host_paths_under_the_allowed_roots_and_other_volumes_are_accepted() -> None:
+    obj = _dra_module()
+    volumes = [
+        {"name": "dri", "hostPath": {"path": "/dev/dri", "type": "Directory"}},
+        {"name": "state", "hostPath": {"path": "/var/lib/my-driver"}},
+        {"name": "sysfs", "hostPath": {"path": "/sys"}},
+        {"name": "scratch", "emptyDir": {}},
+    ]
+    obj["spec"]["dra"]["volumes"] = volumes
+    parsed = validation.parse_module(obj)
+    assert parsed.spec.dra is not None
+    assert [
+        v.model_dump(by_alias=True, exclude_none=True) for v in parsed.spec.dra.volumes or ()
+    ] == volumes
 
 
 @pytest.mark.parametrize(
