@@ -37,12 +37,15 @@ MERGE = "application/merge-patch+json"
 KMM = Path(sys.executable).with_name("kmm")
 
 
-def body(select: str, version: str) -> dict[str, Any]:
-    found = support.module_body(
-        NAME,
-        {select: "yes"},
-        devicePlugin={"container": {"image": f"example.com/plugin:{version}"}},
+def body(select: str, version: str, dra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The versioned Module; with ``dra`` (a ``spec.dra``), a DRA driver in
+    place of the device plugin."""
+    workload = (
+        {"dra": {**dra, "container": {"image": f"example.com/driver:{version}"}}}
+        if dra is not None
+        else {"devicePlugin": {"container": {"image": f"example.com/plugin:{version}"}}}
     )
+    found = support.module_body(NAME, {select: "yes"}, **workload)
     container = found["spec"]["moduleLoader"]["container"]
     container["version"] = version
     container["containerImage"] = f"example.com/default/${{MOD_NAME}}:{version}"
@@ -180,9 +183,13 @@ async def wait_on(api: client.ApiClient, namespace: str, nodes: list[str], versi
 
 
 async def set_module_version(
-    api: client.ApiClient, namespace: str, select: str, version: str
+    api: client.ApiClient,
+    namespace: str,
+    select: str,
+    version: str,
+    dra: dict[str, Any] | None = None,
 ) -> None:
-    spec = body(select, version)["spec"]
+    spec = body(select, version, dra)["spec"]
     await client.CustomObjectsApi(api).patch_namespaced_custom_object(
         modules.GROUP,
         modules.VERSION,
@@ -196,14 +203,22 @@ async def set_module_version(
 
 @contextlib.asynccontextmanager
 async def module_on(
-    api: client.ApiClient, namespace: str, nodes: list[str], version: str
+    api: client.ApiClient,
+    namespace: str,
+    nodes: list[str],
+    version: str,
+    dra: dict[str, Any] | None = None,
 ) -> AsyncIterator[str]:
     """The Module at ``version`` on ``nodes`` (an operator must run); cleaned up after."""
     select = f"kmm-test/{namespace}"
     async with support.selecting(api, nodes, select):
         try:
             await client.CustomObjectsApi(api).create_namespaced_custom_object(
-                modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body(select, version)
+                modules.GROUP,
+                modules.VERSION,
+                namespace,
+                modules.PLURAL,
+                body(select, version, dra),
             )
             for node in nodes:
                 await set_version(api, namespace, node, version)

@@ -18,10 +18,13 @@ __all__ = [
     "PROGRESSING",
     "READY",
     "REASON_AS_EXPECTED",
+    "REASON_DEVICE_CLASS_CONFLICT",
+    "REASON_DEVICE_CLASS_REFUSED",
     "REASON_INVALID_SPEC",
     "REASON_KERNEL_MAPPING_FAILED",
     "REASON_NODES_NOT_READY",
     "REASON_NO_MATCHING_NODES",
+    "REASON_RESOURCE_API_UNAVAILABLE",
     "REASON_ROLLING_OUT",
     "find",
     "set_condition",
@@ -38,6 +41,9 @@ REASON_NODES_NOT_READY: Final = "NodesNotReady"
 REASON_NO_MATCHING_NODES: Final = "NoMatchingNodes"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
 REASON_KERNEL_MAPPING_FAILED: Final = "KernelMappingFailed"
+REASON_RESOURCE_API_UNAVAILABLE: Final = "ResourceAPIUnavailable"
+REASON_DEVICE_CLASS_CONFLICT: Final = "DeviceClassConflict"
+REASON_DEVICE_CLASS_REFUSED: Final = "DeviceClassRefused"
 
 Status = Literal["True", "False", "Unknown"]
 

@@ -61,6 +61,11 @@ def cluster_rbac() -> list[dict[str, Any]]:
         _rule("", ["pods"], ["list", "watch"]),
         _rule("", ["nodes"], ["list", "watch", "patch"]),  # kernel and readiness labels
         _rule("", ["events"], ["create"]),
+        # DRA: DeviceClasses made from spec.dra (create, apply, delete; all
+        # watched, to see a listed name taken by someone else), and claims
+        # read to keep a cordoned node's driver while it still holds one.
+        _rule("resource.k8s.io", ["deviceclasses"], ["list", "watch", "create", "patch", "delete"]),
+        _rule("resource.k8s.io", ["resourceclaims"], ["list", "watch"]),
     ]
     return [
         {

@@ -1,5 +1,10 @@
 """Pure node predicates the reconcilers share: selector match and "schedulable".
 
+``matches_node_selector`` evaluates a core/v1 ``NodeSelector`` (as the
+scheduler writes into a ResourceClaim's allocation) against a node: terms
+are ORed, the requirements of one term ANDed; ``matchFields`` knows
+``metadata.name``, the only field the API allows there.
+
 DESIGN §5: a node is schedulable for a Module when it is not
 ``spec.unschedulable`` and every ``NoSchedule`` / ``NoExecute`` taint is
 tolerated by the Module's tolerations. Toleration matching follows core/v1
@@ -14,7 +19,7 @@ from typing import Any
 
 from kmm.api import modules
 
-__all__ = ["is_schedulable", "matches_selector", "tolerates"]
+__all__ = ["is_schedulable", "matches_node_selector", "matches_selector", "tolerates"]
 
 _BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
@@ -52,3 +57,40 @@ def is_schedulable(
         ):
             return False
     return True
+
+
+def _requirement(value: str | None, requirement: Mapping[str, Any]) -> bool:
+    operator = requirement.get("operator")
+    values = [str(v) for v in requirement.get("values") or ()]
+    if operator == "In":
+        return value is not None and value in values
+    if operator == "NotIn":
+        return value is None or value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt") and value is not None and len(values) == 1:
+        try:
+            have, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return have > bound if operator == "Gt" else have < bound
+    return False  # an operator we do not know matches nothing, as in the scheduler
+
+
+def matches_node_selector(node: Mapping[str, Any], selector: Mapping[str, Any]) -> bool:
+    """Whether ``node`` satisfies a core/v1 NodeSelector."""
+    metadata = node.get("metadata") or {}
+    node_labels: Mapping[str, str] = metadata.get("labels") or {}
+    fields = {"metadata.name": metadata.get("name")}
+    for term in selector.get("nodeSelectorTerms") or ():
+        expressions = term.get("matchExpressions") or ()
+        matched_fields = term.get("matchFields") or ()
+        if not expressions and not matched_fields:
+            continue  # an empty term matches no node
+        if all(_requirement(node_labels.get(r.get("key")), r) for r in expressions) and all(
+            _requirement(fields.get(r.get("key")), r) for r in matched_fields
+        ):
+            return True
+    return False

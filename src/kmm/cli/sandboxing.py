@@ -88,6 +88,13 @@ def up(
         ),
     ] = None,
     port: Annotated[int, typer.Option(help="kube-apiserver port (default: a free one).")] = 0,
+    runtime_config: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="kube-apiserver --runtime-config entry (repeatable), e.g. "
+            "resource.k8s.io/v1=false for a cluster without DRA."
+        ),
+    ] = None,
 ) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and KWOK with fake nodes."""
     target = directory or paths.sandbox_dir()
@@ -97,6 +104,7 @@ def up(
         nodes=nodes,
         kernels=tuple(kernel) if kernel else cluster.DEFAULT_KERNELS,
         apiserver_port=port,
+        runtime_config=tuple(runtime_config or ()),
     )
     started = time.monotonic()
     with _progress() as progress:

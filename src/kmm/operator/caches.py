@@ -1,7 +1,10 @@
 """What the operator caches, and how each cached object maps back to Modules.
 
 Four informers (DESIGN §5, seed 000 step 7): Modules, the DaemonSets and pods
-kmm made (label ``role`` present), and Nodes. Each keeps only the fields the
+kmm made (label ``role`` present), and Nodes; two more when the cluster
+serves resource.k8s.io/v1 (seed 000 "DRA" point 5): every DeviceClass (a
+name a Module lists may be taken by someone else's) and every ResourceClaim
+(the API cannot filter claims by driver). Each keeps only the fields the
 reconciler reads (``stores.keep_fields``), so 5,000 Nodes cost a few MiB.
 Indexes answer the reconciler's questions without scans:
 
@@ -12,7 +15,11 @@ Indexes answer the reconciler's questions without scans:
   labelled and the nodes whose user version label names it;
 - Modules by ``SELECTOR_INDEX`` (one value per ``key=value`` of the
   selector; ``""`` for an empty selector), so a node event finds the Modules
-  that select it without trying every Module.
+  that select it without trying every Module; by ``DRIVER_INDEX``
+  (``spec.dra.driverName``) and ``CLASS_INDEX`` (the DeviceClass names
+  ``spec.dra`` lists), so claim and class events find their Modules;
+- DeviceClasses by ``MODULE_INDEX`` (their module labels), ResourceClaims by
+  ``DRIVER_INDEX`` (the drivers of their allocated devices).
 
 The ``*_keys`` functions are the event-to-key mappings the wiring hands to
 ``runtime.handlers.enqueue_mapped``.
@@ -27,14 +34,23 @@ from kmm.api import labels, scheduling
 from kmm.runtime import stores
 
 __all__ = [
+    "CLAIM_FIELDS",
+    "CLASS_INDEX",
     "DAEMONSET_FIELDS",
+    "DEVICE_CLASS_FIELDS",
+    "DRIVER_INDEX",
     "MODULE_INDEX",
     "NODE_FIELDS",
     "OWNED_SELECTOR",
     "POD_FIELDS",
     "SELECTOR_INDEX",
+    "claim_driver_index",
+    "module_class_index",
+    "module_driver_index",
     "module_of_object",
     "module_selector_index",
+    "modules_of_claim",
+    "modules_of_device_class",
     "modules_of_node",
     "node_module_index",
     "object_module_index",
@@ -42,6 +58,8 @@ __all__ = [
 
 MODULE_INDEX: Final = "module"
 SELECTOR_INDEX: Final = "selector"
+DRIVER_INDEX: Final = "driver"
+CLASS_INDEX: Final = "device-class"
 
 # Objects kmm made carry the role label; informers list only those.
 OWNED_SELECTOR: Final = labels.ROLE
@@ -59,6 +77,16 @@ DAEMONSET_FIELDS: Final = (
     "status.desiredNumberScheduled",
     "status.numberAvailable",
     "status.numberReady",
+)
+DEVICE_CLASS_FIELDS: Final = (
+    "metadata.labels",
+    "metadata.annotations",
+    "metadata.deletionTimestamp",
+)
+CLAIM_FIELDS: Final = (
+    "status.allocation.devices.results",
+    "status.allocation.nodeSelector",
+    "status.reservedFor",
 )
 POD_FIELDS: Final = (
     "metadata.labels",
@@ -115,4 +143,48 @@ def modules_of_node(node: Mapping[str, Any], modules_store: stores.Store) -> lis
         if isinstance(selector, Mapping) and scheduling.matches_selector(node_labels, selector):
             found.add(key)
     found.update(m for label in node_labels if (m := _module_key(label)))
+    return sorted(found)
+
+
+def _dra(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    found = (obj.get("spec") or {}).get("dra")
+    return found if isinstance(found, Mapping) else {}
+
+
+def module_driver_index(obj: stores.RawObject) -> Iterable[str]:
+    driver = _dra(obj).get("driverName")
+    return (driver,) if isinstance(driver, str) and driver else ()
+
+
+def module_class_index(obj: stores.RawObject) -> Iterable[str]:
+    listed = _dra(obj).get("deviceClasses") or ()
+    return {c["name"] for c in listed if isinstance(c, Mapping) and isinstance(c.get("name"), str)}
+
+
+def claim_driver_index(obj: stores.RawObject) -> Iterable[str]:
+    allocation = (obj.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or ()
+    return {r["driver"] for r in results if isinstance(r.get("driver"), str)}
+
+
+def modules_of_claim(claim: Mapping[str, Any], modules_store: stores.Store) -> list[str]:
+    """Modules whose driver a claim's allocated devices belong to."""
+    return sorted(
+        {
+            key
+            for driver in claim_driver_index(dict(claim))
+            for key in modules_store.index_keys(DRIVER_INDEX, driver)
+        }
+    )
+
+
+def modules_of_device_class(
+    device_class: Mapping[str, Any], modules_store: stores.Store
+) -> list[str]:
+    """The Module a DeviceClass is labelled for, and every Module listing its name."""
+    name = (device_class.get("metadata") or {}).get("name") or ""
+    found: set[str] = set(modules_store.index_keys(CLASS_INDEX, name))
+    owner = module_of_object(device_class)
+    if owner is not None:
+        found.add(owner)
     return sorted(found)

@@ -57,26 +57,12 @@ def daemonset_name(module: modules.Module) -> str:
     return labels.daemonset_name(module.metadata.name, "device-plugin", *parts)
 
 
-def _container(spec: modules.ContainerSpec, name: str) -> RawObject:
-    container: RawObject = {"name": name, "image": spec.image}
-    for wire, value in (
-        ("command", spec.command),
-        ("args", spec.args),
-        ("env", spec.env),
-        ("imagePullPolicy", spec.image_pull_policy),
-        ("resources", spec.resources),
-    ):
-        if value is not None:
-            container[wire] = value
-    return container
-
-
 def daemonset(module: modules.Module) -> RawObject:
     """The desired device-plugin DaemonSet, hash-stamped. Needs ``spec.devicePlugin``."""
     plugin = module.spec.device_plugin
     if plugin is None:
         raise ValueError("a device-plugin DaemonSet needs spec.devicePlugin")
-    container = _container(plugin.container, "device-plugin")
+    container = podspecs.container(plugin.container, "device-plugin")
     container["securityContext"] = {"privileged": True}
     container["volumeMounts"] = [
         {"name": _PLUGINS_VOLUME, "mountPath": _PLUGINS_DIR},
@@ -92,7 +78,7 @@ def daemonset(module: modules.Module) -> RawObject:
         ],
     }
     if plugin.init_container is not None:
-        init = _container(plugin.init_container, "device-plugin-init")
+        init = podspecs.container(plugin.init_container, "device-plugin-init")
         if plugin.init_container.volume_mounts:
             init["volumeMounts"] = list(plugin.init_container.volume_mounts)
         pod_spec["initContainers"] = [init]

@@ -90,6 +90,8 @@ def states(
     spec = module.get("spec") or {}
     selector: Mapping[str, str] = spec.get("selector") or {}
     has_plugin = bool(spec.get("devicePlugin") or spec.get("dra"))
+    noun = "DRA driver" if spec.get("dra") else "device-plugin"
+    target_key = labels.dra_target(namespace, name)
     keys = {
         "user": labels.module_version(namespace, name),
         "loader": labels.module_loader_version(namespace, name),
@@ -136,8 +138,10 @@ def states(
                     ready=keys["ready"] in node_labels,
                     loaded=keys["ready"] in node_labels,
                     plugin_ready=plugin_ready,
-                    has_plugin=has_plugin,
+                    # A DRA node that is no target (cordoned) runs no driver.
+                    has_plugin=has_plugin and (not spec.get("dra") or target_key in node_labels),
                     blocking_pods=blocking,
+                    noun=noun,
                 ),
                 problem=_problem(on_node),
             )

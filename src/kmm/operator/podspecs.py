@@ -14,7 +14,7 @@ from typing import Any
 
 from kmm.api import modules
 
-__all__ = ["base", "volumes"]
+__all__ = ["base", "container", "volumes"]
 
 RawObject = dict[str, Any]
 
@@ -36,3 +36,19 @@ def base(module: modules.Module, *, service_account: str | None) -> RawObject:
 def volumes(declared: Sequence[modules.Volume] | None) -> list[RawObject]:
     """The Module's own volumes as pod-spec entries (admission limited their host paths)."""
     return [v.model_dump(by_alias=True, exclude_none=True) for v in declared or ()]
+
+
+def container(spec: modules.ContainerSpec, name: str) -> RawObject:
+    """A device-plugin or DRA container from the Module's ``ContainerSpec``
+    (volume mounts and security context are the builder's)."""
+    found: RawObject = {"name": name, "image": spec.image}
+    for wire, value in (
+        ("command", spec.command),
+        ("args", spec.args),
+        ("env", spec.env),
+        ("imagePullPolicy", spec.image_pull_policy),
+        ("resources", spec.resources),
+    ):
+        if value is not None:
+            found[wire] = value
+    return found

@@ -5,18 +5,25 @@ Level-based (``runtime.controllers.Reconciler``). For a live Module it:
 2. repeats admission (``kmm.api.validation``): an invalid Module gets a
    Degraded condition and one Warning Event, and nothing is created;
 3. takes one read-only view of the caches (``views``) and asks each planner
-   what it wants: ``moduleloader``, then ``deviceplugin`` (it runs where the
-   module is loaded), then ``upgrade`` (ordered upgrades: version labels);
+   what it wants: ``moduleloader``, then ``deviceplugin`` and ``dra`` (they
+   run where the module is loaded), then ``upgrade`` (ordered upgrades:
+   version labels, with whichever device workload the Module has);
 4. sends what they want: DaemonSets applied when missing or changed, stale
-   ones deleted (an Event for each create and delete), and the node labels
-   all of them want, merged into one patch per node (``nodelabels``), each
-   checked against the freshest cached node just before it goes, with a Node
-   Event when ``.ready`` comes or goes;
+   ones deleted (an Event for each create and delete), DeviceClasses
+   likewise, and the node labels all of them want, merged into one patch
+   per node (``nodelabels``), each checked against the freshest cached node
+   just before it goes, with a Node Event when ``.ready`` comes or goes;
 5. writes the status (``status``) only when a field it owns changes, and
    counts-only changes at most once per ``STATUS_INTERVAL`` (requeued).
-For a Module being deleted it removes its node labels, then the finalizer;
-the garbage collector deletes the DaemonSets it owns (seed 000 step 6).
+For a Module being deleted it removes its node labels and its DeviceClasses
+(cluster-scoped: nothing namespaced can own them), then the finalizer; the
+garbage collector deletes the DaemonSets it owns (seed 000 step 6).
 Everything is read from the informer caches; a converged Module costs no write.
+
+The DRA part is a planner in this reconcile, not a controller of its own
+(the seed's "DRA reconciler"): the target labels, the loader's ``.ready``
+and the version labels it is gated by are one node's labels, merged into
+one patch, judged at one moment.
 """
 
 from __future__ import annotations
@@ -29,13 +36,16 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal
 
-from kmm.api import labels, validation
+from kmm.api import conditions, labels, modules, validation
+from kmm.kube import errors
 from kmm.operator import (
     caches,
     deviceplugin,
+    dra,
     events,
     moduleloader,
     nodelabels,
+    objects,
     plans,
     status,
     upgrade,
@@ -72,6 +82,18 @@ class Caches:
     daemonsets: stores.Store
     pods: stores.Store
     nodes: stores.Store
+    # Filled only when the cluster serves resource.k8s.io/v1 (``resource_api``).
+    device_classes: stores.Store = dataclasses.field(
+        default_factory=lambda: stores.Store(
+            indexers={caches.MODULE_INDEX: caches.object_module_index}
+        )
+    )
+    claims: stores.Store = dataclasses.field(
+        default_factory=lambda: stores.Store(
+            indexers={caches.DRIVER_INDEX: caches.claim_driver_index}
+        )
+    )
+    resource_api: bool = True
 
 
 class ModuleReconciler:
@@ -94,6 +116,10 @@ class ModuleReconciler:
         self._status_written: dict[str, float] = {}
         # Per Module, the version last seen loaded on each node (Node Events).
         self._versions: dict[str, dict[str, str]] = {}
+        # Per Module, DeviceClasses the API server refused: name -> (spec
+        # hash, its message). The same class is not sent again (it would be
+        # refused again, every reconcile); a changed one is.
+        self._refused: dict[str, dict[str, tuple[str | None, str]]] = {}
 
     async def reconcile(self, key: str) -> controllers.Result:
         raw = self.caches.modules.get(key)
@@ -102,8 +128,10 @@ class ModuleReconciler:
             # finalizer removed by hand, a crash between the two) go now.
             self._status_written.pop(key, None)
             self._versions.pop(key, None)
+            self._refused.pop(key, None)
             namespace, _, name = key.partition("/")
             await self._remove_labels(namespace, name)
+            await self._remove_device_classes(key)
             return controllers.Result()
         metadata = raw["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
@@ -119,20 +147,16 @@ class ModuleReconciler:
             await self._refuse(raw, str(err))
             return controllers.Result()
 
-        view = views.build(
-            raw,
-            module,
-            nodes=self.caches.nodes,
-            daemonsets=self.caches.daemonsets.by_index(caches.MODULE_INDEX, key),
-            pods=self.caches.pods.by_index(caches.MODULE_INDEX, key),
-            labelled=self.caches.nodes.by_index(caches.MODULE_INDEX, key),
-        )
+        view = self._view(raw, module, key)
         loader = moduleloader.plan(view)
         plugin = deviceplugin.plan(view, loader)
-        moving = upgrade.plan(view, loader, plugin)
-        concerns: tuple[plans.Plan, ...] = (loader, plugin, moving)
+        driver = dra.plan(view, loader)
+        devices = driver if driver.enabled else plugin
+        moving = upgrade.plan(view, loader, devices)
+        concerns: tuple[plans.Plan, ...] = (loader, plugin, driver, moving)
         await self._send_daemonsets(raw, [ds for plan in concerns for ds in plan.apply])
         await self._delete_daemonsets(raw, [name for plan in concerns for name in plan.delete])
+        problems = await self._send_device_classes(raw, key, view, driver)
         await self._patch_labels(nodelabels.merge(view.nodes(), concerns), view)
         if loader.versions:
             self._versions.setdefault(key, {}).update(loader.versions)
@@ -147,11 +171,16 @@ class ModuleReconciler:
             plugin=status.counts(len(plugin.wanted), plugin.current, versioned=versioned)
             if plugin.enabled
             else None,
+            dra=status.counts(len(driver.wanted), driver.current, versioned=versioned)
+            if driver.enabled
+            else None,
             targeted=len(loader.targeted),
             ready=len(loader.loaded),
-            plugin_wanted=len(plugin.wanted),
-            plugin_ready=len(plugin.ready & plugin.wanted),
+            plugin_wanted=len(devices.wanted),
+            plugin_ready=len(devices.ready & devices.wanted),
             mapping_errors=loader.grouping.errors,
+            devices="DRA drivers" if driver.enabled else "device plugins",
+            problems=problems,
         )
         new = status.compute(raw, seen, now=self.now())
         if not status.differs(raw, new):
@@ -163,6 +192,93 @@ class ModuleReconciler:
         if await self.writer.patch_module_status(raw, status.patch_body(new)):
             self._status_written[key] = self.monotonic()
         return controllers.Result()
+
+    def _view(self, raw: RawObject, module: modules.Module, key: str) -> views.ModuleView:
+        cached = self.caches
+        classes: dict[str, RawObject] = {
+            c["metadata"]["name"]: c
+            for c in cached.device_classes.by_index(caches.MODULE_INDEX, key)
+        }
+        claims: list[RawObject] = []
+        if module.spec.dra is not None:
+            for listed in module.spec.dra.device_classes or ():
+                found = cached.device_classes.get(listed.name)
+                if found is not None:
+                    classes[listed.name] = found
+            claims = cached.claims.by_index(caches.DRIVER_INDEX, module.spec.dra.driver_name)
+        return views.build(
+            raw,
+            module,
+            nodes=cached.nodes,
+            daemonsets=cached.daemonsets.by_index(caches.MODULE_INDEX, key),
+            pods=cached.pods.by_index(caches.MODULE_INDEX, key),
+            labelled=cached.nodes.by_index(caches.MODULE_INDEX, key),
+            device_classes=classes.values(),
+            claims=claims,
+            resource_api=cached.resource_api,
+        )
+
+    async def _send_device_classes(
+        self, raw: RawObject, key: str, view: views.ModuleView, plan: dra.DraPlan
+    ) -> list[status.Problem]:
+        """Create, update and delete the Module's DeviceClasses; what stands in the way."""
+        problems: list[status.Problem] = []
+        if plan.enabled and not view.resource_api:
+            problems.append(
+                status.Problem(
+                    conditions.REASON_RESOURCE_API_UNAVAILABLE,
+                    "the cluster does not serve resource.k8s.io/v1 (DRA): no DeviceClass "
+                    "can be made and no claim allocated; restart the operator once it does",
+                )
+            )
+            return problems
+        refused = self._refused.setdefault(key, {})
+        for name in plan.classes_delete:
+            refused.pop(name, None)
+            if await self.writer.delete_device_class(name, view.device_classes.get(name) or {}):
+                await self._event(
+                    raw, "Normal", "DeviceClassDeleted", f"deleted DeviceClass {name}"
+                )
+        listed = {c["metadata"]["name"] for c in plan.classes_apply} | set(plan.conflicts)
+        for name in [n for n in refused if n not in listed]:
+            del refused[name]  # fixed, or no longer listed
+        for desired in plan.classes_apply:
+            name = desired["metadata"]["name"]
+            digest = objects.observed_hash(desired)
+            if name in refused and refused[name][0] == digest:
+                problems.append(
+                    status.Problem(conditions.REASON_DEVICE_CLASS_REFUSED, refused[name][1])
+                )
+                continue
+            observed = view.device_classes.get(name)
+            try:
+                if observed is None:
+                    if await self.writer.create_device_class(desired):
+                        await self._event(
+                            raw, "Normal", "DeviceClassCreated", f"created DeviceClass {name}"
+                        )
+                else:
+                    await self.writer.apply_device_class(desired, observed)
+            except errors.Invalid as err:
+                message = f"{_class_field(view, name)}: the API server refused DeviceClass {name}: {err.message}"
+                refused[name] = (digest, message)
+                problems.append(status.Problem(conditions.REASON_DEVICE_CLASS_REFUSED, message))
+                await self._event(raw, "Warning", "DeviceClassRefused", message)
+            else:
+                refused.pop(name, None)
+        for name, why in sorted(plan.conflicts.items()):
+            problems.append(
+                status.Problem(
+                    conditions.REASON_DEVICE_CLASS_CONFLICT, f"{_class_field(view, name)}: {why}"
+                )
+            )
+        if not refused:
+            self._refused.pop(key, None)
+        return problems
+
+    async def _remove_device_classes(self, key: str) -> None:
+        for observed in self.caches.device_classes.by_index(caches.MODULE_INDEX, key):
+            await self.writer.delete_device_class(observed["metadata"]["name"], observed)
 
     async def _send_daemonsets(self, raw: RawObject, desired: list[RawObject]) -> None:
         namespace = raw["metadata"]["namespace"]
@@ -194,6 +310,7 @@ class ModuleReconciler:
         if labels.FINALIZER not in finalizers:
             return
         await self._remove_labels(namespace, name)
+        await self._remove_device_classes(f"{namespace}/{name}")
         await self.writer.set_finalizers(raw, [f for f in finalizers if f != labels.FINALIZER])
 
     async def _remove_labels(self, namespace: str, name: str) -> None:
@@ -275,6 +392,15 @@ class ModuleReconciler:
                 instance=self.instance,
             )
         )
+
+
+def _class_field(view: views.ModuleView, name: str) -> str:
+    """The spec path of the listed DeviceClass ``name``."""
+    listed = view.module.spec.dra.device_classes if view.module.spec.dra is not None else None
+    for index, declared in enumerate(listed or ()):
+        if declared.name == name:
+            return f"spec.dra.deviceClasses[{index}]"
+    return "spec.dra.deviceClasses"
 
 
 async def _all(calls: Iterable[Awaitable[None]]) -> None:

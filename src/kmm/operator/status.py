@@ -7,9 +7,12 @@ ordered upgrades, ``versions`` gives the same sums per module version.
 Conditions (ours, DESIGN §3) come from the node labels' truth, not from the
 DaemonSets' lagging counters:
 
-- Degraded: True with ``InvalidSpec`` or ``KernelMappingFailed``, else False;
+- Degraded: True with ``InvalidSpec``, ``KernelMappingFailed`` or a DRA
+  problem (``ResourceAPIUnavailable``, ``DeviceClassConflict``,
+  ``DeviceClassRefused``), else False;
 - Ready: True when every targeted node has the module loaded (and its device
-  plugin Ready, when there is one); ``NoMatchingNodes`` when none is targeted;
+  plugin or DRA driver Ready where one should run), and no DRA problem
+  stands in the way; ``NoMatchingNodes`` when none is targeted;
 - Progressing: True (``RollingOut``) while some targeted node is not ready.
 
 ``kmm.api.conditions.set_condition`` keeps transition times, and ``differs``
@@ -20,24 +23,42 @@ status write.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pydantic
 
 from kmm.api import conditions, labels, modules
 
-__all__ = ["Observed", "compute", "counts", "differs", "invalid", "only_progress", "patch_body"]
+__all__ = [
+    "Observed",
+    "Problem",
+    "compute",
+    "counts",
+    "differs",
+    "invalid",
+    "only_progress",
+    "patch_body",
+]
 
 RawObject = dict[str, Any]
 
-# The status fields this reconciler writes; ``dra`` belongs to the DRA reconciler.
-_OWNED = ("moduleLoader", "devicePlugin", "conditions", "observedGeneration")
+# The status fields this reconciler writes.
+_OWNED = ("moduleLoader", "devicePlugin", "dra", "conditions", "observedGeneration")
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Something that keeps the Module from working: a reason and its words."""
+
+    reason: str
+    message: str
 
 
 @dataclasses.dataclass(frozen=True)
 class Observed:
-    """What a reconcile saw, in numbers."""
+    """What a reconcile saw, in numbers. ``plugin_*`` count the device
+    workload, device plugin or DRA driver (``devices`` names it)."""
 
     selected: int
     loader: modules.DaemonSetStatus | None
@@ -47,6 +68,9 @@ class Observed:
     plugin_wanted: int
     plugin_ready: int
     mapping_errors: Mapping[str, str]
+    dra: modules.DaemonSetStatus | None = None
+    devices: str = "device plugins"
+    problems: Sequence[Problem] = ()
 
 
 def counts(
@@ -92,12 +116,20 @@ def compute(raw: Mapping[str, Any], seen: Observed, *, now: str) -> modules.Modu
     old = _old(raw)
     generation = (raw.get("metadata") or {}).get("generation")
     found = old.conditions if old is not None else None
-    if seen.mapping_errors:
-        detail = "; ".join(f"{k}: {v}" for k, v in sorted(seen.mapping_errors.items()))
+    problems = "; ".join(p.message for p in seen.problems)
+    if seen.problems or seen.mapping_errors:
+        detail = "; ".join(
+            [
+                *(p.message for p in seen.problems),
+                *(f"{k}: {v}" for k, v in sorted(seen.mapping_errors.items())),
+            ]
+        )
+        reason = (
+            seen.problems[0].reason if seen.problems else conditions.REASON_KERNEL_MAPPING_FAILED
+        )
         found = conditions.set_condition(
             found, conditions.DEGRADED, "True",
-            reason=conditions.REASON_KERNEL_MAPPING_FAILED, message=detail, now=now,
-            observed_generation=generation,
+            reason=reason, message=detail, now=now, observed_generation=generation,
         )  # fmt: skip
     else:
         found = conditions.set_condition(
@@ -108,19 +140,20 @@ def compute(raw: Mapping[str, Any], seen: Observed, *, now: str) -> modules.Modu
     done = seen.ready + seen.plugin_ready
     ready: tuple[conditions.Status, str, str]
     progressing: tuple[conditions.Status, str, str]
+    message = f"{seen.ready}/{seen.targeted} nodes loaded"
+    if seen.plugin is not None or seen.dra is not None:
+        message += f", {seen.plugin_ready}/{seen.plugin_wanted} {seen.devices} ready"
     if wanted == 0:
         ready = ("False", conditions.REASON_NO_MATCHING_NODES, "no node is targeted")
         progressing = ("False", conditions.REASON_NO_MATCHING_NODES, "")
     elif done < wanted:
-        message = f"{seen.ready}/{seen.targeted} nodes loaded"
-        if seen.plugin is not None:
-            message += f", {seen.plugin_ready}/{seen.plugin_wanted} device plugins ready"
         ready = ("False", conditions.REASON_NODES_NOT_READY, message)
         progressing = ("True", conditions.REASON_ROLLING_OUT, message)
     else:
-        message = f"{seen.ready}/{seen.targeted} nodes loaded"
         ready = ("True", conditions.REASON_AS_EXPECTED, message)
         progressing = ("False", conditions.REASON_AS_EXPECTED, "")
+    if seen.problems:
+        ready = ("False", seen.problems[0].reason, problems)
     for type_, (state, reason, text) in (
         (conditions.READY, ready),
         (conditions.PROGRESSING, progressing),
@@ -132,7 +165,7 @@ def compute(raw: Mapping[str, Any], seen: Observed, *, now: str) -> modules.Modu
     return modules.ModuleStatus(
         module_loader=seen.loader,
         device_plugin=seen.plugin,
-        dra=old.dra if old is not None else None,
+        dra=seen.dra,
         conditions=found,
         observed_generation=generation,
     )

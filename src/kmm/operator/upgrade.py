@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 from kmm.api import labels
-from kmm.operator import deviceplugin, moduleloader, plans, views
+from kmm.operator import moduleloader, plans, views, workloads
 
 __all__ = ["ACTIONS", "Action", "Step", "UpgradePlan", "plan", "step"]
 
@@ -101,15 +101,17 @@ def step(
     plugin_ready: bool,
     has_plugin: bool,
     blocking_pods: Sequence[str],
+    noun: str = "device-plugin",
 ) -> Step:
     """The step a node is at. ``ready``: the node's ``.ready`` label now;
     ``loaded``: its loader pod is Ready; ``blocking_pods``: device-plugin and
-    DRA pods of the Module still on the node."""
+    DRA pods of the Module still on the node; ``has_plugin``: a device
+    workload (``noun``: device plugin or DRA driver) should run there."""
     found = action(user, loader, plugin)
     if found is Action.REMOVE_LOADER_LABEL and blocking_pods:
         return Step(
             Action.NOTHING,
-            f"device-plugin pod {', '.join(sorted(blocking_pods))} still on the node; "
+            f"{noun} pod {', '.join(sorted(blocking_pods))} still on the node; "
             "waiting before removing the module-loader version label",
         )
     if found is Action.ADD_LOADER_LABEL and ready:
@@ -131,7 +133,7 @@ def step(
     if not loaded:
         return Step(Action.NOTHING, f"waiting for the module-loader pod of {loader} to be Ready")
     if has_plugin and not plugin_ready:
-        return Step(Action.NOTHING, f"waiting for the device-plugin pod of {plugin} to be Ready")
+        return Step(Action.NOTHING, f"waiting for the {noun} pod of {plugin} to be Ready")
     return Step(Action.NOTHING, f"{loader} loaded", done=True)
 
 
@@ -150,8 +152,10 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
 def plan(
     view: views.ModuleView,
     loader: moduleloader.LoaderPlan,
-    plugin: deviceplugin.PluginPlan,
+    plugin: workloads.WorkloadPlan,
 ) -> UpgradePlan:
+    """``plugin`` is the Module's device workload: its device plugin or its
+    DRA driver (they are exclusive), gated by the same version label."""
     result = UpgradePlan()
     if view.version is None:
         return result
@@ -176,8 +180,9 @@ def plan(
             ready=ready_key in current,
             loaded=node_name in loader.loaded,
             plugin_ready=node_name in plugin.ready,
-            has_plugin=plugin.enabled,
+            has_plugin=plugin.enabled and node_name in plugin.eligible,
             blocking_pods=blocking,
+            noun=plugin.noun,
         )
         result.steps[node_name] = found
         if found.action is Action.REMOVE_PLUGIN_LABEL:
@@ -188,10 +193,17 @@ def plan(
             result.want(node_name, loader_key, user)
         elif found.action is Action.ADD_PLUGIN_LABEL:
             result.want(node_name, plugin_key, user)
+        # A DRA target made unschedulable runs no driver: done without one.
         finished = (
             node_name in loader.loaded
             and loader_label is not None
-            and (not plugin.enabled or (node_name in plugin.ready and plugin_label == loader_label))
+            and (
+                not plugin.enabled
+                or (
+                    plugin_label == loader_label
+                    and (node_name in plugin.ready or node_name not in plugin.eligible)
+                )
+            )
         )
         result.want(node_name, labels.version_ready(ns, name), loader_label if finished else None)
     return result

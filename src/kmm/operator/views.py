@@ -1,7 +1,7 @@
 """What one reconcile sees of the cluster for one Module: a read-only view.
 
 ``build`` takes it from the informer caches once, at the start of a
-reconcile, so every planner (``moduleloader``, ``deviceplugin``,
+reconcile, so every planner (``moduleloader``, ``deviceplugin``, ``dra``,
 ``upgrade``) judges the same moment. The view holds the cached dicts
 themselves: planners read them and never change them.
 """
@@ -44,6 +44,12 @@ class ModuleView:
     labelled: Sequence[RawObject]
     daemonsets: Mapping[str, Sequence[RawObject]]  # by role
     pods: Mapping[str, Sequence[RawObject]]  # by role
+    # DRA: whether the cluster serves resource.k8s.io/v1; the DeviceClasses
+    # named in spec.dra or labelled as the Module's (whoever owns them), by
+    # name; the ResourceClaims allocated with a device of the Module's driver.
+    resource_api: bool = True
+    device_classes: Mapping[str, RawObject] = dataclasses.field(default_factory=dict)
+    claims: Sequence[RawObject] = ()
 
     @property
     def namespace(self) -> str:
@@ -96,8 +102,12 @@ def build(
     daemonsets: Iterable[RawObject],
     pods: Iterable[RawObject],
     labelled: Iterable[RawObject],
+    device_classes: Iterable[RawObject] = (),
+    claims: Iterable[RawObject] = (),
+    resource_api: bool = True,
 ) -> ModuleView:
-    """The view of ``module`` from the caches (its own DaemonSets and pods given)."""
+    """The view of ``module`` from the caches (its own DaemonSets, pods,
+    DeviceClasses and its driver's claims given)."""
     selected = sorted(
         (
             n
@@ -113,4 +123,7 @@ def build(
         labelled=sorted(labelled, key=lambda n: _meta(n)["name"]),
         daemonsets=_by_role(daemonsets),
         pods=_by_role(pods),
+        resource_api=resource_api,
+        device_classes={_meta(c)["name"]: c for c in device_classes},
+        claims=list(claims),
     )

@@ -6,20 +6,31 @@ hands the same events to ``writing.Pending`` (the cache caught up with a
 write), and puts everything under one ``runtime.manager.Manager``: informers
 on every replica, the controller only on the leader. ``running`` adds the
 HTTP endpoints and the process lifecycle around it.
+
+``run`` first asks the API server whether it serves resource.k8s.io/v1
+(DeviceClasses and ResourceClaims). Only then are those two informers
+started; without it DRA Modules report ``ResourceAPIUnavailable`` and
+everything else works (a watch on an absent resource would fail forever).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import logging
+from collections.abc import Callable
 from typing import Any
 
+from kmm.aio import backoff
 from kmm.api import modules
-from kmm.kube import client, listwatch, objects, resources
+from kmm.kube import client, errors, listwatch, objects, resources
 from kmm.operator import caches, reconciler, writing
 from kmm.runtime import controllers, handlers, informers, leaderelection, manager, stores
 
-__all__ = ["Counting", "Election", "Operator"]
+__all__ = ["Counting", "Election", "Operator", "serves_resource_api"]
+
+_log = logging.getLogger(__name__)
 
 # List pages of Nodes and pods: a page of 500 real Nodes parses to ~20 MiB of
 # dicts before projection, and the allocator keeps much of that peak around
@@ -58,13 +69,41 @@ class Counting:
             self.done += 1
 
 
-def _seen(pending: writing.Pending) -> informers.FuncHandler:
+def _seen(
+    pending: writing.Pending, key: Callable[[str], str] = lambda k: k
+) -> informers.FuncHandler:
     version = objects.resource_version
     return informers.FuncHandler(
-        add=lambda obj: pending.seen(stores.key_of(obj), version(obj)),
-        update=lambda _old, new: pending.seen(stores.key_of(new), version(new)),
-        delete=lambda obj: pending.seen(stores.key_of(obj), None),
+        add=lambda obj: pending.seen(key(stores.key_of(obj)), version(obj)),
+        update=lambda _old, new: pending.seen(key(stores.key_of(new)), version(new)),
+        delete=lambda obj: pending.seen(key(stores.key_of(obj)), None),
     )
+
+
+_DRA_RESOURCES = frozenset({resources.DEVICE_CLASSES.plural, resources.RESOURCE_CLAIMS.plural})
+
+
+async def serves_resource_api(api: client.Client, stop: asyncio.Event) -> bool:
+    """Whether the cluster serves resource.k8s.io/v1 DeviceClasses and
+    ResourceClaims (discovery). Retried until it answers or ``stop`` is set."""
+    delay = backoff.Backoff(initial=0.5, maximum=10.0)
+    while not stop.is_set():
+        try:
+            found = await api.request(
+                "GET", resources.base_path(resources.DEVICE_CLASSES.api_version)
+            )
+        except errors.NotFound:
+            return False
+        except errors.ApiError as err:
+            if not err.retriable and err.status != 0:
+                raise
+            _log.warning("discovery of resource.k8s.io/v1 failed, retrying: %s", err)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay.next())
+            continue
+        served = {r.get("name") for r in (found or {}).get("resources") or ()}
+        return served >= _DRA_RESOURCES
+    return False
 
 
 class Operator:
@@ -82,7 +121,11 @@ class Operator:
         self.modules = informers.Informer(
             "modules",
             listwatch.ApiListWatch(api, writing.MODULES, kind=modules.KIND),
-            indexers={caches.SELECTOR_INDEX: caches.module_selector_index},
+            indexers={
+                caches.SELECTOR_INDEX: caches.module_selector_index,
+                caches.DRIVER_INDEX: caches.module_driver_index,
+                caches.CLASS_INDEX: caches.module_class_index,
+            },
         )
         self.daemonsets = informers.Informer(
             "daemonsets",
@@ -106,16 +149,29 @@ class Operator:
             indexers={caches.MODULE_INDEX: caches.node_module_index},
             page_size=LIST_PAGE,
         )
-        self.reconciler = reconciler.ModuleReconciler(
-            reconciler.Caches(
-                modules=self.modules.store,
-                daemonsets=self.daemonsets.store,
-                pods=self.pods.store,
-                nodes=self.nodes.store,
-            ),
-            self.writer,
-            instance=instance,
+        self.device_classes = informers.Informer(
+            "deviceclasses",
+            listwatch.ApiListWatch(api, resources.DEVICE_CLASSES, kind="DeviceClass"),
+            projection=stores.keep_fields(*caches.DEVICE_CLASS_FIELDS),
+            indexers={caches.MODULE_INDEX: caches.object_module_index},
         )
+        self.claims = informers.Informer(
+            "resourceclaims",
+            listwatch.ApiListWatch(api, resources.RESOURCE_CLAIMS, kind="ResourceClaim"),
+            projection=stores.keep_fields(*caches.CLAIM_FIELDS),
+            indexers={caches.DRIVER_INDEX: caches.claim_driver_index},
+            page_size=LIST_PAGE,
+        )
+        self.api = api
+        self.caches = reconciler.Caches(
+            modules=self.modules.store,
+            daemonsets=self.daemonsets.store,
+            pods=self.pods.store,
+            nodes=self.nodes.store,
+            device_classes=self.device_classes.store,
+            claims=self.claims.store,
+        )
+        self.reconciler = reconciler.ModuleReconciler(self.caches, self.writer, instance=instance)
         self.counting = Counting(self.reconciler)
         self.controller = controllers.Controller(
             "module", self.counting, workers=workers, metrics=metrics
@@ -137,6 +193,17 @@ class Operator:
         self.nodes.add_handler(
             handlers.enqueue_mapped(
                 enqueue, lambda node: caches.modules_of_node(node, modules_store)
+            )
+        )
+        self.device_classes.add_handler(_seen(self.pending, writing.class_key))
+        self.device_classes.add_handler(
+            handlers.enqueue_mapped(
+                enqueue, lambda dc: caches.modules_of_device_class(dc, modules_store)
+            )
+        )
+        self.claims.add_handler(
+            handlers.enqueue_mapped(
+                enqueue, lambda claim: caches.modules_of_claim(claim, modules_store)
             )
         )
 
@@ -161,11 +228,19 @@ class Operator:
             return self.manager.started_leading.is_set()
         return self.elector.is_leader()
 
+    def _informers(self) -> tuple[informers.Informer, ...]:
+        found: tuple[informers.Informer, ...] = (
+            self.modules,
+            self.daemonsets,
+            self.pods,
+            self.nodes,
+        )
+        if self.caches.resource_api:
+            found += (self.device_classes, self.claims)
+        return found
+
     def cached(self) -> dict[str, int]:
-        return {
-            informer.name: len(informer.store)
-            for informer in (self.modules, self.daemonsets, self.pods, self.nodes)
-        }
+        return {informer.name: len(informer.store) for informer in self._informers()}
 
     def idle(self) -> bool:
         """Nothing queued, delayed or running (tests wait for this, then count writes)."""
@@ -178,6 +253,16 @@ class Operator:
             self.controller.enqueue(key)
 
     async def run(self, stop: asyncio.Event) -> None:
+        served = await serves_resource_api(self.api, stop)
+        if stop.is_set():
+            return
+        if served:
+            self.manager.add_informer(self.device_classes)
+            self.manager.add_informer(self.claims)
+        else:
+            _log.warning("the cluster does not serve resource.k8s.io/v1: DRA Modules stay Degraded")
+        self.caches = dataclasses.replace(self.caches, resource_api=served)
+        self.reconciler.caches = self.caches
         await self.manager.run(stop)
 
     def describe(self) -> dict[str, Any]:

@@ -4,6 +4,10 @@ Writes go as raw JSON (no model parsing): server-side apply of DaemonSets
 (field manager ``kmm``; a create and an update are one idempotent call, so a
 create repeated after a crash cannot duplicate), JSON merge patches of node
 labels, Module status and finalizers, deletes, and Event creates.
+DeviceClasses are created with a plain create (a name someone else took
+must fail, not be taken over) and updated by server-side apply once they
+are known to be the Module's; their ``Pending`` keys are ``class_key(name)``,
+apart from Nodes' (both are cluster-scoped names).
 
 The informer cache lags a write by one watch event. A reconcile that runs in
 that gap would see the old object and send the same write again. ``Pending``
@@ -20,7 +24,7 @@ from typing import Any, Final
 from kmm.api import modules
 from kmm.kube import client, errors, objects, resources
 
-__all__ = ["FIELD_MANAGER", "MODULES", "Pending", "Writer"]
+__all__ = ["FIELD_MANAGER", "MODULES", "Pending", "Writer", "class_key"]
 
 FIELD_MANAGER: Final = "kmm"
 
@@ -75,6 +79,15 @@ def _caught_up(version: str | None, result: str | None) -> bool:
         return True
 
 
+def class_key(name: str) -> str:
+    """The ``Pending`` key of a DeviceClass."""
+    return f"deviceclass:{name}"
+
+
+# A create's result is in flight until the cache shows the object at all.
+_ABSENT = "0"
+
+
 def _timeless(body: object) -> object:
     """``body`` without its condition transition times."""
     if isinstance(body, dict):
@@ -127,6 +140,56 @@ class Writer:
         except errors.NotFound:
             deleted = False
         # Gone only when the cache says so (its DELETED event).
+        self.pending.sent(key, "delete", None, str(2**63))
+        return deleted
+
+    async def create_device_class(self, desired: RawObject) -> bool:
+        """Create; True when created, False when skipped (in flight) or when the
+        name exists already (the cache will show whose it is). Raises
+        ``errors.Invalid`` when the API server refuses the class."""
+        key = class_key(desired["metadata"]["name"])
+        if self.pending.in_flight(key, "create", _ABSENT, desired):
+            return False
+        try:
+            reply = await self.api.request("POST", resources.DEVICE_CLASSES.path(), body=desired)
+        except errors.Conflict:
+            return False
+        self.pending.sent(key, "create", desired, objects.resource_version(reply))
+        return True
+
+    async def apply_device_class(self, desired: RawObject, observed: RawObject) -> bool:
+        """Server-side apply of one of the Module's classes; False when in flight."""
+        name = desired["metadata"]["name"]
+        key = class_key(name)
+        if self.pending.in_flight(key, "apply", objects.resource_version(observed), desired):
+            return False
+        reply = await self.api.request(
+            "PATCH",
+            resources.DEVICE_CLASSES.path(name=name),
+            query={"fieldManager": FIELD_MANAGER, "force": True},
+            body=desired,
+            content_type=client.APPLY_PATCH,
+        )
+        self.pending.sent(key, "apply", desired, objects.resource_version(reply))
+        return True
+
+    async def delete_device_class(self, name: str, observed: RawObject) -> bool:
+        """Delete, guarded by the observed uid (never someone's class of the same name)."""
+        key = class_key(name)
+        if self.pending.in_flight(key, "delete", objects.resource_version(observed), None):
+            return False
+        uid = (observed.get("metadata") or {}).get("uid")
+        try:
+            await self.api.request(
+                "DELETE",
+                resources.DEVICE_CLASSES.path(name=name),
+                body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+                if uid
+                else None,
+            )
+            deleted = True
+        except (errors.NotFound, errors.Conflict):
+            deleted = False  # gone, or replaced by another object of that name
         self.pending.sent(key, "delete", None, str(2**63))
         return deleted
 

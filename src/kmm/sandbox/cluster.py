@@ -53,6 +53,9 @@ class Options:
     kernels: tuple[str, ...] = DEFAULT_KERNELS
     apiserver_port: int = 0
     start_timeout: float = 180.0
+    # kube-apiserver --runtime-config entries, e.g. "resource.k8s.io/v1=false"
+    # for a cluster that does not serve DRA.
+    runtime_config: tuple[str, ...] = ()
 
 
 class _Launcher:
@@ -160,7 +163,12 @@ async def up(
         await health.wait_healthy(etcd, timeout=options.start_timeout)
         apiserver = launcher.launch(
             "kube-apiserver",
-            _apiserver_argv(binaries["kube-apiserver"], credentials, etcd_port, api_port),
+            _apiserver_argv(binaries["kube-apiserver"], credentials, etcd_port, api_port)
+            + (
+                [f"--runtime-config={','.join(options.runtime_config)}"]
+                if options.runtime_config
+                else []
+            ),
             health_url=f"{server}/readyz",
         )
         await health.wait_healthy(

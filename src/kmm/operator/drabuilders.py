@@ -1,0 +1,185 @@
+"""Pure builders for what ``spec.dra`` asks for: the DRA driver DaemonSet and
+the DeviceClasses.
+
+The DaemonSet carries what DRA driver images expect of it (upstream KMM's
+layout, DESIGN §5), so existing drivers run unchanged: the kubelet's plugin
+and registration directories and the CDI directory from the host; in the
+environment ``NODE_NAME`` and ``POD_UID`` (downward API), ``DRIVER_NAME``,
+``CDI_ROOT``, ``KUBELET_REGISTRAR_DIRECTORY_PATH``,
+``KUBELET_PLUGINS_DIRECTORY_PATH`` and ``HEALTHCHECK_PORT`` (the gRPC
+liveness probe's), the user's ``env`` after them so a user may override one;
+privileged (a driver creates device nodes and sockets on the host). It runs
+where the module is loaded and the node is a DRA target (``.ready`` and
+``.dra-target``, plus the device-plugin version label with a version); a
+Module without ``moduleLoader`` selects ``spec.selector`` itself. The name
+does not depend on ``moduleLoader``, so adding or removing it updates the one
+DaemonSet in place.
+
+A DeviceClass is cluster-scoped: it carries the Module's ``module.name`` /
+``module.namespace`` labels instead of an owner, and a class listed without
+selectors selects the Module's driver.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from kmm.api import labels, modules
+from kmm.kube import resources
+from kmm.operator import objects, podspecs
+
+__all__ = [
+    "CDI_DIR",
+    "HEALTHCHECK_PORT",
+    "PLUGINS_DIR",
+    "REGISTRY_DIR",
+    "daemonset",
+    "daemonset_name",
+    "device_class",
+    "node_selector",
+]
+
+RawObject = dict[str, Any]
+
+PLUGINS_DIR: Final = "/var/lib/kubelet/plugins"
+REGISTRY_DIR: Final = "/var/lib/kubelet/plugins_registry"
+CDI_DIR: Final = "/var/run/cdi"
+HEALTHCHECK_PORT: Final = 51515  # KMM's
+_ROLE: Final = "dra"
+_PLUGINS_VOLUME, _REGISTRY_VOLUME, _CDI_VOLUME = modules.DRA_VOLUMES
+
+
+def _dra(module: modules.Module) -> modules.DraSpec:
+    if module.spec.dra is None:
+        raise ValueError("a DRA DaemonSet needs spec.dra")
+    return module.spec.dra
+
+
+def _version(module: modules.Module) -> str | None:
+    loader = module.spec.module_loader
+    return loader.container.version if loader is not None else None
+
+
+def _ids(module: modules.Module) -> tuple[str, str]:
+    return module.metadata.namespace or "", module.metadata.name
+
+
+def daemonset_name(module: modules.Module) -> str:
+    version = _version(module)
+    return labels.daemonset_name(
+        module.metadata.name, _ROLE, *(() if version is None else (version,))
+    )
+
+
+def pod_labels(module: modules.Module) -> dict[str, str]:
+    found = labels.module_labels(*_ids(module), _ROLE)
+    version = _version(module)
+    if version is not None:
+        found[labels.MODULE_VERSION] = version
+    return found
+
+
+def node_selector(module: modules.Module) -> dict[str, str]:
+    if module.spec.module_loader is None:
+        return dict(module.spec.selector)
+    namespace, name = _ids(module)
+    selected = {labels.ready(namespace, name): "", labels.dra_target(namespace, name): ""}
+    version = _version(module)
+    if version is not None:
+        selected[labels.device_plugin_version(namespace, name)] = version
+    return selected
+
+
+def _environment(dra: modules.DraSpec) -> list[RawObject]:
+    def field(path: str) -> RawObject:
+        return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+
+    return [
+        {"name": "NODE_NAME", **field("spec.nodeName")},
+        {"name": "POD_UID", **field("metadata.uid")},
+        {"name": "DRIVER_NAME", "value": dra.driver_name},
+        {"name": "CDI_ROOT", "value": CDI_DIR},
+        {"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": REGISTRY_DIR},
+        {"name": "KUBELET_PLUGINS_DIRECTORY_PATH", "value": PLUGINS_DIR},
+        {"name": "HEALTHCHECK_PORT", "value": str(HEALTHCHECK_PORT)},
+        *(dra.container.env or ()),
+    ]
+
+
+def daemonset(module: modules.Module) -> RawObject:
+    """The desired DRA driver DaemonSet, hash-stamped. Needs ``spec.dra``."""
+    dra = _dra(module)
+    container = podspecs.container(dra.container, "dra-driver")
+    container["env"] = _environment(dra)
+    container["securityContext"] = {"privileged": True}
+    container["volumeMounts"] = [
+        {"name": _PLUGINS_VOLUME, "mountPath": PLUGINS_DIR},
+        {"name": _REGISTRY_VOLUME, "mountPath": REGISTRY_DIR},
+        {"name": _CDI_VOLUME, "mountPath": CDI_DIR},
+        *(dra.container.volume_mounts or ()),
+    ]
+    container["livenessProbe"] = {
+        "grpc": {"port": HEALTHCHECK_PORT, "service": "liveness"},
+        "failureThreshold": 3,
+        "periodSeconds": 10,
+    }
+    pod_spec: RawObject = {
+        **podspecs.base(module, service_account=dra.service_account_name),
+        "containers": [container],
+        "nodeSelector": node_selector(module),
+        "volumes": [
+            {
+                "name": _PLUGINS_VOLUME,
+                "hostPath": {"path": PLUGINS_DIR, "type": "DirectoryOrCreate"},
+            },
+            {"name": _REGISTRY_VOLUME, "hostPath": {"path": REGISTRY_DIR, "type": "Directory"}},
+            {"name": _CDI_VOLUME, "hostPath": {"path": CDI_DIR, "type": "DirectoryOrCreate"}},
+            *podspecs.volumes(dra.volumes),
+        ],
+    }
+    if dra.init_container is not None:
+        init = podspecs.container(dra.init_container, "dra-driver-init")
+        if dra.init_container.volume_mounts:
+            init["volumeMounts"] = list(dra.init_container.volume_mounts)
+        pod_spec["initContainers"] = [init]
+    selected = pod_labels(module)
+    return objects.stamped(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {
+                "name": daemonset_name(module),
+                "namespace": module.metadata.namespace,
+                "labels": dict(selected),
+                "ownerReferences": [objects.controller_reference(module)],
+            },
+            "spec": {
+                "selector": {"matchLabels": dict(selected)},
+                "template": {"metadata": {"labels": dict(selected)}, "spec": pod_spec},
+            },
+        }
+    )
+
+
+def device_class(module: modules.Module, declared: modules.DeviceClassSpec) -> RawObject:
+    """The desired DeviceClass for one ``spec.dra.deviceClasses`` entry, hash-stamped."""
+    dra = _dra(module)
+    selectors = (
+        [s.model_dump(by_alias=True, exclude_none=True) for s in declared.selectors]
+        if declared.selectors
+        else [{"cel": {"expression": f'device.driver == "{dra.driver_name}"'}}]
+    )
+    spec: RawObject = {"selectors": selectors}
+    if declared.config:
+        spec["config"] = [c.model_dump(by_alias=True, exclude_none=True) for c in declared.config]
+    return objects.stamped(
+        {
+            "apiVersion": resources.DEVICE_CLASSES.api_version,
+            "kind": "DeviceClass",
+            "metadata": {
+                "name": declared.name,
+                "labels": labels.module_labels(*_ids(module), _ROLE),
+            },
+            "spec": spec,
+        }
+    )
