@@ -54,7 +54,8 @@ unit: venv
 integration: venv
 	$(BIN)/pytest tests/integration
 
-# The sandbox binaries are built (once per version, 10-15 min cold) before
+# The sandbox binaries (control plane, kubelet, fake runtime) are built once
+# per version (10-15 min cold; the kubelet adds ~6 min of it) before
 # pytest starts, so no test's time limit includes compiling Kubernetes.
 sandbox-binaries: venv
 	$(BIN)/kmm sandbox build

@@ -7,12 +7,15 @@ Writes are counted on the client (``kube.client.Client.counter``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
 from kmm.kube import client as kube_client
+from kmm.kube import resources
 from kmm.kubeletplugin import claims, publishing
 from kmm.sandbox import testing
 
@@ -86,3 +89,31 @@ async def test_publishing_300_devices(
     assert len(now) == 3
     assert {s["spec"]["pool"]["generation"] for s in now} == {bumped["generation"]}
     assert not old & {s["metadata"]["name"] for s in now}
+
+
+async def test_a_slice_deleted_by_someone_else_is_published_again(
+    publisher: tuple[publishing.Publisher, kube_client.Client],
+) -> None:
+    """As after the kubelet's wipe of a node's slices: the running publisher
+    sees the deletion on its watch and publishes again."""
+    pub, api = publisher
+    pub.publish(devices(2))
+    running = asyncio.ensure_future(pub.run())
+    try:
+        await asyncio.wait_for(pub.in_sync.wait(), timeout=60)
+        (first,) = await pub.list_slices()
+        await api.request("DELETE", resources.RESOURCE_SLICES.path(name=first["metadata"]["name"]))
+
+        async def back() -> bool:
+            found = await pub.list_slices()
+            return len(found) == 1 and found[0]["metadata"]["name"] != first["metadata"]["name"]
+
+        await testing.eventually(back, "the slice published again")
+        # Its own writes seen on the watch make no further writes.
+        settled = writes(api)
+        await asyncio.sleep(2)
+        assert writes(api) == settled
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TimeE
 from rich.table import Table
 
 from kmm.cli import paths
-from kmm.sandbox import building, cluster, errors
+from kmm.sandbox import building, cluster, components, errors
 
 app = typer.Typer(
     help="Run a local Kubernetes control plane with fake nodes.", no_args_is_help=True
@@ -88,6 +88,13 @@ def up(
         ),
     ] = None,
     port: Annotated[int, typer.Option(help="kube-apiserver port (default: a free one).")] = 0,
+    kubelet_nodes: Annotated[
+        int,
+        typer.Option(
+            help="Nodes served by real kubelets (built from the pinned module) on a fake "
+            "container runtime, beside the KWOK nodes; their DRA manager is the real one."
+        ),
+    ] = 0,
     runtime_config: Annotated[
         list[str] | None,
         typer.Option(
@@ -105,6 +112,7 @@ def up(
         kernels=tuple(kernel) if kernel else cluster.DEFAULT_KERNELS,
         apiserver_port=port,
         runtime_config=tuple(runtime_config or ()),
+        kubelet_nodes=kubelet_nodes,
     )
     started = time.monotonic()
     with _progress() as progress:
@@ -113,9 +121,10 @@ def up(
         except (errors.SandboxError, ValueError) as err:
             raise _fail(err) from err
     elapsed = time.monotonic() - started
+    kubelets = f" and {len(record.kubelet_nodes)} kubelet node(s)" if record.kubelet_nodes else ""
     _console.print(
         f"Sandbox up in {elapsed:.1f} s: API server {record.server}, "
-        f"{len(record.node_names)} node(s) Ready."
+        f"{len(record.node_names)} node(s){kubelets} Ready."
     )
     # soft_wrap: these lines are meant to be copied into a shell whole.
     _console.print(f"Use it with:  export KUBECONFIG={record.kubeconfig}", soft_wrap=True)
@@ -123,12 +132,17 @@ def up(
 
 
 @app.command()
-def build() -> None:
-    """Build the control-plane binaries into the cache now (up does it when needed)."""
+def build(
+    kubelet: Annotated[
+        bool, typer.Option(help="Also the kubelet and fake runtime of --kubelet-nodes.")
+    ] = True,
+) -> None:
+    """Build the sandbox binaries into the cache now (up does it when needed)."""
+    tools = components.ALL + ((components.KUBELET,) if kubelet else ())
     with _progress() as progress:
         try:
             binaries = asyncio.run(
-                building.ensure_built(paths.cache_dir(), progress=_BuildBars(progress))
+                building.ensure_built(paths.cache_dir(), tools, progress=_BuildBars(progress))
             )
         except errors.SandboxError as err:
             raise _fail(err) from err
@@ -148,6 +162,26 @@ def down(directory: DirOption = None) -> None:
         ", ".join(f"{process.name} ({process.pid})" for process in stopped) or "nothing was running"
     )
     _console.print(f"Stopped: {names}")
+
+
+@app.command()
+def restart(
+    component: Annotated[
+        str, typer.Argument(help="As `status` names it: kube-apiserver, kubelet/kmm-kubelet-0 ...")
+    ],
+    directory: DirOption = None,
+) -> None:
+    """Stop one component and start it again with its data (its log continues)."""
+    target = directory or paths.sandbox_dir()
+    started = time.monotonic()
+    try:
+        process = asyncio.run(cluster.restart(target, component))
+    except (errors.SandboxError, ValueError) as err:
+        raise _fail(err) from err
+    _console.print(
+        f"Restarted {process.name} (pid {process.pid}); healthy after "
+        f"{time.monotonic() - started:.1f} s"
+    )
 
 
 @app.command()

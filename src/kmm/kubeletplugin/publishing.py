@@ -13,7 +13,11 @@ server holds for this node and driver:
   generation is incomplete and never mix generations, so creating first and
   deleting after never shows a half-published pool as complete.
 
-``Publisher.run`` syncs whenever ``publish`` changes the devices; a failed
+``Publisher.run`` syncs whenever ``publish`` changes the devices, and
+whenever one of the pool's slices is deleted or changed by someone else: it
+watches them. The kubelet wipes a node's slices when it starts and when a
+driver stays away longer than its delay; without the watch a driver that
+outlived (or came back after) that wipe would never publish again. A failed
 sync is reported through ``on_error`` (``PublishError`` is recoverable) and
 retried with exponential backoff. Device contents are opaque here: they come
 from the policy.
@@ -28,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NotRequired, TypedDict
 
 from kmm.aio import backoff, tasks
-from kmm.kube import client, resources
+from kmm.kube import client, listwatch, reflecting, resources
 from kmm.kube import errors as kube_errors
 from kmm.kubeletplugin import claims, errors
 
@@ -114,6 +118,16 @@ class Publisher:
         self.in_sync = asyncio.Event()
         self._owner_ref: dict[str, Any] | None = None
         self._owner_looked_up = False
+        self._watch_slices = reflecting.Reflector(
+            "resourceslices",
+            listwatch.ApiListWatch(api, _SLICES),
+            self,
+            field_selector=f"spec.nodeName={node},spec.driver={driver}",
+            watch_timeout=240,
+            on_retry=lambda err: self._on_error(
+                errors.PublishError(str(err)), "watching ResourceSlices"
+            ),
+        )
 
     def publish(self, devices: Sequence[Device]) -> None:
         """Replace the devices to publish; the running loop picks them up."""
@@ -123,6 +137,27 @@ class Publisher:
 
     async def run(self) -> None:
         """Sync on every change, retrying failures with backoff; runs until cancelled."""
+        watching = tasks.guard(
+            self._watch_slices.run(), name="resourceslice-watch", on_error=self._on_error
+        )
+        try:
+            await self._sync_loop()
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+
+    # The watch's sink: a slice of the pool deleted or changed (the kubelet's
+    # wipe, someone's edit), or a relist (events may have been missed).
+    def replace(self, items: list[dict[str, Any]], resource_version: str) -> None:
+        del items, resource_version
+        self._changed.set()
+
+    def apply(self, event: listwatch.WatchEvent) -> None:
+        if event["type"] in ("DELETED", "MODIFIED"):
+            self._changed.set()
+
+    async def _sync_loop(self) -> None:
         while True:
             await self._changed.wait()
             self._changed.clear()

@@ -28,7 +28,7 @@ from typing import Any, Protocol, cast
 import grpc
 from grpc import aio
 
-from kmm.kubeletplugin import checkpointing, claims, owners
+from kmm.kubeletplugin import checkpointing, claims, errors, owners
 from kmm.kubeletplugin.protos import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
@@ -40,7 +40,7 @@ from kmm.kubeletplugin.protos import (
     pluginregistration_pb2_grpc,
 )
 
-__all__ = ["Handler", "Server", "add_dra_services", "add_registration_service"]
+__all__ = ["MAX_SOCKET_PATH", "Handler", "Server", "add_dra_services", "add_registration_service"]
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +213,10 @@ def add_dra_services(
         )
 
 
+# sockaddr_un.sun_path holds 108 bytes, the terminating NUL included.
+MAX_SOCKET_PATH = 107
+
+
 class Server:
     """One ``grpc.aio`` server on one owner-only unix socket."""
 
@@ -229,6 +233,13 @@ class Server:
         answers, or while it is still world-accessible.
         """
         staging = self.socket.with_name(f".{self.socket.name}.tmp")
+        longest = max(len(str(staging.absolute())), len(str(self.socket.absolute())))
+        if longest > MAX_SOCKET_PATH:
+            raise errors.FatalError(
+                f"cannot serve on {self.socket}: unix socket paths allow {MAX_SOCKET_PATH} "
+                f"characters and this one (staged as {staging.name}) takes {longest}; "
+                "use a shorter --root or driver name"
+            )
         for stale in (self.socket, staging):
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()  # left by a previous run that did not exit cleanly

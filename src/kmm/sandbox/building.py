@@ -1,4 +1,4 @@
-"""Build the control-plane binaries from the pinned Go modules, once per version.
+"""Build the sandbox binaries from the pinned Go modules, once per version.
 
 Binaries land in ``<cache>/<tool>-<version>-<digest>/bin`` and are reused by
 every later start; a build goes to a temporary directory first and is renamed
@@ -10,7 +10,10 @@ callback counts against the package total from ``go list -deps``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -74,6 +77,48 @@ async def _run(argv: list[str], *, cwd: Path, log: Path | None = None) -> tuple[
     return code, output
 
 
+async def _version_ldflags(tool: components.GoTool) -> list[str]:
+    """``-ldflags`` stamping the Kubernetes version variables as the Kubernetes
+    build does (gitVersion, gitMajor, gitMinor, gitCommit, gitTreeState,
+    buildDate), from the pinned module's version and the origin the module
+    proxy records for it; without them /version says ``v0.0.0-master``."""
+    if not tool.version_packages:
+        return []
+    version = tool.version
+    process = await asyncio.create_subprocess_exec(
+        go_binary(), "mod", "download", "-json", f"{tool.required_module}@{version}",
+        cwd=tool.directory, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    output, _ = await process.communicate()
+    code = process.returncode
+    try:
+        found = json.loads(output) if code == 0 else {}
+    except json.JSONDecodeError:
+        found = {}
+    commit = (found.get("Origin") or {}).get("Hash", "")
+    build_date = ""
+    if found.get("Info"):
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            build_date = json.loads(Path(found["Info"]).read_text()).get("Time", "")
+    match = re.match(r"^v(\d+)\.(\d+)", version)
+    major, minor = match.groups() if match else ("", "")
+    values = {
+        "gitVersion": version,
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitCommit": commit,
+        "gitTreeState": "clean",
+        "buildDate": build_date,
+    }
+    flags = [
+        f"-X {package}.{name}={value}"
+        for package in tool.version_packages
+        for name, value in values.items()
+        if value
+    ]
+    return ["-ldflags", " ".join(flags)]
+
+
 async def _build(tool: components.GoTool, target: Path, log: Path, progress: BuildProgress) -> None:
     go = go_binary()
     packages = [package for _, package in tool.packages]
@@ -84,6 +129,7 @@ async def _build(tool: components.GoTool, target: Path, log: Path, progress: Bui
     total = len(listing.splitlines())
     progress.started(tool.name, total)
 
+    ldflags = await _version_ldflags(tool)
     staging = Path(tempfile.mkdtemp(prefix=f".{tool.name}-", dir=target.parent))
     try:
         with log.open("wb") as stream:
@@ -96,6 +142,7 @@ async def _build(tool: components.GoTool, target: Path, log: Path, progress: Bui
                 "build",
                 "-v",
                 "-trimpath",
+                *ldflags,
                 "-o",
                 str(staging / binary),
                 package,

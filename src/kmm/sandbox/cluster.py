@@ -1,10 +1,13 @@
 """Bring a sandbox up, take it down, report on it.
 
 ``up`` starts etcd, then kube-apiserver, then controller-manager, scheduler and
-KWOK together, each on a free port of 127.0.0.1, and records every process in
-the sandbox directory as soon as it is launched, so ``down`` can stop a start
-that was interrupted half-way. Every ``up`` starts an empty cluster: the data,
+KWOK together, each on a free port of 127.0.0.1, then the kubelet nodes asked
+for (``kubeletnodes``: each a fake runtime and a real kubelet), and records
+every process in the sandbox directory as soon as it is launched, so ``down``
+can stop a start that was interrupted half-way (and write back the sysctls
+the kubelets change). Every ``up`` starts an empty cluster: the data,
 certificates and logs of the directory's previous run are replaced.
+``restart`` stops one component and starts it again on its data.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import shutil
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -24,6 +28,7 @@ from kmm.sandbox import (
     errors,
     health,
     kubeconfigs,
+    kubeletnodes,
     nodes,
     pki,
     ports,
@@ -31,7 +36,18 @@ from kmm.sandbox import (
     state,
 )
 
-__all__ = ["DEFAULT_KERNELS", "Options", "api_client", "down", "node_table", "status", "up"]
+__all__ = [
+    "DEFAULT_KERNELS",
+    "KUBELET_NODE_LABEL",
+    "Options",
+    "api_client",
+    "down",
+    "kubelet_node",
+    "node_table",
+    "restart",
+    "status",
+    "up",
+]
 
 DEFAULT_KERNELS = ("6.8.0-45-generic",)
 
@@ -41,6 +57,8 @@ _SCHEDULER = pki.ClientIdentity("scheduler", "system:kube-scheduler")
 _KWOK = pki.ClientIdentity("kwok", "kwok-controller", ("system:masters",))
 
 _SERVICE_CIDR = "10.96.0.0/12"
+# Kubelet nodes carry this label (KWOK's nodes do not).
+KUBELET_NODE_LABEL = "kmm.sandbox/kubelet"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +74,8 @@ class Options:
     # kube-apiserver --runtime-config entries, e.g. "resource.k8s.io/v1=false"
     # for a cluster that does not serve DRA.
     runtime_config: tuple[str, ...] = ()
+    # Nodes served by real kubelets on a fake container runtime (kubeletnodes).
+    kubelet_nodes: int = 0
 
 
 class _Launcher:
@@ -75,10 +95,12 @@ class _Launcher:
     def stop_all(self) -> None:
         for process in reversed(self.record.launched):
             process.stop()
+        if self.record.sysctls:
+            kubeletnodes.restore_sysctls(self.record.sysctls)
 
 
 def _reset(directory: Path) -> None:
-    for name in ("pki", "etcd", "logs"):
+    for name in ("pki", "etcd", "logs", "kubelets"):
         shutil.rmtree(directory / name, ignore_errors=True)
     (directory / "logs").mkdir(parents=True)
 
@@ -119,16 +141,36 @@ async def up(
     directory = options.directory.resolve()
     if options.nodes < 0:
         raise ValueError("--nodes must be 0 or more")
+    if options.kubelet_nodes < 0:
+        raise ValueError("--kubelet-nodes must be 0 or more")
+    if options.kubelet_nodes:
+        kubeletnodes.check_directory(directory)
+        if any(entry.startswith("resource.k8s.io/") for entry in options.runtime_config):
+            raise ValueError(
+                "--kubelet-nodes needs resource.k8s.io served: the Node authorizer and "
+                "the kubelet's DRA manager watch it"
+            )
     if not options.kernels:
         raise ValueError("at least one --kernel is needed")
     _refuse_if_running(directory)
     if options.apiserver_port:
         ports.require_free(options.apiserver_port, what="kube-apiserver")
 
-    binaries = await building.ensure_built(options.cache_dir, progress=progress)
+    tools = components.ALL + ((components.KUBELET,) if options.kubelet_nodes else ())
+    binaries = await building.ensure_built(options.cache_dir, tools, progress=progress)
     directory.mkdir(parents=True, exist_ok=True)
     _reset(directory)
-    credentials = pki.create(directory / "pki", (_ADMIN, _CONTROLLER_MANAGER, _SCHEDULER, _KWOK))
+    kubelet_names = [f"{kubeletnodes.NODE_PREFIX}{i}" for i in range(options.kubelet_nodes)]
+    credentials = pki.create(
+        directory / "pki",
+        (
+            _ADMIN,
+            _CONTROLLER_MANAGER,
+            _SCHEDULER,
+            _KWOK,
+            *(kubeletnodes.identity(n) for n in kubelet_names),
+        ),
+    )
 
     etcd_port, peer_port, cm_port, scheduler_port, kwok_port, free_api_port = ports.free_ports(6)
     api_port = options.apiserver_port or free_api_port
@@ -151,7 +193,8 @@ async def up(
         kubeconfig=admin_kubeconfig,
         launched=[],
         node_names=[name for name, _ in node_plan],
-        versions={tool.name: tool.version for tool in components.ALL},
+        versions={tool.name: tool.version for tool in tools},
+        kubelet_nodes=kubelet_names,
     )
     launcher = _Launcher(record)
     try:
@@ -163,7 +206,13 @@ async def up(
         await health.wait_healthy(etcd, timeout=options.start_timeout)
         apiserver = launcher.launch(
             "kube-apiserver",
-            _apiserver_argv(binaries["kube-apiserver"], credentials, etcd_port, api_port)
+            _apiserver_argv(
+                binaries["kube-apiserver"],
+                credentials,
+                etcd_port,
+                api_port,
+                node_authorizer=bool(kubelet_names),
+            )
             + (
                 [f"--runtime-config={','.join(options.runtime_config)}"]
                 if options.runtime_config
@@ -245,10 +294,112 @@ async def up(
                     kwok.log,
                     processes.log_tail(kwok.log),
                 ) from err
+        if kubelet_names:
+            await _start_kubelets(
+                launcher, kubelet_names, binaries, credentials, kubeconfig_for, options
+            )
     except BaseException:
         launcher.stop_all()
         raise
     return record
+
+
+async def _start_kubelets(
+    launcher: _Launcher,
+    names: list[str],
+    binaries: dict[str, Path],
+    credentials: pki.Pki,
+    kubeconfig_for: Callable[[pki.ClientIdentity, Path], Path],
+    options: Options,
+) -> None:
+    """Start each kubelet node (its fake runtime first); return once all are Ready."""
+    record = launcher.record
+    address = kubeletnodes.node_ip()
+    # What the kubelets will change on the host, as it was: `down` restores it.
+    record.sysctls = kubeletnodes.read_sysctls()
+    state.save(record)
+    started: list[processes.Process] = []
+    for index, name in enumerate(names):
+        port, healthz_port, cri_port = ports.free_ports(3)
+        node = kubeletnodes.KubeletNode(
+            name=name,
+            # Short: unix socket paths under it are limited to 107 characters.
+            directory=record.directory / "kubelets" / str(index),
+            port=port,
+            healthz_port=healthz_port,
+            cri_http_port=cri_port,
+        )
+        node.make_dirs()
+        kubeletnodes.save(node)
+        runtime = launcher.launch(
+            f"fake-cri/{name}",
+            kubeletnodes.cri_argv(binaries["kmm-fake-cri"], node),
+            health_url=f"{node.cri_url}/healthz",
+        )
+        await health.wait_healthy(runtime, timeout=options.start_timeout)
+        kubeconfig = kubeconfig_for(kubeletnodes.identity(name), node.directory / "kubeconfig")
+        started.append(
+            launcher.launch(
+                f"kubelet/{name}",
+                kubeletnodes.kubelet_argv(
+                    binaries["kubelet"],
+                    node,
+                    kubeconfig=kubeconfig,
+                    config=kubeletnodes.write_config(node, ca_cert=credentials.ca_cert),
+                    address=address,
+                    labels={KUBELET_NODE_LABEL: "true"},
+                ),
+                health_url=node.health_url,
+            )
+        )
+    await asyncio.gather(*(health.wait_healthy(p, timeout=options.start_timeout) for p in started))
+    async with api_client(record.kubeconfig) as api:
+        try:
+            await nodes.wait_ready(
+                api,
+                names,
+                timeout=options.start_timeout,
+                label_selector=f"{KUBELET_NODE_LABEL}=true",
+            )
+        except TimeoutError as err:
+            raise errors.ComponentFailed(
+                "kubelet",
+                f"{len(names)} kubelet node(s) not Ready within {options.start_timeout:.0f} s",
+                started[0].log,
+                processes.log_tail(started[0].log),
+            ) from err
+
+
+async def restart(directory: Path, component: str, *, timeout: float = 180.0) -> processes.Process:
+    """Stop one component (``kube-apiserver``, ``kubelet/<node>`` ...) and start
+    it again with the same command line and log, keeping its data; return
+    once it is healthy again."""
+    record = status(directory)
+    found = [i for i, p in enumerate(record.launched) if p.name == component]
+    if not found:
+        names = ", ".join(p.name for p in record.launched)
+        raise errors.NotRunning(f"the sandbox in {directory} has no {component}; it has {names}")
+    index = found[0]
+    process = record.launched[index]
+    process.stop()
+    again = processes.launch(
+        process.name, list(process.argv), log=process.log, health_url=process.health_url
+    )
+    record.launched[index] = again
+    state.save(record)
+    access = _insecure(again.health_url) if again.health_url.startswith("https") else None
+    if component == "kube-apiserver":
+        access = _admin(pki.Pki(record.directory / "pki"), record.server)
+    await health.wait_healthy(again, timeout=timeout, access=access)
+    return again
+
+
+def kubelet_node(directory: Path, name: str) -> kubeletnodes.KubeletNode:
+    """A running sandbox's kubelet node by name: its files and ports."""
+    record = status(directory)
+    if name not in record.kubelet_nodes:
+        raise errors.NotRunning(f"the sandbox in {directory} has no kubelet node {name}")
+    return kubeletnodes.load(record.directory / "kubelets" / str(record.kubelet_nodes.index(name)))
 
 
 def _refuse_if_running(directory: Path) -> None:
@@ -292,7 +443,19 @@ def _etcd_argv(binary: Path, directory: Path, client_port: int, peer_port: int) 
     ]
 
 
-def _apiserver_argv(binary: Path, credentials: pki.Pki, etcd_port: int, port: int) -> list[str]:
+def _apiserver_argv(
+    binary: Path, credentials: pki.Pki, etcd_port: int, port: int, *, node_authorizer: bool
+) -> list[str]:
+    # With kubelet nodes, as in a real cluster: kubelets are judged by the
+    # Node authorizer and NodeRestriction, everyone else by RBAC. (Without
+    # them there is no node identity to judge, and the Node authorizer's
+    # ResourceSlice informer would keep a cluster that does not serve
+    # resource.k8s.io from ever being ready.)
+    authorization = (
+        ["--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction"]
+        if node_authorizer
+        else ["--authorization-mode=RBAC"]
+    )
     return [
         str(binary),
         f"--etcd-servers=http://{ports.HOST}:{etcd_port}",
@@ -302,7 +465,7 @@ def _apiserver_argv(binary: Path, credentials: pki.Pki, etcd_port: int, port: in
         f"--tls-cert-file={credentials.serving_cert}",
         f"--tls-private-key-file={credentials.serving_key}",
         f"--client-ca-file={credentials.ca_cert}",
-        "--authorization-mode=RBAC",
+        *authorization,
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={credentials.service_account_public_key}",
         f"--service-account-signing-key-file={credentials.service_account_key}",
@@ -324,6 +487,8 @@ def down(directory: Path) -> list[processes.Process]:
     running = record.alive()
     for process in reversed(record.launched):
         process.stop()
+    if record.sysctls:
+        kubeletnodes.restore_sysctls(record.sysctls)
     return running
 
 

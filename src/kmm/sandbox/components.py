@@ -13,7 +13,13 @@ import re
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["ALL", "ETCD", "KUBERNETES", "KWOK", "GoTool", "tools_dir"]
+__all__ = ["ALL", "ETCD", "KUBELET", "KUBERNETES", "KWOK", "GoTool", "tools_dir"]
+
+# Packages holding the version variables the Kubernetes build stamps
+# (hack/lib/version.sh): what /version and nodeInfo.kubeletVersion report.
+KUBERNETES_VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+# Bumped when the way binaries are built changes (a new cache entry).
+_RECIPE = "2"
 
 
 def tools_dir() -> Path:
@@ -29,6 +35,9 @@ class GoTool:
     directory: Path
     required_module: str
     packages: tuple[tuple[str, str], ...]  # (binary name, Go package path)
+    # Packages whose Kubernetes version variables the build sets (-X) from
+    # the required module's version and origin; empty for non-Kubernetes tools.
+    version_packages: tuple[str, ...] = ()
 
     @property
     def version(self) -> str:
@@ -45,10 +54,18 @@ class GoTool:
 
     @property
     def cache_key(self) -> str:
-        """Version plus a digest of go.mod and go.sum: a dependency change rebuilds."""
-        digest = hashlib.sha256()
-        for name in ("go.mod", "go.sum"):
-            digest.update((self.directory / name).read_bytes())
+        """Version plus a digest of the module's files (go.mod, go.sum, its own
+        Go sources) and of the build recipe: any change rebuilds."""
+        digest = hashlib.sha256(_RECIPE.encode())
+        for path in [
+            self.directory / "go.mod",
+            self.directory / "go.sum",
+            *sorted(self.directory.rglob("*.go")),
+        ]:
+            digest.update(str(path.relative_to(self.directory)).encode())
+            digest.update(path.read_bytes())
+        for _, package in self.packages:
+            digest.update(package.encode())
         return f"{self.name}-{self.version}-{digest.hexdigest()[:12]}"
 
     @property
@@ -65,6 +82,19 @@ KUBERNETES = GoTool(
         ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"),
         ("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
     ),
+    version_packages=KUBERNETES_VERSION_PACKAGES,
+)
+# Built only for sandboxes with kubelet nodes: the kubelet of the same pin,
+# and the fake CRI runtime it runs on (``fakecri/`` in the same module).
+KUBELET = GoTool(
+    name="kubelet",
+    directory=tools_dir() / "kubernetes",
+    required_module="k8s.io/kubernetes",
+    packages=(
+        ("kubelet", "k8s.io/kubernetes/cmd/kubelet"),
+        ("kmm-fake-cri", "kmm.local/sandbox/kubernetes/fakecri"),
+    ),
+    version_packages=KUBERNETES_VERSION_PACKAGES,
 )
 ETCD = GoTool(
     name="etcd",

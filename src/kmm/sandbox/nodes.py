@@ -77,14 +77,16 @@ def _is_schedulable_ready(node: Mapping[str, Any]) -> bool:
     )
 
 
-async def wait_ready(api: client.Client, names: Sequence[str], *, timeout: float) -> None:
+async def wait_ready(
+    api: client.Client, names: Sequence[str], *, timeout: float, label_selector: str = "type=kwok"
+) -> None:
     """Return when every named node is Ready and untainted; TimeoutError otherwise."""
     wanted = set(names)
 
     async def poll() -> None:
         while True:
             listing = await api.request(
-                "GET", resources.NODES.path(), query={"labelSelector": "type=kwok"}
+                "GET", resources.NODES.path(), query={"labelSelector": label_selector}
             )
             ready = {objects.name(n) for n in listing["items"] if _is_schedulable_ready(n)}
             if wanted <= ready:

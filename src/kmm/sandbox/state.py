@@ -28,6 +28,10 @@ class SandboxState:
     launched: list[processes.Process]
     node_names: list[str]
     versions: dict[str, str]
+    # Nodes served by real kubelets, and the host sysctls they change,
+    # as found before the first one started (``down`` writes them back).
+    kubelet_nodes: list[str] = dataclasses.field(default_factory=list)
+    sysctls: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def alive(self) -> list[processes.Process]:
         return [process for process in self.launched if process.alive()]
@@ -40,6 +44,8 @@ def save(state: SandboxState) -> None:
         "kubeconfig": str(state.kubeconfig),
         "versions": state.versions,
         "nodes": state.node_names,
+        "kubeletNodes": state.kubelet_nodes,
+        "sysctls": state.sysctls,
         "processes": [
             {
                 "name": process.name,
@@ -78,6 +84,8 @@ def load(directory: Path) -> SandboxState | None:
         kubeconfig=Path(document["kubeconfig"]),
         versions=dict(document["versions"]),
         node_names=list(document["nodes"]),
+        kubelet_nodes=list(document.get("kubeletNodes") or ()),
+        sysctls=dict(document.get("sysctls") or {}),
         launched=[
             processes.Process(
                 name=entry["name"],

@@ -415,3 +415,13 @@ async def test_a_failed_start_leaves_no_socket_behind(
         assert plugin.paths.registration_socket(fakes.DRIVER).exists()
     finally:
         await plugin.stop()
+
+
+async def test_a_socket_path_too_long_for_unix_sockets_is_a_clear_error(
+    tmp_path: pathlib.Path,
+) -> None:
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    server = serving.Server(deep / "dra.sock")
+    with pytest.raises(errors.FatalError, match="unix socket paths allow 107"):
+        await server.start()

@@ -77,3 +77,29 @@ async def test_a_complete_cache_entry_is_reused(
     assert paths == {"broken": binary}
     assert recorder.events == [("broken", True)]
     assert os.access(paths["broken"], os.X_OK)
+
+
+def test_cache_key_follows_the_modules_own_go_sources(tmp_path: Path) -> None:
+    module = tmp_path / "module"
+    (module / "cmd").mkdir(parents=True)
+    (module / "go.mod").write_text("module example.com/broken\n\ngo 1.22\n")
+    (module / "go.sum").write_text("")
+    (module / "cmd" / "main.go").write_text("package main\n\nfunc main() {}\n")
+    before = _tool(module).cache_key
+    (module / "cmd" / "main.go").write_text("package main\n\nfunc main() { println() }\n")
+    assert _tool(module).cache_key != before
+
+
+async def test_kubernetes_binaries_are_stamped_with_the_pinned_version() -> None:
+    """What /version and nodeInfo.kubeletVersion report (read from the module
+    cache when the pinned module is there; the sandbox build puts it there)."""
+    flags = await building._version_ldflags(components.KUBELET)
+    assert flags[0] == "-ldflags"
+    stamped = dict(item.split("=", 1) for item in flags[1].replace("-X ", "").split())
+    version = components.KUBELET.version
+    for package in components.KUBERNETES_VERSION_PACKAGES:
+        assert stamped[f"{package}.gitVersion"] == version
+        assert stamped[f"{package}.gitMajor"] == version[1:].split(".")[0]
+        assert stamped[f"{package}.gitMinor"] == version.split(".")[1]
+        assert stamped[f"{package}.gitTreeState"] == "clean"
+    assert await building._version_ldflags(components.ETCD) == []

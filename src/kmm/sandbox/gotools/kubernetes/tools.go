@@ -1,10 +1,13 @@
 //go:build tools
 
-// Package tools pins the control-plane commands kmm sandbox builds.
+// Package tools pins the Kubernetes commands kmm sandbox builds: the control
+// plane, and the kubelet of its kubelet nodes (whose fake container runtime
+// is ./fakecri).
 package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )

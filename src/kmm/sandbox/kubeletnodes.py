@@ -1,0 +1,308 @@
+"""Real kubelet nodes: the pinned kubelet on a fake container runtime.
+
+Each node is a kubelet built from the pinned Kubernetes module and
+``kmm-fake-cri`` (``gotools/kubernetes/fakecri``): pods bound to it go
+Running as far as the API can tell, nothing executes, and the kubelet's DRA
+manager is the real one, so drivers (``kmm driver``, anyone's) are called the
+way a cluster calls them.
+
+Everything a node writes lives under ``<sandbox>/kubelets/<name>/``; its
+``root/`` is the node's filesystem as a driver sees it
+(``root/var/lib/kubelet``, ``root/var/run/cdi``), so ``kmm driver --root``
+finds the plugin registry without links. What the kubelet would touch outside
+it, and how that is prevented (each cost time when first tried):
+
+- cgroup v1 hosts: ``failCgroupV1: false``; no QoS cgroups and no
+  node-allocatable enforcement, so nothing is written under /sys/fs/cgroup;
+- ``/var/lib/kubelet/device-plugins`` and ``/var/log/containers`` are fixed
+  host paths: the kubelet runs in a private mount namespace where tmpfs
+  covers /var/lib and /var/log and those two are bind-mounted from the
+  node's root (hence a sandbox dir for kubelet nodes may not lie under them);
+- iptables utility chains are off (the kubelet shares the host network);
+- three sysctls the kubelet sets (``SYSCTLS``) are read before the first
+  kubelet starts and written back by ``kmm sandbox down``.
+
+The kubelet authenticates as ``system:node:<name>`` (group ``system:nodes``),
+so the Node authorizer and NodeRestriction judge it as in a real cluster, and
+serves its own API on 127.0.0.1 only, authenticating and authorizing callers
+through the sandbox's API server (never anonymously). A node IP may not be
+loopback: the host's first non-loopback IPv4 address is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import shlex
+import shutil
+import socket
+import struct
+from pathlib import Path
+from typing import Any, Final
+
+from kmm.sandbox import errors, pki
+
+__all__ = [
+    "NODE_PREFIX",
+    "SYSCTLS",
+    "KubeletNode",
+    "check_directory",
+    "cri_argv",
+    "identity",
+    "kubelet_argv",
+    "load",
+    "node_ip",
+    "read_sysctls",
+    "restore_sysctls",
+    "save",
+    "write_config",
+]
+
+NODE_PREFIX: Final = "kmm-kubelet-"
+SYSCTLS: Final = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+_PROC_SYS = Path("/proc/sys")
+_SIOCGIFADDR = 0x8915  # linux/sockios.h
+# Host paths the kubelet uses whatever its flags say; covered in its namespace.
+_COVERED: Final = (Path("/var/lib"), Path("/var/log"))
+
+
+@dataclasses.dataclass(frozen=True)
+class KubeletNode:
+    """One kubelet node's name, files and ports."""
+
+    name: str
+    directory: Path
+    port: int
+    healthz_port: int
+    cri_http_port: int
+
+    @property
+    def root(self) -> Path:
+        return self.directory / "root"
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.root / "var" / "lib" / "kubelet"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "var" / "run" / "cdi"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.kubelet_dir / "plugins_registry"
+
+    @property
+    def cri_socket(self) -> Path:
+        return self.directory / "cri.sock"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.healthz_port}/healthz"
+
+    @property
+    def cri_url(self) -> str:
+        """The fake runtime's HTTP side: ``/healthz`` and ``/containers``."""
+        return f"http://127.0.0.1:{self.cri_http_port}"
+
+    def make_dirs(self) -> None:
+        for path in (
+            self.kubelet_dir / "device-plugins",
+            self.kubelet_dir / "pki",
+            self.registry_dir,
+            self.kubelet_dir / "plugins",
+            self.cdi_dir,
+            self.root / "var" / "log" / "containers",
+            self.root / "var" / "log" / "pods",
+            self.directory / "container-logs",
+        ):
+            path.mkdir(parents=True, exist_ok=True)
+
+
+def save(node: KubeletNode) -> None:
+    document = {
+        "name": node.name,
+        "port": node.port,
+        "healthzPort": node.healthz_port,
+        "criHttpPort": node.cri_http_port,
+    }
+    (node.directory / "node.json").write_text(json.dumps(document, indent=2))
+
+
+def load(directory: Path) -> KubeletNode:
+    """The node ``save`` wrote in ``directory``."""
+    document = json.loads((directory / "node.json").read_text())
+    return KubeletNode(
+        name=document["name"],
+        directory=directory,
+        port=int(document["port"]),
+        healthz_port=int(document["healthzPort"]),
+        cri_http_port=int(document["criHttpPort"]),
+    )
+
+
+def identity(name: str) -> pki.ClientIdentity:
+    """The node's client identity, as the Node authorizer expects it."""
+    return pki.ClientIdentity(f"node-{name}", f"system:node:{name}", ("system:nodes",))
+
+
+def node_ip() -> str:
+    """The host's first non-loopback IPv4 address, from its interfaces."""
+    found: list[str] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, interface in socket.if_nameindex():
+            request = struct.pack("256s", interface.encode()[:15])
+            try:
+                reply = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)
+            except OSError:
+                continue  # down, or no IPv4 address
+            address = socket.inet_ntoa(reply[20:24])
+            if not address.startswith("127."):
+                found.append(address)
+    if not found:
+        raise errors.SandboxError(
+            "kubelet nodes need a non-loopback IPv4 address on this host; found none"
+        )
+    return found[0]
+
+
+# sockaddr_un.sun_path: 108 bytes with the terminating NUL.
+_MAX_SOCKET_PATH = 107
+# The longest socket the kubelet itself makes under a node (a 10-digit name).
+# A driver's sockets there grow with its name: `kmm driver` says when one
+# does not fit.
+_LONGEST_SOCKETS = ("kubelets/00/root/var/lib/kubelet/pod-resources/0123456789",)
+
+
+def check_directory(directory: Path) -> None:
+    """Refuse a sandbox dir that the kubelet's private mounts would hide, or
+    one too deep for the unix sockets the kubelet creates under it."""
+    longest = max(len(str(directory / socket)) for socket in _LONGEST_SOCKETS)
+    if longest > _MAX_SOCKET_PATH:
+        raise errors.SandboxError(
+            f"a sandbox with kubelet nodes needs a shorter directory than {directory}: "
+            f"the kubelet's sockets under it would take up to {longest} "
+            f"characters, unix sockets allow {_MAX_SOCKET_PATH} (try --dir /tmp/kmm)"
+        )
+    for covered in _COVERED:
+        if directory == covered or covered in directory.parents:
+            raise errors.SandboxError(
+                f"a sandbox with kubelet nodes may not live under {covered} "
+                f"(the kubelet runs with a private {covered}): {directory}"
+            )
+
+
+def read_sysctls() -> dict[str, str]:
+    return {name: (_PROC_SYS / name).read_text().strip() for name in SYSCTLS}
+
+
+def restore_sysctls(values: dict[str, str]) -> None:
+    """Write back what ``read_sysctls`` found (best effort per key)."""
+    for name, value in values.items():
+        try:
+            if (_PROC_SYS / name).read_text().strip() != value:
+                (_PROC_SYS / name).write_text(value)
+        except OSError:
+            continue
+
+
+def write_config(node: KubeletNode, *, ca_cert: Path) -> Path:
+    """The node's KubeletConfiguration (JSON is YAML), written to its directory."""
+    config: dict[str, Any] = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": "127.0.0.1",
+        "port": node.port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": node.healthz_port,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(ca_cert)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "containerRuntimeEndpoint": f"unix://{node.cri_socket}",
+        "imageServiceEndpoint": f"unix://{node.cri_socket}",
+        "podLogsDir": str(node.root / "var" / "log" / "pods"),
+        "cgroupDriver": "cgroupfs",
+        "failCgroupV1": False,
+        "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        "failSwapOn": False,
+        "makeIPTablesUtilChains": False,
+        "localStorageCapacityIsolation": False,
+        "registerNode": True,
+        "serializeImagePulls": False,
+        # A shared disk may run full; a sandbox node must not evict for it.
+        "evictionHard": {"memory.available": "1Mi"},
+        "mergeDefaultEvictionSettings": False,
+        "imageGCHighThresholdPercent": 100,
+        "nodeStatusReportFrequency": "10s",
+        "shutdownGracePeriod": "0s",
+    }
+    path = node.directory / "kubelet-config.yaml"
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def cri_argv(binary: Path, node: KubeletNode) -> list[str]:
+    return [
+        str(binary),
+        f"--listen={node.cri_socket}",
+        f"--http=127.0.0.1:{node.cri_http_port}",
+        f"--logs={node.directory / 'container-logs'}",
+    ]
+
+
+def kubelet_argv(
+    binary: Path,
+    node: KubeletNode,
+    *,
+    kubeconfig: Path,
+    config: Path,
+    address: str,
+    labels: dict[str, str],
+) -> list[str]:
+    """The kubelet in a private mount namespace where the fixed host paths it
+    uses are the node's own (see the module docstring)."""
+    kubelet = [
+        str(binary),
+        f"--config={config}",
+        f"--kubeconfig={kubeconfig}",
+        f"--root-dir={node.kubelet_dir}",
+        f"--cert-dir={node.kubelet_dir / 'pki'}",
+        f"--hostname-override={node.name}",
+        f"--node-ip={address}",
+        "--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+        "--v=2",
+    ]
+    mounts = [
+        "set -e",
+        "mount -t tmpfs -o mode=0755 kmm-sandbox /var/lib",
+        "mkdir -p /var/lib/kubelet/device-plugins",
+        "mount --bind "
+        + shlex.quote(str(node.kubelet_dir / "device-plugins"))
+        + " /var/lib/kubelet/device-plugins",
+        "mount -t tmpfs -o mode=0755 kmm-sandbox /var/log",
+        "mkdir -p /var/log/containers",
+        "mount --bind "
+        + shlex.quote(str(node.root / "var" / "log" / "containers"))
+        + " /var/log/containers",
+        'exec "$@"',
+    ]
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        raise errors.SandboxError("kubelet nodes need `unshare` (util-linux) on PATH")
+    return [
+        unshare,
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "; ".join(mounts),
+        "kubelet",
+        *kubelet,
+    ]

@@ -1,0 +1,477 @@
+"""``kmm driver`` against the real kubelet: the sandbox's kubelet nodes.
+
+A kubelet built from the pinned module runs on the fake container runtime;
+its DRA manager (plugin watcher, NodePrepareResources / Unprepare, its
+``dra_manager_state`` checkpoint, ResourceSlice wiping) is the real one. The
+driver runs as a process on a fake device tree under the node's root, as the
+driver's own tests lay it out. Pods are scheduled by the real scheduler and
+claims allocated by it; the fake runtime records the CDI devices each
+container was created with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import signal
+import ssl
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kmm.cli import paths
+from kmm.kube import client as kube_client
+from kmm.kube import errors as kube_errors
+from kmm.kube import resources
+from kmm.sandbox import cluster, kubeletnodes, testing
+
+NODE = f"{kubeletnodes.NODE_PREFIX}0"
+NAMESPACE = "default"
+
+
+@pytest.fixture(scope="module")
+def kubelet_sandbox() -> Iterator[cluster.state.SandboxState]:
+    # Short: the kubelet's unix sockets live under it.
+    directory = Path(tempfile.mkdtemp(prefix="k", dir="/tmp"))
+    options = cluster.Options(
+        directory=directory, cache_dir=paths.cache_dir(), nodes=0, kubelet_nodes=1
+    )
+    record = asyncio.run(cluster.up(options))
+    try:
+        yield record
+    finally:
+        with contextlib.suppress(Exception):
+            cluster.down(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def node(kubelet_sandbox: cluster.state.SandboxState) -> kubeletnodes.KubeletNode:
+    return cluster.kubelet_node(kubelet_sandbox.directory, NODE)
+
+
+@pytest.fixture
+async def api(kubelet_sandbox: cluster.state.SandboxState) -> AsyncIterator[kube_client.Client]:
+    async with cluster.api_client(kubelet_sandbox.kubeconfig) as found:
+        yield found
+
+
+def fake_tree(root: Path, module: str, count: int = 2) -> None:
+    (root / "dev").mkdir(exist_ok=True)
+    (root / "sys/module" / module).mkdir(parents=True, exist_ok=True)
+    (root / "sys/module" / module / "version").write_text("2.0\n")
+    for i in range(count):
+        entry = root / "sys/class" / module / f"{module}{i}"
+        entry.mkdir(parents=True, exist_ok=True)
+        (entry / "dev").write_text(f"240:{i}\n")
+        (root / "dev" / f"{module}{i}").write_text("")
+
+
+class Driver:
+    """``kmm driver`` for one driver name on the node, as a process."""
+
+    def __init__(self, sandbox: cluster.state.SandboxState, node: kubeletnodes.KubeletNode) -> None:
+        self.sandbox, self.node = sandbox, node
+        self.module = f"m{uuid.uuid4().hex[:6]}"
+        self.name = f"{self.module}.kmm.io"
+        self.log = node.directory / f"driver-{self.module}.log"
+        self.process: asyncio.subprocess.Process | None = None
+        fake_tree(node.root, self.module)
+
+    async def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", "from kmm.cli import main; main()", "driver",
+                f"--node={self.node.name}", f"--driver-name={self.name}",
+                f"--module={self.module}", f"--device-class={self.module}",
+                f"--root={self.node.root}", f"--kubeconfig={self.sandbox.kubeconfig}",
+                stderr=log,
+            )  # fmt: skip
+
+    async def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        await self.process.wait()
+
+    async def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.terminate()
+            await self.process.wait()
+
+    def said(self, text: str) -> int:
+        return self.log.read_text().count(text) if self.log.exists() else 0
+
+
+@contextlib.asynccontextmanager
+async def running_driver(
+    sandbox: cluster.state.SandboxState,
+    node: kubeletnodes.KubeletNode,
+    api: kube_client.Client,
+) -> AsyncIterator[Driver]:
+    """A driver, published, with a DeviceClass selecting it; all removed afterwards."""
+    driver = Driver(sandbox, node)
+    await driver.start()
+    await api.request(
+        "POST",
+        resources.DEVICE_CLASSES.path(),
+        body={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": driver.name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver.name}"'}}]},
+        },
+    )
+    try:
+        await testing.eventually(lambda: _published(api, driver), "the driver's slice published")
+        await testing.eventually(
+            lambda: _said(driver, "registered with the kubelet"), "registered with the kubelet"
+        )
+        yield driver
+    finally:
+        await driver.stop()
+        with contextlib.suppress(kube_errors.NotFound):
+            await api.request("DELETE", resources.DEVICE_CLASSES.path(name=driver.name))
+        for item in await _slices(api, driver):
+            with contextlib.suppress(kube_errors.NotFound):
+                await api.request(
+                    "DELETE", resources.RESOURCE_SLICES.path(name=item["metadata"]["name"])
+                )
+
+
+async def _said(driver: Driver, text: str) -> bool:
+    return driver.said(text) > 0
+
+
+async def _no_specs(node: kubeletnodes.KubeletNode, driver: Driver) -> bool:
+    return not _cdi_specs(node, driver)
+
+
+async def _slices(api: kube_client.Client, driver: Driver) -> list[dict[str, Any]]:
+    listing = await api.request(
+        "GET",
+        resources.RESOURCE_SLICES.path(),
+        query={"fieldSelector": f"spec.nodeName={driver.node.name},spec.driver={driver.name}"},
+    )
+    found: list[dict[str, Any]] = listing["items"]
+    return found
+
+
+async def _published(api: kube_client.Client, driver: Driver) -> bool:
+    return bool(await _slices(api, driver))
+
+
+def _pod(name: str, claims: list[dict[str, str]], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {cluster.KUBELET_NODE_LABEL: "true"},
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": claims,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "example.com/app:1",
+                    "resources": {"claims": [{"name": c["name"]} for c in claims]},
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+async def _create(api: kube_client.Client, path: str, body: dict[str, Any]) -> None:
+    await api.request("POST", path, body=body)
+
+
+async def _template(api: kube_client.Client, driver: Driver) -> str:
+    name = f"t-{driver.module}"
+    await _create(
+        api,
+        f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "one", "exactly": {"deviceClassName": driver.name}}]
+                    }
+                }
+            },
+        },
+    )
+    return name
+
+
+async def _claim(api: kube_client.Client, driver: Driver) -> str:
+    name = f"c-{driver.module}"
+    await _create(
+        api,
+        resources.RESOURCE_CLAIMS.path(NAMESPACE),
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "one", "exactly": {"deviceClassName": driver.name}}]
+                }
+            },
+        },
+    )
+    return name
+
+
+async def _pod_state(api: kube_client.Client, name: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = await api.request("GET", resources.PODS.path(NAMESPACE, name))
+    except kube_errors.NotFound:
+        return None
+    return found
+
+
+async def _running(api: kube_client.Client, name: str) -> bool:
+    pod = await _pod_state(api, name)
+    return pod is not None and (pod.get("status") or {}).get("phase") == "Running"
+
+
+async def _delete_pod(api: kube_client.Client, name: str, *, force: bool = False) -> None:
+    query: dict[str, Any] = {"gracePeriodSeconds": 0} if force else {}
+    with contextlib.suppress(kube_errors.NotFound):
+        await api.request("DELETE", resources.PODS.path(NAMESPACE, name), query=query)
+
+    async def gone() -> bool:
+        return await _pod_state(api, name) is None
+
+    await testing.eventually(gone, f"pod {name} gone", bound=120)
+
+
+def _checkpoint(node: kubeletnodes.KubeletNode) -> list[dict[str, Any]]:
+    """The claims in the kubelet's own dra_manager_state."""
+    path = node.kubelet_dir / "dra_manager_state"
+    if not path.exists():
+        return []
+    inner = json.loads(json.loads(path.read_text())["Data"])
+    found: list[dict[str, Any]] = inner["ClaimInfoStateList"]
+    return found
+
+
+def _containers(node: kubeletnodes.KubeletNode) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{node.cri_url}/containers", timeout=10) as reply:
+        found: list[dict[str, Any]] = json.loads(reply.read())
+    return found
+
+
+def _cdi_specs(node: kubeletnodes.KubeletNode, driver: Driver) -> list[Path]:
+    return sorted(node.cdi_dir.glob(f"{driver.name}-*.json"))
+
+
+async def test_version_and_kubelet_version_are_the_pinned_release(
+    kubelet_sandbox: cluster.state.SandboxState, api: kube_client.Client
+) -> None:
+    version = await api.request("GET", "/version")
+    assert version["gitVersion"] == "v1.35.4"
+    assert (version["major"], version["minor"]) == ("1", "35")
+    assert version["gitTreeState"] == "clean"
+    assert len(version["gitCommit"]) == 40
+    node = await api.request("GET", resources.NODES.path(name=NODE))
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.35.4"
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("fakeRuntime://")
+
+
+def _kubelet_get(node: kubeletnodes.KubeletNode, path: str, pki_dir: Path | None = None) -> int:
+    """The status of a GET on the kubelet's own API (as the admin when ``pki_dir``)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the kubelet's serving certificate is self-signed
+    if pki_dir is not None:
+        context.load_cert_chain(pki_dir / "admin.crt", pki_dir / "admin.key")
+    try:
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{node.port}{path}", context=context, timeout=10
+        ) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+def test_the_kubelet_api_is_local_and_never_anonymous(
+    kubelet_sandbox: cluster.state.SandboxState, node: kubeletnodes.KubeletNode
+) -> None:
+    assert _kubelet_get(node, "/pods") == 401
+    # The admin's certificate: authenticated by the CA, authorized by the API server.
+    assert _kubelet_get(node, "/pods", kubelet_sandbox.directory / "pki") == 200
+
+
+async def test_the_kubelet_prepares_through_kmm_driver_and_unprepares_on_delete(
+    kubelet_sandbox: cluster.state.SandboxState,
+    node: kubeletnodes.KubeletNode,
+    api: kube_client.Client,
+) -> None:
+    async with running_driver(kubelet_sandbox, node, api) as driver:
+        template = await _template(api, driver)
+        pod = f"p-{driver.module}"
+        await _create(
+            api,
+            resources.PODS.path(NAMESPACE),
+            _pod(pod, [{"name": "dev", "resourceClaimTemplateName": template}]),
+        )
+        await testing.eventually(lambda: _running(api, pod), "the pod Running", bound=120)
+        (claimed,) = [c for c in _checkpoint(node) if driver.name in c["DriverState"]]
+        (prepared,) = claimed["DriverState"][driver.name]["Devices"]
+        cdi_ids = prepared["CDIDeviceIDs"]
+        (spec_path,) = _cdi_specs(node, driver)
+        spec = json.loads(spec_path.read_text())
+        nodes_in_spec = [
+            d["path"] for entry in spec["devices"] for d in entry["containerEdits"]["deviceNodes"]
+        ]
+        assert nodes_in_spec == [f"/dev/{prepared['DeviceName']}"]
+        (container,) = [c for c in _containers(node) if c["pod"] == pod]
+        assert container["cdiDevices"] == cdi_ids
+
+        await _delete_pod(api, pod)
+
+        async def unprepared() -> bool:
+            return not _cdi_specs(node, driver) and not _checkpoint(node)
+
+        await testing.eventually(unprepared, "spec removed, dra_manager_state empty")
+        assert driver.said("released") == 1
+
+
+async def test_a_shared_claim_is_unprepared_once_and_a_force_deleted_pod_too(
+    kubelet_sandbox: cluster.state.SandboxState,
+    node: kubeletnodes.KubeletNode,
+    api: kube_client.Client,
+) -> None:
+    async with running_driver(kubelet_sandbox, node, api) as driver:
+        claim = await _claim(api, driver)
+        pods = [f"a-{driver.module}", f"b-{driver.module}"]
+        for pod in pods:
+            await _create(
+                api,
+                resources.PODS.path(NAMESPACE),
+                _pod(pod, [{"name": "dev", "resourceClaimName": claim}]),
+            )
+        for pod in pods:
+            await testing.eventually(lambda p=pod: _running(api, p), f"{pod} Running", bound=120)
+        (shared,) = _checkpoint(node)
+        assert len(shared["PodUIDs"]) == 2
+        assert driver.said("prepared") == 1
+
+        await _delete_pod(api, pods[0])
+        await asyncio.sleep(3)  # the kubelet's pod sync runs; nothing may be unprepared
+        assert _cdi_specs(node, driver)
+        assert driver.said("released") == 0
+        await _delete_pod(api, pods[1], force=True)
+
+        async def unprepared() -> bool:
+            return not _cdi_specs(node, driver) and not _checkpoint(node)
+
+        await testing.eventually(unprepared, "unprepared once both pods are gone")
+        assert driver.said("released") == 1
+        await api.request("DELETE", resources.RESOURCE_CLAIMS.path(NAMESPACE, claim))
+
+
+async def test_restarts_of_the_kubelet_and_of_the_driver_keep_running_pods(
+    kubelet_sandbox: cluster.state.SandboxState,
+    node: kubeletnodes.KubeletNode,
+    api: kube_client.Client,
+) -> None:
+    async with running_driver(kubelet_sandbox, node, api) as driver:
+        template = await _template(api, driver)
+        pod = f"r-{driver.module}"
+        await _create(
+            api,
+            resources.PODS.path(NAMESPACE),
+            _pod(pod, [{"name": "dev", "resourceClaimTemplateName": template}]),
+        )
+        await testing.eventually(lambda: _running(api, pod), "the pod Running", bound=120)
+        before = await _pod_state(api, pod)
+        assert before is not None
+        registered = driver.said("registered with the kubelet")
+        spec_before = [p.read_text() for p in _cdi_specs(node, driver)]
+
+        await cluster.restart(kubelet_sandbox.directory, f"kubelet/{NODE}")
+
+        async def registered_again() -> bool:
+            return driver.said("registered with the kubelet") > registered
+
+        await testing.eventually(registered_again, "registered with the new kubelet", bound=120)
+        # The kubelet wipes the node's slices at startup; the driver republishes.
+        await testing.eventually(lambda: _published(api, driver), "republished", bound=120)
+        await asyncio.sleep(3)
+        after = await _pod_state(api, pod)
+        assert after is not None
+        assert after["metadata"]["uid"] == before["metadata"]["uid"]
+        statuses = after["status"]["containerStatuses"]
+        assert [s["restartCount"] for s in statuses] == [0]
+        assert [p.read_text() for p in _cdi_specs(node, driver)] == spec_before
+        assert len([c for c in _containers(node) if c["pod"] == pod]) == 1
+
+        # The driver SIGKILLed and started again: registered, the claim kept.
+        await driver.kill()
+        registered = driver.said("registered with the kubelet")
+        await driver.start()
+        await testing.eventually(registered_again, "the driver registered again", bound=120)
+        assert [p.read_text() for p in _cdi_specs(node, driver)] == spec_before
+        assert await _running(api, pod)
+        await _delete_pod(api, pod)
+        await testing.eventually(lambda: _no_specs(node, driver), "unprepared", bound=120)
+
+
+async def test_slices_wiped_after_the_driver_stays_away_come_back_with_it(
+    kubelet_sandbox: cluster.state.SandboxState,
+    node: kubeletnodes.KubeletNode,
+    api: kube_client.Client,
+) -> None:
+    async with running_driver(kubelet_sandbox, node, api) as driver:
+        await driver.kill()
+
+        async def wiped() -> bool:
+            return not await _published(api, driver)
+
+        # The kubelet's delay is 30 s (pkg/kubelet/cm/dra: defaultWipingDelay).
+        await testing.eventually(wiped, "the kubelet wiped the slices", bound=120)
+        await driver.start()
+        await testing.eventually(lambda: _published(api, driver), "republished", bound=120)
+
+
+async def test_a_pod_naming_its_node_is_never_prepared(
+    kubelet_sandbox: cluster.state.SandboxState,
+    node: kubeletnodes.KubeletNode,
+    api: kube_client.Client,
+) -> None:
+    async with running_driver(kubelet_sandbox, node, api) as driver:
+        template = await _template(api, driver)
+        pod = f"n-{driver.module}"
+        body = _pod(pod, [{"name": "dev", "resourceClaimTemplateName": template}], nodeName=NODE)
+        del body["spec"]["nodeSelector"]
+        await _create(api, resources.PODS.path(NAMESPACE), body)
+
+        async def failed() -> bool:
+            listing = await api.request(
+                "GET",
+                resources.EVENTS.path(NAMESPACE),
+                query={"fieldSelector": f"involvedObject.name={pod}"},
+            )
+            return any(e["reason"] == "FailedPrepareDynamicResources" for e in listing["items"])
+
+        await testing.eventually(failed, "FailedPrepareDynamicResources", bound=120)
+        state = await _pod_state(api, pod)
+        assert state is not None
+        assert state["status"]["phase"] == "Pending"
+        assert driver.said("prepared") == 0
+        await _delete_pod(api, pod, force=True)

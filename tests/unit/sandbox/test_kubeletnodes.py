@@ -1,0 +1,111 @@
+"""Kubelet nodes: what the kubelet is told, and what keeps it inside the sandbox dir."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kmm.sandbox import cluster, errors, kubeletnodes
+
+
+def _node(tmp_path: Path) -> kubeletnodes.KubeletNode:
+    return kubeletnodes.KubeletNode(
+        name="kmm-kubelet-0",
+        directory=tmp_path / "kubelets" / "0",
+        port=10250,
+        healthz_port=10248,
+        cri_http_port=10300,
+    )
+
+
+def test_config_keeps_the_kubelet_off_cgroups_iptables_and_anonymous_callers(
+    tmp_path: Path,
+) -> None:
+    node = _node(tmp_path)
+    node.make_dirs()
+    config = json.loads(kubeletnodes.write_config(node, ca_cert=tmp_path / "ca.crt").read_text())
+    assert config["failCgroupV1"] is False
+    assert config["cgroupsPerQOS"] is False
+    assert config["enforceNodeAllocatable"] == []
+    assert config["failSwapOn"] is False
+    assert config["makeIPTablesUtilChains"] is False
+    assert config["address"] == config["healthzBindAddress"] == "127.0.0.1"
+    assert config["authentication"]["anonymous"] == {"enabled": False}
+    assert config["authentication"]["webhook"] == {"enabled": True}
+    assert config["authorization"] == {"mode": "Webhook"}
+    assert config["podLogsDir"].startswith(str(node.root))
+    assert config["containerRuntimeEndpoint"] == f"unix://{node.cri_socket}"
+
+
+def test_the_kubelet_runs_with_its_fixed_host_paths_covered(tmp_path: Path) -> None:
+    node = _node(tmp_path)
+    argv = kubeletnodes.kubelet_argv(
+        Path("/bin/kubelet"),
+        node,
+        kubeconfig=tmp_path / "kubeconfig",
+        config=tmp_path / "config",
+        address="192.0.2.2",
+        labels={"a": "b"},
+    )
+    assert argv[1:5] == ["--mount", "--propagation", "private", "sh"]
+    script = argv[6]
+    assert "mount -t tmpfs -o mode=0755 kmm-sandbox /var/lib" in script
+    assert "mount -t tmpfs -o mode=0755 kmm-sandbox /var/log" in script
+    assert f"{node.kubelet_dir / 'device-plugins'} /var/lib/kubelet/device-plugins" in script
+    kubelet = argv[8:]
+    assert f"--root-dir={node.kubelet_dir}" in kubelet
+    assert f"--cert-dir={node.kubelet_dir / 'pki'}" in kubelet
+    assert "--node-ip=192.0.2.2" in kubelet
+
+
+@pytest.mark.parametrize("directory", ["/var/lib/kmm", "/var/log/sandbox", "/tmp/" + "d" * 60])
+def test_directories_the_kubelet_cannot_use_are_refused(directory: str) -> None:
+    with pytest.raises(errors.SandboxError):
+        kubeletnodes.check_directory(Path(directory))
+
+
+def test_a_short_directory_is_fine() -> None:
+    kubeletnodes.check_directory(Path("/tmp/kmm"))
+
+
+def test_node_identity_is_what_the_node_authorizer_expects() -> None:
+    found = kubeletnodes.identity("kmm-kubelet-3")
+    assert found.user == "system:node:kmm-kubelet-3"
+    assert found.groups == ("system:nodes",)
+
+
+def test_node_record_round_trips(tmp_path: Path) -> None:
+    node = _node(tmp_path)
+    node.make_dirs()
+    kubeletnodes.save(node)
+    assert kubeletnodes.load(node.directory) == node
+
+
+def test_sysctls_are_written_back_only_where_they_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kubeletnodes, "_PROC_SYS", tmp_path)
+    for name, value in (("vm/overcommit_memory", "1"), ("kernel/panic", "10")):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(value + "\n")
+    kubeletnodes.restore_sysctls({"vm/overcommit_memory": "0", "kernel/panic": "10"})
+    assert (tmp_path / "vm/overcommit_memory").read_text() == "0"
+    assert (tmp_path / "kernel/panic").read_text() == "10\n"  # untouched
+
+
+def test_node_ip_is_not_loopback() -> None:
+    assert not kubeletnodes.node_ip().startswith("127.")
+
+
+async def test_kubelet_nodes_refuse_a_cluster_without_the_resource_api(tmp_path: Path) -> None:
+    options = cluster.Options(
+        directory=Path("/tmp/kmm-never-started"),
+        cache_dir=tmp_path,
+        kubelet_nodes=1,
+        runtime_config=("resource.k8s.io/v1=false",),
+    )
+    with pytest.raises(ValueError, match=r"needs resource\.k8s\.io served"):
+        await cluster.up(options)
+    assert not options.directory.exists()
