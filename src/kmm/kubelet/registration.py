@@ -1,0 +1,264 @@
+"""The kubelet's plugin watcher and DRA plugin registry, as the 1.35 kubelet behaves.
+
+``PluginWatcher`` watches ``<root>/var/lib/kubelet/plugins_registry`` (a poll:
+the standard library has no inotify) and, like the kubelet's plugin manager:
+
+- ignores names starting with ``.`` and anything that is not a socket;
+- for a new socket, dials it and calls ``GetInfo`` with a 1 s timeout; a
+  plugin whose type is not ``DRAPlugin`` is told so through
+  ``NotifyRegistrationStatus(false, "RegisterPlugin error -- no handler
+  registered for plugin type: ...")``, one whose versions the emulator does not
+  serve is told "plugin validation failed"; otherwise it is registered and
+  told ``NotifyRegistrationStatus(true)``. A registration that fails (the
+  socket does not answer yet) is retried with backoff while the socket exists;
+- a socket that disappears is deregistered; one that is re-created (a new
+  inode) is deregistered and registered again.
+
+``Registry`` is the DRA handler's side: per driver, its plugins, each with the
+service version chosen (the first of the plugin's own list that the emulator
+supports: ``v1.DRAPlugin``, ``v1beta1.DRAPlugin``) and one gRPC channel used
+for every call to it, health stream included. An endpoint already registered
+for the driver is refused, as the kubelet does. Listeners hear every change
+(the slice wiper, the health streams).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import grpc
+from grpc import aio
+
+from kmm.aio import backoff
+from kmm.kubeletplugin.protos import pluginregistration_pb2, pluginregistration_pb2_grpc
+
+__all__ = [
+    "DRA_PLUGIN_TYPE",
+    "GET_INFO_TIMEOUT",
+    "HEALTH_SERVICE",
+    "SUPPORTED_SERVICES",
+    "DRAPlugin",
+    "PluginWatcher",
+    "Registry",
+    "choose_service",
+]
+
+_log = logging.getLogger(__name__)
+
+DRA_PLUGIN_TYPE: Final = "DRAPlugin"
+SUPPORTED_SERVICES: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+HEALTH_SERVICE: Final = "v1alpha1.DRAResourceHealth"
+GET_INFO_TIMEOUT: Final = 1.0  # the kubelet's, for GetInfo
+_NOTIFY_TIMEOUT: Final = 5.0
+
+
+def choose_service(supported: list[str]) -> str:
+    """The first of the plugin's services the emulator serves; ValueError with
+    the kubelet's words when there is none."""
+    if not supported:
+        raise ValueError("empty list of supported gRPC services (aka supported versions)")
+    for service in supported:
+        if service in SUPPORTED_SERVICES:
+            return service
+    raise ValueError(
+        f"none of services supported by the plugin ({supported!r}) are supported "
+        f"by the kubelet ({list(SUPPORTED_SERVICES)!r})"
+    )
+
+
+def channel_to(endpoint: str) -> aio.Channel:
+    # A private subchannel pool: a plugin that restarts on the same path must
+    # not be handed the dead process's connection from gRPC's shared pool.
+    return aio.insecure_channel(
+        f"unix://{endpoint}", options=[("grpc.use_local_subchannel_pool", 1)]
+    )
+
+
+@dataclasses.dataclass
+class DRAPlugin:
+    """One registered plugin of a driver: where it serves and how we talk to it."""
+
+    driver: str
+    endpoint: str
+    socket: Path
+    service: str
+    health: bool
+    channel: aio.Channel
+
+    @property
+    def version(self) -> str:
+        """``v1`` or ``v1beta1``: which generated stubs to use."""
+        return self.service.split(".", 1)[0]
+
+
+Listener = Callable[[str], None]  # called with the driver name after any change
+
+
+class Registry:
+    """Registered DRA plugins by driver (the newest serves calls)."""
+
+    def __init__(self) -> None:
+        self._plugins: dict[str, list[DRAPlugin]] = {}
+        self._listeners: list[Listener] = []
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def plugin(self, driver: str) -> DRAPlugin | None:
+        found = self._plugins.get(driver)
+        return found[-1] if found else None
+
+    def drivers(self) -> list[str]:
+        return sorted(d for d, plugins in self._plugins.items() if plugins)
+
+    def register(self, driver: str, endpoint: str, socket: Path, supported: list[str]) -> None:
+        """Add a plugin; ValueError (the kubelet's words) when it cannot be."""
+        service = choose_service(supported)
+        plugins = self._plugins.setdefault(driver, [])
+        if any(p.endpoint == endpoint for p in plugins):
+            raise ValueError(
+                f"endpoint {endpoint} already registered for DRA driver plugin {driver}"
+            )
+        plugins.append(
+            DRAPlugin(
+                driver=driver,
+                endpoint=endpoint,
+                socket=socket,
+                service=service,
+                health=HEALTH_SERVICE in supported,
+                channel=channel_to(endpoint),
+            )
+        )
+        _log.info("registered DRA plugin %s at %s (%s)", driver, endpoint, service)
+        self._changed(driver)
+
+    async def deregister(self, socket: Path) -> None:
+        """Remove the plugin that registered through ``socket``."""
+        for driver, plugins in self._plugins.items():
+            for plugin in [p for p in plugins if p.socket == socket]:
+                plugins.remove(plugin)
+                await plugin.channel.close(None)
+                _log.info("deregistered DRA plugin %s at %s", driver, plugin.endpoint)
+                self._changed(driver)
+                return
+
+    async def close(self) -> None:
+        for plugins in self._plugins.values():
+            for plugin in plugins:
+                await plugin.channel.close(None)
+        self._plugins.clear()
+
+    def _changed(self, driver: str) -> None:
+        for listener in self._listeners:
+            listener(driver)
+
+
+@dataclasses.dataclass
+class _Seen:
+    inode: int
+    registered: bool = False
+    delays: backoff.Backoff = dataclasses.field(
+        default_factory=lambda: backoff.Backoff(initial=0.5, maximum=30.0)
+    )
+    retry_at: float = 0.0
+
+
+class PluginWatcher:
+    """Registers the plugins whose sockets appear in ``directory`` with ``registry``."""
+
+    def __init__(self, directory: Path, registry: Registry, *, poll: float = 0.2) -> None:
+        self.directory = directory
+        self.registry = registry
+        self.poll = poll
+        self._seen: dict[Path, _Seen] = {}
+
+    def _sockets(self) -> dict[Path, int]:
+        found: dict[Path, int] = {}
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.directory):
+                if entry.name.startswith("."):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    info = entry.stat(follow_symlinks=False)
+                    if stat.S_ISSOCK(info.st_mode):
+                        found[Path(entry.path)] = info.st_ino
+        return found
+
+    async def scan(self) -> None:
+        """One pass: deregister what went (or was re-created), register what is new."""
+        now = asyncio.get_running_loop().time()
+        present = self._sockets()
+        for path, seen in list(self._seen.items()):
+            if present.get(path) != seen.inode:
+                del self._seen[path]
+                if seen.registered:
+                    await self.registry.deregister(path)
+        for path, inode in sorted(present.items()):
+            seen = self._seen.setdefault(path, _Seen(inode))
+            if seen.registered or now < seen.retry_at:
+                continue
+            try:
+                await self._register(path)
+            except (grpc.RpcError, ValueError, OSError) as err:
+                seen.retry_at = now + seen.delays.next()
+                _log.warning("RegisterPlugin error at socket %s: %s", path, err)
+            else:
+                seen.registered = True
+
+    async def run(self) -> None:
+        """Scan until cancelled."""
+        while True:
+            await self.scan()
+            await asyncio.sleep(self.poll)
+
+    async def _register(self, socket: Path) -> None:
+        async with channel_to(str(socket)) as channel:
+            # The generated stubs are typed for the sync API; this is the aio one.
+            stub: Any = pluginregistration_pb2_grpc.RegistrationStub(channel)
+            info = await stub.GetInfo(
+                pluginregistration_pb2.InfoRequest(), timeout=GET_INFO_TIMEOUT
+            )
+            if info.type != DRA_PLUGIN_TYPE:
+                message = (
+                    f"RegisterPlugin error -- no handler registered for plugin type: "
+                    f"{info.type} at socket {socket}"
+                )
+                await _notify(stub, False, message)
+                raise ValueError(message)
+            endpoint = info.endpoint or str(socket)
+            try:
+                choose_service(list(info.supported_versions))
+            except ValueError as err:
+                await _notify(
+                    stub, False, f"RegisterPlugin error -- plugin validation failed with err: {err}"
+                )
+                raise
+            try:
+                self.registry.register(info.name, endpoint, socket, list(info.supported_versions))
+            except ValueError as err:
+                await _notify(
+                    stub,
+                    False,
+                    f"RegisterPlugin error -- plugin registration failed with err: {err}",
+                )
+                raise
+            try:
+                await _notify(stub, True, "")
+            except grpc.RpcError:
+                await self.registry.deregister(socket)  # registered again on the retry
+                raise
+
+
+async def _notify(stub: Any, ok: bool, error: str) -> None:
+    await stub.NotifyRegistrationStatus(
+        pluginregistration_pb2.RegistrationStatus(plugin_registered=ok, error=error),
+        timeout=_NOTIFY_TIMEOUT,
+    )
