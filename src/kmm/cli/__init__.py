@@ -27,6 +27,7 @@ _REGISTRARS = {
     "upgrade": "kmm.cli.upgrading",
     "status": "kmm.cli.upgrading",
     "driver": "kmm.cli.driving",
+    "kubelet": "kmm.cli.emulating",
     "manifests": "kmm.cli.manifesting",
 }
 

@@ -14,6 +14,10 @@ the standard library has no inotify) and, like the kubelet's plugin manager:
 - a socket that disappears is deregistered; one that is re-created (a new
   inode) is deregistered and registered again.
 
+A registered plugin's channel is watched: when its connection drops (the
+plugin died, its socket left behind) the plugin is "not connected", and
+the channel is asked to reconnect, as the kubelet's connection monitor does.
+
 ``Registry`` is the DRA handler's side: per driver, its plugins, each with the
 service version chosen (the first of the plugin's own list that the emulator
 supports: ``v1.DRAPlugin``, ``v1beta1.DRAPlugin``) and one gRPC channel used
@@ -92,6 +96,10 @@ class DRAPlugin:
     service: str
     health: bool
     channel: aio.Channel
+    # Whether the channel is connected now (READY), as the kubelet's
+    # connection monitor sees it; kept by Registry's monitor task.
+    connected: bool = False
+    monitor: asyncio.Task[None] | None = None
 
     @property
     def version(self) -> str:
@@ -119,6 +127,25 @@ class Registry:
     def drivers(self) -> list[str]:
         return sorted(d for d, plugins in self._plugins.items() if plugins)
 
+    def usable(self, driver: str) -> bool:
+        """Whether some plugin of ``driver`` is connected (the kubelet's test
+        for wiping: a registered plugin whose process died is not)."""
+        return any(p.connected for p in self._plugins.get(driver, ()))
+
+    async def _monitor(self, plugin: DRAPlugin) -> None:
+        """Follow the channel's state; ask it to reconnect whenever it drops,
+        as the kubelet does, so a restarted plugin is noticed."""
+        channel = plugin.channel
+        state = channel.get_state(try_to_connect=True)
+        while True:
+            connected = state == grpc.ChannelConnectivity.READY
+            if connected != plugin.connected:
+                plugin.connected = connected
+                _log.info("DRA plugin %s connected=%s", plugin.driver, connected)
+                self._changed(plugin.driver)
+            await channel.wait_for_state_change(state)
+            state = channel.get_state(try_to_connect=True)
+
     def register(self, driver: str, endpoint: str, socket: Path, supported: list[str]) -> None:
         """Add a plugin; ValueError (the kubelet's words) when it cannot be."""
         service = choose_service(supported)
@@ -127,15 +154,17 @@ class Registry:
             raise ValueError(
                 f"endpoint {endpoint} already registered for DRA driver plugin {driver}"
             )
-        plugins.append(
-            DRAPlugin(
-                driver=driver,
-                endpoint=endpoint,
-                socket=socket,
-                service=service,
-                health=HEALTH_SERVICE in supported,
-                channel=channel_to(endpoint),
-            )
+        plugin = DRAPlugin(
+            driver=driver,
+            endpoint=endpoint,
+            socket=socket,
+            service=service,
+            health=HEALTH_SERVICE in supported,
+            channel=channel_to(endpoint),
+        )
+        plugins.append(plugin)
+        plugin.monitor = asyncio.get_running_loop().create_task(
+            self._monitor(plugin), name=f"dra-plugin-{driver}"
         )
         _log.info("registered DRA plugin %s at %s (%s)", driver, endpoint, service)
         self._changed(driver)
@@ -145,7 +174,7 @@ class Registry:
         for driver, plugins in self._plugins.items():
             for plugin in [p for p in plugins if p.socket == socket]:
                 plugins.remove(plugin)
-                await plugin.channel.close(None)
+                await _stop(plugin)
                 _log.info("deregistered DRA plugin %s at %s", driver, plugin.endpoint)
                 self._changed(driver)
                 return
@@ -153,12 +182,20 @@ class Registry:
     async def close(self) -> None:
         for plugins in self._plugins.values():
             for plugin in plugins:
-                await plugin.channel.close(None)
+                await _stop(plugin)
         self._plugins.clear()
 
     def _changed(self, driver: str) -> None:
         for listener in self._listeners:
             listener(driver)
+
+
+async def _stop(plugin: DRAPlugin) -> None:
+    if plugin.monitor is not None:
+        plugin.monitor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await plugin.monitor
+    await plugin.channel.close(None)
 
 
 @dataclasses.dataclass

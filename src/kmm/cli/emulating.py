@@ -1,0 +1,75 @@
+"""``kmm kubelet``: the kubelet DRA emulator for one node of any cluster.
+
+Turns flags into ``kmm.kubelet.emulator.Options`` and runs the emulator until
+SIGTERM/SIGINT. Host paths are taken under ``--root`` (``<root>/var/lib/kubelet``,
+``<root>/var/run/cdi``), as ``kmm driver --root`` takes them, so the two meet
+on the same plugin registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import platform
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kmm.cli import clients
+from kmm.kube import errors as kube_errors
+from kmm.kubelet import checkpoint, emulator, nodes
+
+__all__ = ["kubelet", "register"]
+
+
+async def _run(options: emulator.Options, kubeconfig: Path | None, context: str | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with clients.api_client(kubeconfig, context) as api:
+        await emulator.Emulator(api, options).run(stop)
+
+
+def kubelet(
+    node: Annotated[str, typer.Option(help="The node's name; its Node is created if missing.")],
+    root: Annotated[
+        Path, typer.Option(help="Take the host paths (/var/lib/kubelet, /var/run/cdi) under DIR.")
+    ],
+    kubeconfig: clients.KubeconfigOption = None,
+    context: clients.ContextOption = None,
+    kernel: Annotated[
+        str | None, typer.Option(help="The kernel version the Node reports (default: this host's).")
+    ] = None,
+    wipe_delay: Annotated[
+        float,
+        typer.Option(help="Seconds before a gone driver's ResourceSlices are wiped (kubelet: 30)."),
+    ] = 30.0,
+    retry: Annotated[
+        float, typer.Option(help="Seconds between prepare attempts of a failing pod.")
+    ] = 2.0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run the kubelet DRA emulator for one node."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    options = emulator.Options(
+        node=nodes.NodeSpec(name=node, kernel=kernel or platform.release()),
+        root=root.resolve(),
+        wipe_delay=wipe_delay,
+        retry=retry,
+    )
+    try:
+        asyncio.run(_run(options, kubeconfig, context))
+    except (checkpoint.CorruptCheckpoint, kube_errors.KubeError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from err
+    typer.echo("kubelet emulator stopped", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("kubelet")(kubelet)

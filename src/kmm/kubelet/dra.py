@@ -1,0 +1,352 @@
+"""The emulated kubelet's DRA manager: prepare and unprepare a pod's claims, as 1.35 does.
+
+``Manager.prepare(pod)`` follows ``pkg/kubelet/cm/dra/manager.go``:
+
+1. a validation pass that changes nothing: each pod claim's name (given, or
+   from ``pod.status.resourceClaimStatuses`` for a template, which must then
+   be controlled by the pod), claims no container uses skipped, the claim
+   read from the API server, reserved for the pod, allocated, and every
+   driver of its results registered;
+2. each claim entered in the cache with the pod's reference, the checkpoint
+   written *before* any call; claims already prepared are not sent again;
+3. one NodePrepareResources per driver with every claim of the pod it has
+   to prepare; a per-claim error fails the pod's prepare;
+4. only when every driver succeeded: the devices recorded, the claims
+   marked prepared, the checkpoint written.
+
+Errors carry the kubelet's words ("prepare dynamic resources: ..."); the
+caller turns them into the ``FailedPrepareDynamicResources`` Event.
+
+``Manager.unprepare(pod_uid)`` works from the cache only (a force-deleted pod
+or a deleted claim still unprepares): the pod's reference is dropped, and a
+claim no other pod references is sent to NodeUnprepareResources and removed
+from the cache and the checkpoint once its driver answered.
+
+``prepared`` is memory only, as in the kubelet: a restart reloads the
+checkpoint with every claim unprepared, so running pods' claims are prepared
+again (drivers must be idempotent).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kmm.kube import client, errors, resources
+from kmm.kubelet import checkpoint, registration
+from kmm.kubeletplugin.protos import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+)
+
+__all__ = ["ClaimInfo", "Manager", "PrepareError", "claim_name", "uses_claim"]
+
+_log = logging.getLogger(__name__)
+
+_STUBS: Mapping[str, tuple[Any, Any]] = {
+    "v1": (dra_v1_pb2, dra_v1_pb2_grpc),
+    "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
+}
+_CALL_TIMEOUT = 45.0
+
+
+class PrepareError(Exception):
+    """A prepare or unprepare that failed; ``str`` is the kubelet's message."""
+
+
+@dataclasses.dataclass
+class ClaimInfo:
+    """One claim in the cache: the checkpointed state plus the memory-only flag."""
+
+    uid: str
+    name: str
+    namespace: str
+    pod_uids: set[str]
+    drivers: dict[str, list[checkpoint.Device]]
+    prepared: bool = False
+
+    def state(self) -> checkpoint.ClaimState:
+        return checkpoint.ClaimState(
+            claim_uid=self.uid,
+            claim_name=self.name,
+            namespace=self.namespace,
+            pod_uids=frozenset(self.pod_uids),
+            driver_state={d: tuple(devices) for d, devices in self.drivers.items()},
+        )
+
+    @classmethod
+    def of(cls, state: checkpoint.ClaimState) -> ClaimInfo:
+        return cls(
+            uid=state.claim_uid,
+            name=state.claim_name,
+            namespace=state.namespace,
+            pod_uids=set(state.pod_uids or ()),
+            drivers={d: list(devices) for d, devices in (state.driver_state or {}).items()},
+        )
+
+
+def _device(answer: Any) -> checkpoint.Device:
+    """A prepared device from a v1 or v1beta1 answer (only v1 has a share id)."""
+    has_share = "share_id" in answer.DESCRIPTOR.fields_by_name and answer.HasField("share_id")
+    return checkpoint.Device(
+        pool_name=answer.pool_name,
+        device_name=answer.device_name,
+        share_id=answer.share_id if has_share else None,
+        request_names=tuple(answer.request_names),
+        cdi_device_ids=tuple(answer.cdi_device_ids),
+    )
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    found: Mapping[str, Any] = obj.get("metadata") or {}
+    return found
+
+
+def claim_name(pod: Mapping[str, Any], pod_claim: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """The ResourceClaim's name for one ``pod.spec.resourceClaims`` entry, and
+    whether the claim must be checked to be the pod's own (a template's).
+    PrepareError when a template's claim is not known yet."""
+    if pod_claim.get("resourceClaimName"):
+        return str(pod_claim["resourceClaimName"]), False
+    if pod_claim.get("resourceClaimTemplateName"):
+        for status in (pod.get("status") or {}).get("resourceClaimStatuses") or ():
+            if status.get("name") == pod_claim.get("name"):
+                name = status.get("resourceClaimName")
+                return (str(name) if name else None), True
+        raise PrepareError(
+            f'pod "{_meta(pod).get("name")}": unable to find ResourceClaim '
+            f"for pod claim {pod_claim.get('name')!r}"
+        )
+    raise PrepareError(f"pod claim {pod_claim.get('name')!r}: no ResourceClaim source")
+
+
+def uses_claim(pod: Mapping[str, Any], pod_claim_name: str) -> bool:
+    """Whether any container or init container of the pod names the pod claim."""
+    spec = pod.get("spec") or {}
+    for container in (*(spec.get("initContainers") or ()), *(spec.get("containers") or ())):
+        for used in (container.get("resources") or {}).get("claims") or ():
+            if used.get("name") == pod_claim_name:
+                return True
+    return False
+
+
+def _is_for_pod(pod: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:
+    uid = _meta(pod).get("uid")
+    return any(
+        ref.get("controller") and ref.get("uid") == uid
+        for ref in _meta(claim).get("ownerReferences") or ()
+    )
+
+
+def _reserved_for(pod: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:
+    uid = _meta(pod).get("uid")
+    return any(
+        ref.get("resource") == "pods" and ref.get("uid") == uid
+        for ref in (claim.get("status") or {}).get("reservedFor") or ()
+    )
+
+
+class Manager:
+    """The DRA manager of one emulated node."""
+
+    def __init__(
+        self, api: client.Client, registry: registration.Registry, store: checkpoint.Store
+    ) -> None:
+        self.api = api
+        self.registry = registry
+        self.store = store
+        self.claims: dict[tuple[str, str], ClaimInfo] = {}
+        self.calls: list[tuple[str, str, tuple[str, ...]]] = []  # (method, driver, claim uids)
+
+    def load(self) -> None:
+        """The checkpoint into the cache, every claim unprepared (a restart)."""
+        self.claims = {(s.namespace, s.claim_name): ClaimInfo.of(s) for s in self.store.load()}
+
+    def _sync(self) -> None:
+        self.store.save([info.state() for info in self.claims.values()])
+
+    def forget_prepared(self) -> None:
+        """As after a reboot or a restart: every claim must be prepared again."""
+        for info in self.claims.values():
+            info.prepared = False
+
+    async def prepare(self, pod: Mapping[str, Any]) -> None:
+        try:
+            await self._prepare(pod)
+        except PrepareError as err:
+            raise PrepareError(f"prepare dynamic resources: {err}") from err
+
+    async def _validate(self, pod: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], ClaimInfo]]:
+        found: list[tuple[Mapping[str, Any], ClaimInfo]] = []
+        namespace = str(_meta(pod).get("namespace"))
+        for pod_claim in (pod.get("spec") or {}).get("resourceClaims") or ():
+            if not uses_claim(pod, str(pod_claim.get("name"))):
+                continue  # no container needs it: not prepared
+            name, must_check_owner = claim_name(pod, pod_claim)
+            if name is None:
+                continue
+            try:
+                claim: Mapping[str, Any] = await self.api.request(
+                    "GET", resources.RESOURCE_CLAIMS.path(namespace, name)
+                )
+            except errors.ApiError as err:
+                raise PrepareError(f"fetch ResourceClaim {name}: {err.message}") from err
+            if must_check_owner and not _is_for_pod(pod, claim):
+                raise PrepareError(
+                    f"ResourceClaim {namespace}/{name} was not created for pod "
+                    f"{namespace}/{_meta(pod).get('name')} (pod is not owner)"
+                )
+            if not _reserved_for(pod, claim):
+                raise PrepareError(
+                    f"pod {_meta(pod).get('name')} ({_meta(pod).get('uid')}) is not allowed to "
+                    f"use ResourceClaim {name} ({_meta(claim).get('uid')})"
+                )
+            allocation = (claim.get("status") or {}).get("allocation")
+            if not allocation:
+                raise PrepareError(f"ResourceClaim {name}: not allocated")
+            results = (allocation.get("devices") or {}).get("results") or ()
+            drivers = {str(r.get("driver")) for r in results}
+            for driver in sorted(drivers):
+                if self.registry.plugin(driver) is None:
+                    raise PrepareError(f"DRA driver {driver} is not registered")
+            info = ClaimInfo(
+                uid=str(_meta(claim).get("uid")),
+                name=name,
+                namespace=namespace,
+                pod_uids=set(),
+                drivers={d: [] for d in drivers},
+            )
+            found.append((claim, info))
+        return found
+
+    async def _prepare(self, pod: Mapping[str, Any]) -> None:
+        validated = await self._validate(pod)
+        pod_uid = str(_meta(pod).get("uid"))
+        batches: dict[str, list[ClaimInfo]] = {}
+        for _claim, fresh in validated:
+            key = (fresh.namespace, fresh.name)
+            info = self.claims.get(key)
+            if info is None:
+                info = self.claims[key] = fresh
+            elif info.uid != fresh.uid:
+                raise PrepareError(
+                    f"old ResourceClaim with same name {fresh.name} and different UID "
+                    f"{info.uid} still exists (previous pod force-deleted?!)"
+                )
+            info.pod_uids.add(pod_uid)
+            self._sync()
+            if info.prepared:
+                continue
+            for driver in sorted(info.drivers):
+                batches.setdefault(driver, []).append(info)
+        answered: dict[str, dict[str, list[checkpoint.Device]]] = {}
+        for driver, infos in sorted(batches.items()):
+            results = await self._call("NodePrepareResources", driver, infos)
+            for info in infos:
+                result = results.get(info.uid)
+                if result is None:
+                    continue
+                if result.error:
+                    raise PrepareError(
+                        f"NodePrepareResources failed for ResourceClaim {info.name}: {result.error}"
+                    )
+                answered.setdefault(info.uid, {})[driver] = [_device(d) for d in result.devices]
+            unfinished = len(infos) - len([i for i in infos if i.uid in results])
+            if unfinished:
+                raise PrepareError(f"NodePrepareResources skipped {unfinished} ResourceClaims")
+        for infos in batches.values():
+            for info in infos:
+                info.drivers.update(answered.get(info.uid, {}))
+        for _claim, fresh in validated:
+            self.claims[(fresh.namespace, fresh.name)].prepared = True
+        self._sync()
+
+    async def _call(
+        self, method: str, driver: str, infos: Sequence[ClaimInfo]
+    ) -> Mapping[str, Any]:
+        plugin = self.registry.plugin(driver)
+        if plugin is None:
+            raise PrepareError(f"DRA driver {driver} is not registered")
+        pb2, grpc_module = _STUBS[plugin.version]
+        stub: Any = grpc_module.DRAPluginStub(plugin.channel)
+        claims = [pb2.Claim(namespace=i.namespace, name=i.name, uid=i.uid) for i in infos]
+        self.calls.append((method, driver, tuple(i.uid for i in infos)))
+        request_type = (
+            pb2.NodePrepareResourcesRequest
+            if method == "NodePrepareResources"
+            else pb2.NodeUnprepareResourcesRequest
+        )
+        try:
+            response = await getattr(stub, method)(
+                request_type(claims=claims), timeout=_CALL_TIMEOUT
+            )
+        except Exception as err:  # a gRPC failure of any kind fails this pod's prepare
+            raise PrepareError(f"{method}: {err}") from err
+        found: Mapping[str, Any] = response.claims
+        return found
+
+    def pod_claims(self, pod_uid: str) -> list[ClaimInfo]:
+        return [info for info in self.claims.values() if pod_uid in info.pod_uids]
+
+    async def unprepare(self, pod_uid: str) -> None:
+        """Drop the pod's references; unprepare claims no pod references any more."""
+        try:
+            await self._unprepare(pod_uid)
+        except PrepareError as err:
+            raise PrepareError(f"unprepare dynamic resources: {err}") from err
+
+    async def _unprepare(self, pod_uid: str) -> None:
+        batches: dict[str, list[ClaimInfo]] = {}
+        for info in self.pod_claims(pod_uid):
+            if info.pod_uids - {pod_uid}:
+                info.pod_uids.discard(pod_uid)
+                continue
+            for driver in sorted(info.drivers):
+                batches.setdefault(driver, []).append(info)
+        if not batches:
+            self._sync()
+            return
+        for driver, infos in sorted(batches.items()):
+            results = await self._call("NodeUnprepareResources", driver, infos)
+            for info in infos:
+                result = results.get(info.uid)
+                if result is not None and result.error:
+                    raise PrepareError(
+                        f"NodeUnprepareResources failed for ResourceClaim {info.name}: {result.error}"
+                    )
+            unfinished = len(infos) - len([i for i in infos if i.uid in results])
+            if unfinished:
+                raise PrepareError(f"NodeUnprepareResources skipped {unfinished} ResourceClaims")
+        for infos in batches.values():
+            for info in infos:
+                self.claims.pop((info.namespace, info.name), None)
+        self._sync()
+
+    def cdi_devices(self, pod: Mapping[str, Any], container: Mapping[str, Any]) -> list[str]:
+        """The CDI device ids the kubelet would hand the runtime for one container:
+        those of the claims (and requests) it names."""
+        found: list[str] = []
+        pod_claims = {c.get("name"): c for c in (pod.get("spec") or {}).get("resourceClaims") or ()}
+        namespace = str(_meta(pod).get("namespace"))
+        for used in (container.get("resources") or {}).get("claims") or ():
+            pod_claim = pod_claims.get(used.get("name"))
+            if pod_claim is None:
+                continue
+            try:
+                name, _ = claim_name(pod, pod_claim)
+            except PrepareError:
+                continue
+            info = self.claims.get((namespace, name or ""))
+            if info is None:
+                continue
+            request = used.get("request")
+            for devices in info.drivers.values():
+                for device in devices:
+                    if request and request not in (device.request_names or ()):
+                        continue
+                    found.extend(device.cdi_device_ids or ())
+        return found

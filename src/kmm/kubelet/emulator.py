@@ -1,0 +1,334 @@
+"""``kmm kubelet``: one node's kubelet, as far as DRA and the API can tell.
+
+``Emulator.run`` registers the Node (``nodes``), wipes the node's
+ResourceSlices (the kubelet does at start), loads its checkpoint, and then
+runs side by side: the heartbeat, the plugin watcher (``registration``), the
+delayed wipe of a driver's slices when its last plugin goes (cancelled when
+it comes back in time), and the pod loop. The pod loop watches the pods bound
+to the node and, for each:
+
+- a pod to start: its claims prepared (``dra.Manager``); on failure a Warning
+  Event ``FailedPrepareDynamicResources`` ("Failed to prepare dynamic
+  resources: ...") and a retry after ``retry`` seconds, the pod staying
+  Pending; on success each container's CDI device ids recorded (there is no
+  runtime: ``containers.json`` under the emulator's state dir says what a
+  runtime would have been given) and the pod's status set Running;
+- a pod being deleted: its containers "stop" after the grace period, its
+  claims are unprepared (retried until the driver answers), and only then is
+  the pod deleted for good, as the kubelet does;
+- a pod gone without that (force-deleted): its claims unprepared from the
+  cache all the same.
+
+A driver's slices are wiped ``wipe_delay`` after none of its plugins is
+usable any more: deregistered, or its connection lost (a driver killed
+leaves its socket behind), unless one is usable again by then.
+
+Limits (the issue tracks them): device health streams, restart/reboot
+triggers and metrics are not here yet; pods never finish on their own
+(nothing executes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kmm.aio import tasks
+from kmm.kube import client, errors, listwatch, objects, reflecting, resources
+from kmm.kubelet import checkpoint, dra, nodes, registration
+
+__all__ = ["Emulator", "Options"]
+
+_log = logging.getLogger(__name__)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    node: nodes.NodeSpec
+    root: Path
+    wipe_delay: float = 30.0  # the kubelet's defaultWipingDelay
+    retry: float = 2.0  # between prepare attempts of a failing pod
+    poll: float = 0.2  # the plugin watcher's
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.root / "var" / "lib" / "kubelet"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.kubelet_dir / "kmm-emulator"
+
+
+class _Pods:
+    """The reflector's sink: the node's pods by uid, and a wake-up on change."""
+
+    def __init__(self) -> None:
+        self.by_uid: dict[str, dict[str, Any]] = {}
+        self.changed = asyncio.Event()
+        self.synced = asyncio.Event()
+
+    def replace(self, items: list[objects.RawObject], resource_version: str) -> None:
+        self.by_uid = {str(p["metadata"]["uid"]): p for p in items}
+        self.synced.set()
+        self.changed.set()
+
+    def apply(self, event: listwatch.WatchEvent) -> None:
+        pod = event["object"]
+        uid = str((pod.get("metadata") or {}).get("uid"))
+        if event["type"] == "DELETED":
+            self.by_uid.pop(uid, None)
+        elif event["type"] in ("ADDED", "MODIFIED"):
+            self.by_uid[uid] = pod
+        self.changed.set()
+
+
+class Emulator:
+    def __init__(self, api: client.Client, options: Options) -> None:
+        self.api = api
+        self.options = options
+        self.registry = registration.Registry()
+        self.manager = dra.Manager(api, self.registry, checkpoint.Store(options.kubelet_dir))
+        self.watcher = registration.PluginWatcher(
+            options.kubelet_dir / "plugins_registry", self.registry, poll=options.poll
+        )
+        self.pods = _Pods()
+        self._started: set[str] = set()
+        self._next_try: dict[str, float] = {}
+        self._wipes: dict[str, asyncio.Task[None]] = {}
+        self.containers: dict[str, dict[str, list[str]]] = {}  # pod uid -> container -> CDI ids
+        self.registry.add_listener(self._plugins_changed)
+
+    # -- slices ----------------------------------------------------------
+
+    async def wipe(self, driver: str | None = None) -> None:
+        selector = f"spec.nodeName={self.options.node.name}"
+        if driver is not None:
+            selector += f",spec.driver={driver}"
+        try:
+            await self.api.request(
+                "DELETE", resources.RESOURCE_SLICES.path(), query={"fieldSelector": selector}
+            )
+        except errors.ApiError as err:
+            _log.warning("wiping ResourceSlices (%s) failed: %s", selector, err)
+
+    def _plugins_changed(self, driver: str) -> None:
+        pending = self._wipes.pop(driver, None)
+        if pending is not None:
+            pending.cancel()
+        if not self.registry.usable(driver):
+            self._wipes[driver] = asyncio.get_running_loop().create_task(self._wipe_later(driver))
+        self.pods.changed.set()  # pods waiting for this driver may proceed
+
+    async def _wipe_later(self, driver: str) -> None:
+        await asyncio.sleep(self.options.wipe_delay)
+        if not self.registry.usable(driver):
+            _log.info(
+                "driver %s gone for %.0f s: wiping its slices", driver, self.options.wipe_delay
+            )
+            await self.wipe(driver)
+        self._wipes.pop(driver, None)
+
+    # -- pods ------------------------------------------------------------
+
+    async def _event(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        meta = pod["metadata"]
+        now = _now()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning",
+            "source": {"component": "kubelet", "host": self.options.node.name},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        with contextlib.suppress(errors.ApiError):
+            await self.api.request("POST", resources.EVENTS.path(meta["namespace"]), body=body)
+
+    def _record_containers(self) -> None:
+        self.options.state_dir.mkdir(parents=True, exist_ok=True)
+        path = self.options.state_dir / "containers.json"
+        staging = path.with_suffix(".tmp")
+        staging.write_text(json.dumps(self.containers, indent=2, sort_keys=True))
+        staging.replace(path)
+
+    async def _start(self, pod: dict[str, Any]) -> None:
+        uid = str(pod["metadata"]["uid"])
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._next_try.get(uid, 0.0):
+            return
+        try:
+            await self.manager.prepare(pod)
+        except dra.PrepareError as err:
+            self._next_try[uid] = loop.time() + self.options.retry
+            loop.call_later(self.options.retry, self.pods.changed.set)
+            _log.warning(
+                "pod %s/%s: %s", pod["metadata"]["namespace"], pod["metadata"]["name"], err
+            )
+            await self._event(
+                pod, "FailedPrepareDynamicResources", f"Failed to prepare dynamic resources: {err}"
+            )
+            return
+        self._next_try.pop(uid, None)
+        spec = pod.get("spec") or {}
+        self.containers[uid] = {
+            c["name"]: self.manager.cdi_devices(pod, c)
+            for c in (*(spec.get("initContainers") or ()), *(spec.get("containers") or ()))
+        }
+        self._record_containers()
+        now = _now()
+        conditions = [
+            {"type": kind, "status": "True", "lastTransitionTime": now}
+            for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
+        ]
+        statuses = [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": c.get("image", ""),
+                "containerID": f"kmm-emulator://{uid}-{c['name']}",
+                "ready": True,
+                "started": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": now}},
+            }
+            for c in spec.get("containers") or ()
+        ]
+        try:
+            await self.api.request(
+                "PATCH",
+                resources.PODS.path(
+                    pod["metadata"]["namespace"], pod["metadata"]["name"], subresource="status"
+                ),
+                body={
+                    "status": {
+                        "phase": "Running",
+                        "conditions": conditions,
+                        "containerStatuses": statuses,
+                        "hostIP": self.options.node.address,
+                        "podIP": self.options.node.address,
+                        "startTime": now,
+                    }
+                },
+                content_type=client.MERGE_PATCH,
+            )
+        except errors.NotFound:
+            return
+        self._started.add(uid)
+
+    async def _finish(self, pod: Mapping[str, Any]) -> None:
+        """A pod being deleted: unprepare, then delete it for good."""
+        uid = str(pod["metadata"]["uid"])
+        try:
+            await self.manager.unprepare(uid)
+        except dra.PrepareError as err:
+            _log.warning("pod %s: %s; retrying", pod["metadata"]["name"], err)
+            asyncio.get_running_loop().call_later(self.options.retry, self.pods.changed.set)
+            return
+        self._started.discard(uid)
+        self.containers.pop(uid, None)
+        self._record_containers()
+        with contextlib.suppress(errors.NotFound, errors.Conflict):
+            await self.api.request(
+                "DELETE",
+                resources.PODS.path(pod["metadata"]["namespace"], pod["metadata"]["name"]),
+                query={"gracePeriodSeconds": 0},
+                body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}},
+            )
+
+    async def _gone(self) -> None:
+        """Claims of pods that vanished (force-deleted): unprepared from the cache."""
+        present = set(self.pods.by_uid)
+        known = {uid for info in self.manager.claims.values() for uid in info.pod_uids}
+        for uid in sorted(known - present):
+            try:
+                await self.manager.unprepare(uid)
+            except dra.PrepareError as err:
+                _log.warning("pod %s (gone): %s; retrying", uid, err)
+                asyncio.get_running_loop().call_later(self.options.retry, self.pods.changed.set)
+                continue
+            self._started.discard(uid)
+            if self.containers.pop(uid, None) is not None:
+                self._record_containers()
+
+    async def sync_pods(self) -> None:
+        for pod in list(self.pods.by_uid.values()):
+            uid = str(pod["metadata"]["uid"])
+            if pod["metadata"].get("deletionTimestamp"):
+                await self._finish(pod)
+            elif uid not in self._started and (pod.get("status") or {}).get("phase") in (
+                None,
+                "Pending",
+                "Running",
+            ):
+                await self._start(pod)
+        await self._gone()
+
+    async def _pod_loop(self) -> None:
+        await self.pods.synced.wait()
+        while True:
+            await self.pods.changed.wait()
+            self.pods.changed.clear()
+            await self.sync_pods()
+
+    # -- the whole -------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        for path in (
+            self.options.kubelet_dir / "plugins_registry",
+            self.options.kubelet_dir / "plugins",
+        ):
+            path.mkdir(parents=True, exist_ok=True)
+        node = await nodes.register(self.api, self.options.node)
+        await self.wipe()
+        self.manager.load()
+        reflector = reflecting.Reflector(
+            "pods",
+            listwatch.ApiListWatch(self.api, resources.PODS, kind="Pod"),
+            self.pods,
+            field_selector=f"spec.nodeName={self.options.node.name}",
+            watch_timeout=240,
+        )
+
+        def failed(error: BaseException, what: str) -> None:
+            _log.error("%s: %s", what, error)
+            stop.set()
+
+        running = [
+            tasks.guard(
+                nodes.Heartbeat(self.api, self.options.node, node["metadata"]["uid"]).run(),
+                name="heartbeat",
+                on_error=failed,
+            ),
+            tasks.guard(self.watcher.run(), name="plugin-watcher", on_error=failed),
+            tasks.guard(reflector.run(), name="pods", on_error=failed),
+            tasks.guard(self._pod_loop(), name="pod-loop", on_error=failed),
+        ]
+        try:
+            await stop.wait()
+        finally:
+            for task in [*running, *self._wipes.values()]:
+                task.cancel()
+            await asyncio.gather(*running, *self._wipes.values(), return_exceptions=True)
+            await self.registry.close()

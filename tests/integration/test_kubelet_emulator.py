@@ -1,0 +1,322 @@
+"""``kmm kubelet`` on the sandbox, with ``kmm driver`` as the driver.
+
+The real controller-manager makes the claims from templates, the real
+scheduler allocates ``kmm driver``'s devices to pods bound for the emulated
+node, and the emulator prepares and unprepares them through the driver's
+DRA socket, keeping the kubelet's checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import test_kubelet_nodes as real
+
+from kmm.kube import client as kube_client
+from kmm.kube import errors as kube_errors
+from kmm.kube import resources
+from kmm.kubelet import checkpoint, emulator, nodes
+from kmm.sandbox import testing
+
+NAMESPACE = real.NAMESPACE
+
+
+@dataclasses.dataclass(frozen=True)
+class EmulatedNode:
+    """What the driver helpers need of a node: its name, root and a directory for logs."""
+
+    name: str
+    directory: Path
+
+    @property
+    def root(self) -> Path:
+        return self.directory / "root"
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.root / "var/lib/kubelet"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "var/run/cdi"
+
+
+@contextlib.asynccontextmanager
+async def emulated(
+    kmm_api: kube_client.Client, **options: Any
+) -> AsyncIterator[tuple[EmulatedNode, emulator.Emulator]]:
+    directory = Path(tempfile.mkdtemp(prefix="ke", dir="/tmp"))  # short: sockets live here
+    node = EmulatedNode(f"kmm-emulated-{uuid.uuid4().hex[:6]}", directory)
+    node.root.mkdir()
+    running = emulator.Emulator(
+        kmm_api, emulator.Options(node=nodes.NodeSpec(name=node.name), root=node.root, **options)
+    )
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(running.run(stop))
+    try:
+        yield node, running
+    finally:
+        stop.set()
+        await task
+        with contextlib.suppress(kube_errors.NotFound):
+            await kmm_api.request("DELETE", resources.NODES.path(name=node.name))
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _pod(name: str, node: EmulatedNode, claims: list[dict[str, str]]) -> dict[str, Any]:
+    body = real._pod(name, claims)
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
+    return body
+
+
+def _containers(node: EmulatedNode) -> dict[str, dict[str, list[str]]]:
+    path = node.kubelet_dir / "kmm-emulator" / "containers.json"
+    found: dict[str, dict[str, list[str]]] = json.loads(path.read_text()) if path.exists() else {}
+    return found
+
+
+def _claims(node: EmulatedNode) -> list[checkpoint.ClaimState]:
+    return checkpoint.Store(node.kubelet_dir).load()
+
+
+async def _unprepared(node: EmulatedNode, driver: real.Driver) -> bool:
+    return not real._cdi_specs(node, driver) and not _claims(node)  # type: ignore[arg-type]
+
+
+async def test_the_emulator_prepares_through_kmm_driver_and_unprepares_on_delete(
+    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+) -> None:
+    async with (
+        emulated(kmm_api) as (node, running),
+        real.running_driver(sandbox, node, kmm_api) as driver,  # type: ignore[arg-type]
+    ):
+        template = await real._template(kmm_api, driver)
+        pod = f"e-{driver.module}"
+        await real._create(
+            kmm_api,
+            resources.PODS.path(NAMESPACE),
+            _pod(pod, node, [{"name": "dev", "resourceClaimTemplateName": template}]),
+        )
+        await testing.eventually(lambda: real._running(kmm_api, pod), "the pod Running", bound=120)
+        (claim,) = _claims(node)
+        (prepared,) = (claim.driver_state or {})[driver.name]
+        state = await kmm_api.request("GET", resources.PODS.path(NAMESPACE, pod))
+        assert claim.pod_uids == {state["metadata"]["uid"]}
+        (spec_path,) = real._cdi_specs(node, driver)  # type: ignore[arg-type]
+        spec = json.loads(spec_path.read_text())
+        paths = [d["path"] for e in spec["devices"] for d in e["containerEdits"]["deviceNodes"]]
+        assert paths == [f"/dev/{prepared.device_name}"]
+        assert _containers(node)[state["metadata"]["uid"]] == {
+            "main": list(prepared.cdi_device_ids or ())
+        }
+        assert [c[0] for c in running.manager.calls] == ["NodePrepareResources"]
+
+        await real._delete_pod(kmm_api, pod)
+        await testing.eventually(lambda: _unprepared(node, driver), "unprepared, checkpoint empty")
+        assert [c[0] for c in running.manager.calls] == [
+            "NodePrepareResources",
+            "NodeUnprepareResources",
+        ]
+        assert checkpoint.Store(node.kubelet_dir).path.read_bytes() == checkpoint.encode([])
+
+
+async def test_a_shared_claim_waits_for_both_pods_and_a_force_deletion_still_unprepares(
+    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+) -> None:
+    async with (
+        emulated(kmm_api) as (node, running),
+        real.running_driver(sandbox, node, kmm_api) as driver,  # type: ignore[arg-type]
+    ):
+        claim = await real._claim(kmm_api, driver)
+        pods = [f"a-{driver.module}", f"b-{driver.module}"]
+        for pod in pods:
+            await real._create(
+                kmm_api,
+                resources.PODS.path(NAMESPACE),
+                _pod(pod, node, [{"name": "dev", "resourceClaimName": claim}]),
+            )
+        for pod in pods:
+            await testing.eventually(lambda p=pod: real._running(kmm_api, p), f"{pod} Running")
+        (shared,) = _claims(node)
+        assert len(shared.pod_uids or ()) == 2
+        await real._delete_pod(kmm_api, pods[0])
+        await asyncio.sleep(1)
+        assert real._cdi_specs(node, driver)  # type: ignore[arg-type]
+        await real._delete_pod(kmm_api, pods[1], force=True)
+        await testing.eventually(lambda: _unprepared(node, driver), "unprepared once both are gone")
+        unprepares = [c for c in running.manager.calls if c[0] == "NodeUnprepareResources"]
+        assert len(unprepares) == 1
+        await kmm_api.request("DELETE", resources.RESOURCE_CLAIMS.path(NAMESPACE, claim))
+
+
+async def test_the_nodes_slices_are_wiped_at_start(
+    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+) -> None:
+    name = f"kmm-emulated-{uuid.uuid4().hex[:6]}"
+    await kmm_api.request(
+        "POST", resources.NODES.path(), body=nodes.node_body(nodes.NodeSpec(name=name))
+    )
+    stale = await kmm_api.request(
+        "POST",
+        resources.RESOURCE_SLICES.path(),
+        body={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"generateName": "stale-"},
+            "spec": {
+                "driver": "stale.kmm.io",
+                "nodeName": name,
+                "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": "d0"}],
+            },
+        },
+    )
+    directory = Path(tempfile.mkdtemp(prefix="ke", dir="/tmp"))
+    running = emulator.Emulator(
+        kmm_api, emulator.Options(node=nodes.NodeSpec(name=name), root=directory / "root")
+    )
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(running.run(stop))
+    try:
+
+        async def wiped() -> bool:
+            try:
+                await kmm_api.request(
+                    "GET", resources.RESOURCE_SLICES.path(name=stale["metadata"]["name"])
+                )
+            except kube_errors.NotFound:
+                return True
+            return False
+
+        await testing.eventually(wiped, "the stale slice wiped at start")
+    finally:
+        stop.set()
+        await task
+        await kmm_api.request("DELETE", resources.NODES.path(name=name))
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_a_pod_whose_driver_is_away_stays_pending_with_the_event_then_runs(
+    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+) -> None:
+    async with (
+        emulated(kmm_api, retry=0.5) as (node, _running),
+        real.running_driver(sandbox, node, kmm_api) as driver,  # type: ignore[arg-type]
+    ):
+        template = await real._template(kmm_api, driver)
+        # Killed, its socket left behind: registered but not connected, its
+        # slice still published until the wipe delay; the prepare call fails.
+        await driver.kill()
+
+        async def disconnected() -> bool:
+            return not _running.registry.usable(driver.name)
+
+        await testing.eventually(disconnected, "the driver's connection lost")
+        pod = f"w-{driver.module}"
+        await real._create(
+            kmm_api,
+            resources.PODS.path(NAMESPACE),
+            _pod(pod, node, [{"name": "dev", "resourceClaimTemplateName": template}]),
+        )
+
+        async def failed() -> bool:
+            listing = await kmm_api.request(
+                "GET",
+                resources.EVENTS.path(NAMESPACE),
+                query={"fieldSelector": f"involvedObject.name={pod}"},
+            )
+            return any(
+                e["reason"] == "FailedPrepareDynamicResources"
+                and e["message"].startswith("Failed to prepare dynamic resources: ")
+                and "prepare dynamic resources: NodePrepareResources: " in e["message"]
+                for e in listing["items"]
+            )
+
+        await testing.eventually(failed, "FailedPrepareDynamicResources while the driver is away")
+        state = await kmm_api.request("GET", resources.PODS.path(NAMESPACE, pod))
+        assert state["status"]["phase"] == "Pending"
+        await driver.start()
+        await testing.eventually(lambda: real._running(kmm_api, pod), "Running once it is back")
+        await real._delete_pod(kmm_api, pod)
+        await testing.eventually(lambda: _unprepared(node, driver), "unprepared")
+
+
+async def test_a_driver_away_longer_than_the_delay_loses_its_slices_not_one_back_in_time(
+    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+) -> None:
+    async with (
+        emulated(kmm_api, wipe_delay=3.0) as (node, running),
+        real.running_driver(sandbox, node, kmm_api) as driver,  # type: ignore[arg-type]
+    ):
+        (first,) = await real._slices(kmm_api, driver)
+        # Back within the delay: nothing wiped.
+        await driver.kill()
+        await driver.start()
+        await testing.eventually(
+            lambda: real._said(driver, "registered with the kubelet"), "registered again"
+        )
+        await asyncio.sleep(4)
+        assert [s["metadata"]["uid"] for s in await real._slices(kmm_api, driver)] == [
+            first["metadata"]["uid"]
+        ]
+        # Away for longer: wiped; back: published again.
+        await driver.kill()
+
+        async def wiped() -> bool:
+            return not await real._slices(kmm_api, driver)
+
+        await testing.eventually(wiped, "wiped after the delay")
+        await driver.start()
+        await testing.eventually(lambda: real._published(kmm_api, driver), "republished")
+        assert running.registry.plugin(driver.name) is not None
+
+
+async def test_kmm_kubelet_as_a_process_registers_its_node_and_stops_on_sigterm(
+    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+) -> None:
+    name = f"kmm-emulated-{uuid.uuid4().hex[:6]}"
+    directory = Path(tempfile.mkdtemp(prefix="ke", dir="/tmp"))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "from kmm.cli import main; main()", "kubelet",
+        f"--node={name}", f"--root={directory}", f"--kubeconfig={sandbox.kubeconfig}",
+        "--kernel=6.8.0-45-generic",
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+
+        async def ready() -> bool:
+            try:
+                node = await kmm_api.request("GET", resources.NODES.path(name=name))
+            except kube_errors.NotFound:
+                return False
+            conditions = (node.get("status") or {}).get("conditions") or ()
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+        await testing.eventually(ready, "the emulated node Ready")
+        node = await kmm_api.request("GET", resources.NODES.path(name=name))
+        assert node["status"]["nodeInfo"]["kernelVersion"] == "6.8.0-45-generic"
+        assert node["metadata"]["labels"]["kubernetes.io/hostname"] == name
+        lease = await kmm_api.request("GET", resources.LEASES.path("kube-node-lease", name))
+        assert lease["spec"]["holderIdentity"] == name
+        process.terminate()
+        assert process.stderr is not None
+        output = await asyncio.wait_for(process.stderr.read(), timeout=60)
+        assert await process.wait() == 0, output.decode()
+        assert b"kubelet emulator stopped" in output
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        with contextlib.suppress(kube_errors.NotFound):
+            await kmm_api.request("DELETE", resources.NODES.path(name=name))
+        shutil.rmtree(directory, ignore_errors=True)
