@@ -15,6 +15,7 @@ import json
 import shutil
 import sys
 import tempfile
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -320,3 +321,56 @@ async def test_kmm_kubelet_as_a_process_registers_its_node_and_stops_on_sigterm(
         with contextlib.suppress(kube_errors.NotFound):
             await kmm_api.request("DELETE", resources.NODES.path(name=name))
         shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_restart_prepares_running_pods_again_and_reboot_rebuilds_cdi_specs(
+    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+) -> None:
+    async with (
+        emulated(kmm_api, metrics_port=0) as (node, running),
+        real.running_driver(sandbox, node, kmm_api) as driver,  # type: ignore[arg-type]
+    ):
+        template = await real._template(kmm_api, driver)
+        pod = f"r-{driver.module}"
+        await real._create(
+            kmm_api,
+            resources.PODS.path(NAMESPACE),
+            _pod(pod, node, [{"name": "dev", "resourceClaimTemplateName": template}]),
+        )
+        await testing.eventually(lambda: real._running(kmm_api, pod), "the pod Running")
+        before = await kmm_api.request("GET", resources.PODS.path(NAMESPACE, pod))
+        (spec_path,) = real._cdi_specs(node, driver)  # type: ignore[arg-type]
+        spec = spec_path.read_text()
+        registered = driver.said("registered with the kubelet")
+
+        def prepares() -> int:
+            return len([c for c in running.manager.calls if c[0] == "NodePrepareResources"])
+
+        async def prepared_again(count: int) -> bool:
+            return prepares() == count
+
+        await running.restart()
+        await testing.eventually(lambda: prepared_again(2), "prepared again after the restart")
+        assert driver.said("registered with the kubelet") > registered
+        await testing.eventually(lambda: real._published(kmm_api, driver), "republished")
+        after = await kmm_api.request("GET", resources.PODS.path(NAMESPACE, pod))
+        assert after["metadata"]["uid"] == before["metadata"]["uid"]
+        assert [s["restartCount"] for s in after["status"]["containerStatuses"]] == [0]
+        assert spec_path.read_text() == spec  # idempotent: the same devices
+
+        await running.restart(reboot=True)
+        await testing.eventually(lambda: prepared_again(3), "prepared again after the reboot")
+        assert spec_path.read_text() == spec  # the wiped CDI spec rebuilt
+
+        assert running.metrics_server is not None
+        await running.metrics_server.bound.wait()
+        url = f"http://127.0.0.1:{running.metrics_server.port}/metrics"
+        scraped = (
+            await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
+        ).decode()
+        assert (
+            f'kmm_kubelet_dra_operations_total{{driver="{driver.name}",'
+            f'operation="NodePrepareResources",result="ok"}} 3.0'
+        ) in scraped
+        await real._delete_pod(kmm_api, pod)
+        await testing.eventually(lambda: _unprepared(node, driver), "unprepared")

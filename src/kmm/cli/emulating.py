@@ -30,7 +30,18 @@ async def _run(options: emulator.Options, kubeconfig: Path | None, context: str 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with clients.api_client(kubeconfig, context) as api:
-        await emulator.Emulator(api, options).run(stop)
+        running = emulator.Emulator(api, options)
+        triggered: set[asyncio.Task[None]] = set()
+
+        def trigger(reboot: bool) -> None:
+            task = asyncio.ensure_future(running.restart(reboot=reboot))
+            triggered.add(task)
+            task.add_done_callback(triggered.discard)
+
+        # SIGHUP: a kubelet restart; SIGUSR1: a node reboot (README).
+        loop.add_signal_handler(signal.SIGHUP, trigger, False)
+        loop.add_signal_handler(signal.SIGUSR1, trigger, True)
+        await running.run(stop)
 
 
 def kubelet(
@@ -50,9 +61,12 @@ def kubelet(
     retry: Annotated[
         float, typer.Option(help="Seconds between prepare attempts of a failing pod.")
     ] = 2.0,
+    metrics_port: Annotated[
+        int, typer.Option(help="Serve /metrics on 127.0.0.1:PORT (0: a free one, logged).")
+    ] = 0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Run the kubelet DRA emulator for one node."""
+    """Run the kubelet DRA emulator for one node (SIGHUP: restart, SIGUSR1: reboot)."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -62,6 +76,7 @@ def kubelet(
         root=root.resolve(),
         wipe_delay=wipe_delay,
         retry=retry,
+        metrics_port=metrics_port,
     )
     try:
         asyncio.run(_run(options, kubeconfig, context))

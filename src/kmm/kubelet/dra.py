@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kmm.kube import client, errors, resources
 from kmm.kubelet import checkpoint, registration
+from kmm.kubelet import metrics as kubelet_metrics
 from kmm.kubeletplugin.protos import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -154,11 +156,16 @@ class Manager:
     """The DRA manager of one emulated node."""
 
     def __init__(
-        self, api: client.Client, registry: registration.Registry, store: checkpoint.Store
+        self,
+        api: client.Client,
+        registry: registration.Registry,
+        store: checkpoint.Store,
+        metrics: kubelet_metrics.Metrics | None = None,
     ) -> None:
         self.api = api
         self.registry = registry
         self.store = store
+        self.metrics = metrics or kubelet_metrics.Metrics()
         self.claims: dict[tuple[str, str], ClaimInfo] = {}
         self.calls: list[tuple[str, str, tuple[str, ...]]] = []  # (method, driver, claim uids)
 
@@ -280,13 +287,17 @@ class Manager:
             if method == "NodePrepareResources"
             else pb2.NodeUnprepareResourcesRequest
         )
+        started = time.monotonic()
         try:
             response = await getattr(stub, method)(
                 request_type(claims=claims), timeout=_CALL_TIMEOUT
             )
         except Exception as err:  # a gRPC failure of any kind fails this pod's prepare
+            self.metrics.observe(method, driver, time.monotonic() - started, ok=False)
             raise PrepareError(f"{method}: {err}") from err
         found: Mapping[str, Any] = response.claims
+        ok = not any(answer.error for answer in found.values())
+        self.metrics.observe(method, driver, time.monotonic() - started, ok=ok)
         return found
 
     def pod_claims(self, pod_uid: str) -> list[ClaimInfo]:

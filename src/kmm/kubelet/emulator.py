@@ -23,9 +23,12 @@ A driver's slices are wiped ``wipe_delay`` after none of its plugins is
 usable any more: deregistered, or its connection lost (a driver killed
 leaves its socket behind), unless one is usable again by then.
 
-Limits (the issue tracks them): device health streams, restart/reboot
-triggers and metrics are not here yet; pods never finish on their own
-(nothing executes).
+``restart`` and ``restart(reboot=True)`` emulate a kubelet restart and a
+node reboot on a running emulator (``kmm kubelet`` maps SIGHUP and SIGUSR1
+to them). ``/metrics`` (``metrics``) counts and times the calls to drivers.
+
+Limits (the issue tracks them): device health streams are not here yet;
+pods never finish on their own (nothing executes).
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kmm.aio import tasks
+from kmm.aio import httpserving, tasks
 from kmm.kube import client, errors, listwatch, objects, reflecting, resources
 from kmm.kubelet import checkpoint, dra, nodes, registration
+from kmm.kubelet import metrics as kubelet_metrics
 
 __all__ = ["Emulator", "Options"]
 
@@ -60,6 +64,8 @@ class Options:
     wipe_delay: float = 30.0  # the kubelet's defaultWipingDelay
     retry: float = 2.0  # between prepare attempts of a failing pod
     poll: float = 0.2  # the plugin watcher's
+    # /metrics on 127.0.0.1:<port> (0: a free one, logged); None: not served.
+    metrics_port: int | None = None
 
     @property
     def kubelet_dir(self) -> Path:
@@ -98,7 +104,13 @@ class Emulator:
         self.api = api
         self.options = options
         self.registry = registration.Registry()
-        self.manager = dra.Manager(api, self.registry, checkpoint.Store(options.kubelet_dir))
+        self.metrics = kubelet_metrics.Metrics()
+        self.manager = dra.Manager(
+            api, self.registry, checkpoint.Store(options.kubelet_dir), self.metrics
+        )
+        self.metrics_server: httpserving.Server | None = None
+        # Pod syncs and restarts take turns: a restart swaps the state a sync reads.
+        self._turn = asyncio.Lock()
         self.watcher = registration.PluginWatcher(
             options.kubelet_dir / "plugins_registry", self.registry, poll=options.poll
         )
@@ -290,7 +302,31 @@ class Emulator:
         while True:
             await self.pods.changed.wait()
             self.pods.changed.clear()
-            await self.sync_pods()
+            async with self._turn:
+                await self.sync_pods()
+
+    async def restart(self, *, reboot: bool = False) -> None:
+        """What a kubelet restart does to DRA: every plugin registered anew, the
+        node's slices wiped, the checkpoint reloaded with every claim
+        unprepared, so running pods' claims are prepared again (drivers must
+        be idempotent). ``reboot`` also empties the CDI directory first (a
+        tmpfs on real nodes), which the drivers must rebuild on prepare."""
+        async with self._turn:
+            _log.info("emulating a kubelet %s", "reboot" if reboot else "restart")
+            for pending in self._wipes.values():
+                pending.cancel()
+            self._wipes.clear()
+            await self.registry.close()
+            self.watcher.forget()
+            if reboot:
+                cdi = self.options.root / "var" / "run" / "cdi"
+                for entry in cdi.glob("*") if cdi.is_dir() else ():
+                    entry.unlink(missing_ok=True)
+            await self.wipe()
+            self.manager.load()
+            self._started.clear()
+            self._next_try.clear()
+        self.pods.changed.set()
 
     # -- the whole -------------------------------------------------------
 
@@ -315,7 +351,19 @@ class Emulator:
             _log.error("%s: %s", what, error)
             stop.set()
 
+        if self.options.metrics_port is not None:
+            self.metrics_server = httpserving.Server(
+                "kubelet-metrics",
+                "127.0.0.1",
+                self.options.metrics_port,
+                {"/metrics": self.metrics.scrape},
+            )
         running = [
+            *(
+                [tasks.guard(self.metrics_server.run(stop), name="metrics", on_error=failed)]
+                if self.metrics_server is not None
+                else []
+            ),
             tasks.guard(
                 nodes.Heartbeat(self.api, self.options.node, node["metadata"]["uid"]).run(),
                 name="heartbeat",

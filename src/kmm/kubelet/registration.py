@@ -250,6 +250,10 @@ class PluginWatcher:
             else:
                 seen.registered = True
 
+    def forget(self) -> None:
+        """As a new kubelet process: every socket present is new again."""
+        self._seen.clear()
+
     async def run(self) -> None:
         """Scan until cancelled."""
         while True:

@@ -16,9 +16,11 @@ Pure (no I/O, table-tested):
 - ``views``: the read-only view of the caches; ``plans``: the planners' answer;
 - ``moduleloader``: loader DaemonSets per (kernel, image[, version]), where
   the module is loaded; ``deviceplugin``: the plugin DaemonSet(s) and
-  readiness; ``upgrade``: ordered upgrades, the action table as data;
-- ``loaderbuilders`` / ``devicepluginbuilders``: the DaemonSets, on the
-  shared pod-spec base of ``podspecs``; ``objects``: owner references and the
+  readiness; ``dra``: the DRA driver DaemonSet(s), target labels held by
+  claims in use, DeviceClasses; ``workloads``: what the last two share;
+  ``upgrade``: ordered upgrades, the action table as data;
+- ``loaderbuilders`` / ``devicepluginbuilders`` / ``drabuilders``: the
+  DaemonSets (and DeviceClasses), on the shared pod-spec base of ``podspecs``; ``objects``: owner references and the
   ``SPEC_HASH`` stamp;
 - ``nodelabels``: merging wanted labels into patches; ``status``: status
   and conditions; ``events``: Event bodies (Module and Node);
@@ -30,9 +32,7 @@ With I/O:
   shown yet, so a lagging cache causes no repeat);
 - ``reconciler``: the Module reconciler tying the above together;
 - ``wiring``: informers + controller + manager (``Operator``);
-- ``running``: the process (metrics, probes); ``metrics``, ``probes``,
-  ``jsonlogs`` its parts;
+- ``running``: the process (metrics and probes, served by
+  ``kmm.aio.httpserving``); ``metrics`` and ``jsonlogs`` its parts;
 - ``inspecting``: what an admin sees per node (``kmm status``, ``kmm upgrade``).
-
-Not here yet (DESIGN §5, the next issue): the DRA reconciler.
 """

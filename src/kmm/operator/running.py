@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from kmm.aio import tasks
+from kmm.aio import httpserving, tasks
 from kmm.kube import client
-from kmm.operator import metrics, probes, wiring
+from kmm.operator import metrics, wiring
 
 __all__ = ["Settings", "run"]
 
@@ -56,18 +56,20 @@ async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> No
     def scrape() -> tuple[int, bytes, str]:
         return 200, registry.render(), "text/plain; version=0.0.4; charset=utf-8"
 
-    health: probes.Routes = {"/healthz": healthz, "/readyz": readyz}
-    served: list[probes.Server] = []
+    health: httpserving.Routes = {"/healthz": healthz, "/readyz": readyz}
+    served: list[httpserving.Server] = []
     if settings.metrics_port == settings.health_port:
         served.append(
-            probes.Server(
+            httpserving.Server(
                 "http", settings.host, settings.health_port, {**health, "/metrics": scrape}
             )
         )
     else:
-        served.append(probes.Server("health", settings.host, settings.health_port, health))
+        served.append(httpserving.Server("health", settings.host, settings.health_port, health))
         served.append(
-            probes.Server("metrics", settings.host, settings.metrics_port, {"/metrics": scrape})
+            httpserving.Server(
+                "metrics", settings.host, settings.metrics_port, {"/metrics": scrape}
+            )
         )
     servers = tasks.TaskSet("operator")
     server_stop = asyncio.Event()

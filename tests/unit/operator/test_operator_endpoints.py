@@ -8,8 +8,9 @@ import logging
 
 import aiohttp
 
+from kmm.aio import httpserving
 from kmm.kube import counting
-from kmm.operator import jsonlogs, metrics, probes
+from kmm.operator import jsonlogs, metrics
 
 
 def test_metrics_render_writes_leader_and_cache_sizes() -> None:
@@ -28,13 +29,13 @@ def test_metrics_render_writes_leader_and_cache_sizes() -> None:
 
 async def test_server_serves_routes_until_stopped() -> None:
     ready = [False]
-    routes: probes.Routes = {
+    routes: httpserving.Routes = {
         "/healthz": lambda: (200, b"ok\n", "text/plain"),
         "/readyz": lambda: (
             (200, b"ok\n", "text/plain") if ready[0] else (503, b"no\n", "text/plain")
         ),
     }
-    server = probes.Server("test", "127.0.0.1", 0, routes)
+    server = httpserving.Server("test", "127.0.0.1", 0, routes)
     stop = asyncio.Event()
     task = asyncio.ensure_future(server.run(stop))
     try:

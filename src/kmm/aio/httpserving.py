@@ -1,15 +1,11 @@
-"""Liveness, readiness and metrics over HTTP (a runnable for the manager).
+"""A small HTTP server of GET routes for probes and metrics, beside an event loop.
 
-``/healthz`` answers 200 while the process serves; ``/readyz`` 200 once the
-caches have synced (a replica waiting for the lease is ready: it is warm and
-can take over); ``/metrics`` the Prometheus text format. One server per port:
-with ``--metrics-port`` equal to ``--health-port`` all three share it.
-
-The server is the standard library's (``http.server``, already loaded by
-``prometheus_client``), on a thread of its own; each route runs on the event
-loop, so it reads the operator's state where the operator writes it. A loop
-that is stuck therefore fails ``/healthz`` too, which is what a liveness
-probe is for.
+The operator serves ``/healthz``, ``/readyz`` and ``/metrics`` with it, the
+kubelet emulator its ``/metrics``. The server is the standard library's
+(``http.server``, already loaded by ``prometheus_client``), on a thread of
+its own; each route runs on the event loop, so it reads the process's state
+where the process writes it. A loop that is stuck therefore fails its probes
+too, which is what a liveness probe is for.
 """
 
 from __future__ import annotations
