@@ -307,8 +307,15 @@ async def test_kmm_kubelet_as_a_process_registers_its_node_and_stops_on_sigterm(
         node = await kmm_api.request("GET", resources.NODES.path(name=name))
         assert node["status"]["nodeInfo"]["kernelVersion"] == "6.8.0-45-generic"
         assert node["metadata"]["labels"]["kubernetes.io/hostname"] == name
-        lease = await kmm_api.request("GET", resources.LEASES.path("kube-node-lease", name))
-        assert lease["spec"]["holderIdentity"] == name
+
+        async def leased() -> bool:
+            try:
+                lease = await kmm_api.request("GET", resources.LEASES.path("kube-node-lease", name))
+            except kube_errors.NotFound:
+                return False
+            return bool(lease["spec"]["holderIdentity"] == name)
+
+        await testing.eventually(leased, "the node's heartbeat Lease")
         process.terminate()
         assert process.stderr is not None
         output = await asyncio.wait_for(process.stderr.read(), timeout=60)

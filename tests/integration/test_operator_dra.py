@@ -483,6 +483,7 @@ async def test_an_ordered_upgrade_moves_the_dra_driver_in_the_safe_order(
         async with upgrades.Recorder(kmm_api, namespace, chosen).recording() as recorder:
             await upgrades.set_version(api_client, namespace, chosen[0], "v2")
             await upgrades.wait_on(api_client, namespace, chosen[:1], "v2")
+            await upgrades.recorded(recorder, node=chosen[0], key=k["done"], value="v2")
             moved = [c for c in recorder.ordered() if c.node == chosen[0]]
             first = upgrades.first
             steps = [

@@ -234,6 +234,16 @@ async def remove(api: client.ApiClient, namespace: str) -> None:
     await support.delete_and_wait_clean(api, namespace, NAME)
 
 
+async def recorded(recorder: Recorder, **match: Any) -> None:
+    """Wait until the recorder's watches have caught up with a change the test
+    saw by a GET (the two reach the test by different paths)."""
+
+    async def seen() -> bool:
+        return any(all(getattr(c, k) == v for k, v in match.items()) for c in recorder.ordered())
+
+    await testing.eventually(seen, f"the watch shows {match}")
+
+
 def first(changes: list[Change], **match: Any) -> int:
     for index, change in enumerate(changes):
         if all(getattr(change, k) == v for k, v in match.items()):
@@ -259,6 +269,7 @@ async def test_nodes_move_one_at_a_time_each_in_the_safe_order(
             # Straight from v1 to v2: the user does not wait for the unload.
             await set_version(api_client, namespace, chosen[0], "v2")
             await wait_on(api_client, namespace, chosen[:1], "v2")
+            await recorded(recorder, node=chosen[0], key=k["done"], value="v2")
             moved = [c for c in recorder.ordered() if c.node == chosen[0]]
             steps = [
                 first(moved, what="label", key=k["plugin"], value=None),

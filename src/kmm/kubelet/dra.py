@@ -11,8 +11,13 @@
    written *before* any call; claims already prepared are not sent again;
 3. one NodePrepareResources per driver with every claim of the pod it has
    to prepare; a per-claim error fails the pod's prepare;
-4. only when every driver succeeded: the devices recorded, the claims
-   marked prepared, the checkpoint written.
+4. only when every driver succeeded: the devices recorded (appended, as
+   the kubelet's ``addDevice`` does, so a claim prepared twice lists them
+   twice), the claims marked prepared, the checkpoint written.
+
+Pods start concurrently (the kubelet's pod workers), so two pods sharing a
+claim may both find it not yet prepared and both send it: drivers must
+answer a concurrent second prepare of the same claim.
 
 Errors carry the kubelet's words ("prepare dynamic resources: ..."); the
 caller turns them into the ``FailedPrepareDynamicResources`` Event.
@@ -267,7 +272,11 @@ class Manager:
                 raise PrepareError(f"NodePrepareResources skipped {unfinished} ResourceClaims")
         for infos in batches.values():
             for info in infos:
-                info.drivers.update(answered.get(info.uid, {}))
+                # Appended, as the kubelet's addDevice does: a claim prepared
+                # again (a restart, or two pods starting together) lists its
+                # devices again.
+                for driver, devices in answered.get(info.uid, {}).items():
+                    info.drivers.setdefault(driver, []).extend(devices)
         for _claim, fresh in validated:
             self.claims[(fresh.namespace, fresh.name)].prepared = True
         self._sync()

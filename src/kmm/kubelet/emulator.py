@@ -285,6 +285,7 @@ class Emulator:
                 self._record_containers()
 
     async def sync_pods(self) -> None:
+        starting = []
         for pod in list(self.pods.by_uid.values()):
             uid = str(pod["metadata"]["uid"])
             if pod["metadata"].get("deletionTimestamp"):
@@ -294,7 +295,9 @@ class Emulator:
                 "Pending",
                 "Running",
             ):
-                await self._start(pod)
+                starting.append(self._start(pod))
+        # Side by side, as the kubelet's pod workers start pods.
+        await asyncio.gather(*starting)
         await self._gone()
 
     async def _pod_loop(self) -> None:

@@ -240,6 +240,10 @@ def write_config(node: KubeletNode, *, ca_cert: Path) -> Path:
         "mergeDefaultEvictionSettings": False,
         "imageGCHighThresholdPercent": 100,
         "nodeStatusReportFrequency": "10s",
+        # As a real cluster's kubelets are told (no DNS serves it: nothing
+        # executes); without it every ClusterFirst pod gets MissingClusterDNS.
+        "clusterDNS": ["10.96.0.10"],
+        "clusterDomain": "cluster.local",
         "shutdownGracePeriod": "0s",
     }
     path = node.directory / "kubelet-config.yaml"

@@ -1,0 +1,176 @@
+"""The emulator beside the real kubelet: the same scenario on a kubelet node and
+on an emulated node of one sandbox, ``kmm driver`` on both, compared.
+
+What is compared: the claims the driver was asked to prepare and release (its
+log), the pod phases, the Event reasons, and the two ``dra_manager_state``
+files with names and uids replaced by their roles (the order of entries
+aside). Differences that remain are listed in the issue's note.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_kubelet_emulator as emulated_nodes
+import test_kubelet_nodes as real
+
+from kmm.cli import paths
+from kmm.kube import client as kube_client
+from kmm.kube import resources
+from kmm.kubelet import checkpoint, emulator, nodes
+from kmm.sandbox import cluster, kubeletnodes, testing
+
+NAMESPACE = real.NAMESPACE
+
+
+@pytest.fixture(scope="module")
+def both() -> Iterator[cluster.state.SandboxState]:
+    directory = Path(tempfile.mkdtemp(prefix="k", dir="/tmp"))  # short: sockets live under it
+    record = asyncio.run(
+        cluster.up(
+            cluster.Options(
+                directory=directory, cache_dir=paths.cache_dir(), nodes=0, kubelet_nodes=1
+            )
+        )
+    )
+    try:
+        yield record
+    finally:
+        with contextlib.suppress(Exception):
+            cluster.down(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def emulated_node(api: kube_client.Client) -> AsyncIterator[emulated_nodes.EmulatedNode]:
+    directory = Path(tempfile.mkdtemp(prefix="ke", dir="/tmp"))
+    node = emulated_nodes.EmulatedNode("kmm-emulated-0", directory)
+    node.root.mkdir()
+    running = emulator.Emulator(
+        api, emulator.Options(node=nodes.NodeSpec(name=node.name), root=node.root)
+    )
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(running.run(stop))
+    try:
+        yield node
+    finally:
+        stop.set()
+        await task
+        await api.request("DELETE", resources.NODES.path(name=node.name))
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _roles(
+    node: Any, module: str, pod_uids: dict[str, str], claim_names: dict[str, str]
+) -> list[Any]:
+    """The node's checkpoint with uids and generated names replaced by their roles."""
+    blob = checkpoint.Store(node.kubelet_dir).path.read_bytes()
+    found = json.loads(json.loads(blob)["Data"])["ClaimInfoStateList"]
+    uids = {}
+    for entry in found:
+        uids[entry["ClaimUID"]] = f"claim:{claim_names.get(entry['ClaimName'], entry['ClaimName'])}"
+        entry["ClaimName"] = claim_names.get(entry["ClaimName"], entry["ClaimName"])
+        entry["PodUIDs"] = sorted(pod_uids.get(uid, uid) for uid in entry["PodUIDs"])
+        for state in entry["DriverState"].values():
+            # Two pods starting together may both prepare a shared claim, and
+            # then its devices are listed twice; whether they do is timing,
+            # for the kubelet and the emulator alike.
+            unique = []
+            for device in state["Devices"]:
+                if device not in unique:
+                    unique.append(device)
+            state["Devices"] = unique
+            for device in state["Devices"]:
+                device["PoolName"] = "<node>"
+                # Which device the scheduler picked is the scheduler's business.
+                assert device["DeviceName"].startswith(module)
+                device["DeviceName"] = "<device>"
+                device["CDIDeviceIDs"] = [
+                    i.replace(entry["ClaimUID"], "<claim uid>")
+                    for i in device["CDIDeviceIDs"] or ()
+                ]
+        entry["ClaimUID"] = uids[entry["ClaimUID"]]
+    driver_names = {d for e in found for d in e["DriverState"]}
+    text = json.dumps(sorted(found, key=lambda e: e["ClaimName"]), sort_keys=True)
+    for index, driver in enumerate(sorted(driver_names)):
+        text = text.replace(driver, f"<driver {index}>")
+    roles: list[Any] = json.loads(text)
+    return roles
+
+
+async def _scenario(
+    api: kube_client.Client, node: Any, driver: real.Driver
+) -> tuple[list[Any], dict[str, str], list[str], list[tuple[str, str]]]:
+    """Two pods: one with a template claim, two sharing a claim; the state while
+    they run, the phases, and the Event reasons once they are deleted."""
+    template = await real._template(api, driver)
+    shared = await real._claim(api, driver)
+    pods = {
+        f"t-{driver.module}": [{"name": "dev", "resourceClaimTemplateName": template}],
+        f"s1-{driver.module}": [{"name": "dev", "resourceClaimName": shared}],
+        f"s2-{driver.module}": [{"name": "dev", "resourceClaimName": shared}],
+    }
+    for name, claims in pods.items():
+        body = real._pod(name, claims)
+        body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
+        await real._create(api, resources.PODS.path(NAMESPACE), body)
+    for name in pods:
+        await testing.eventually(lambda n=name: real._running(api, n), f"{name} Running", bound=120)
+    uids, claim_names = {}, {shared: "shared"}
+    phases = {}
+    for name in pods:
+        state = await api.request("GET", resources.PODS.path(NAMESPACE, name))
+        role = name.split("-", 1)[0]
+        uids[state["metadata"]["uid"]] = f"pod:{role}"
+        phases[role] = state["status"]["phase"]
+        for status in state["status"].get("resourceClaimStatuses") or ():
+            claim_names[status["resourceClaimName"]] = "from-template"
+    roles = _roles(node, driver.module, uids, claim_names)
+    for name in pods:
+        await real._delete_pod(api, name)
+    await testing.eventually(lambda: emulated_nodes._unprepared(node, driver), "all unprepared")
+    listing = await api.request(
+        "GET", resources.EVENTS.path(NAMESPACE), query={"fieldSelector": "type=Warning"}
+    )
+    reasons = sorted({e["reason"] for e in listing["items"] if e["involvedObject"]["name"] in pods})
+    await api.request("DELETE", resources.RESOURCE_CLAIMS.path(NAMESPACE, shared))
+    # What the driver was asked, per claim (how often is timing: see _roles).
+    asked = sorted(
+        {
+            (claim_names.get(words[-2].split("/")[-1], words[-2]), words[-1])
+            for line in driver.log.read_text().splitlines()
+            if (words := line.split())[-1:] in (["prepared"], ["released"])
+        }
+    )
+    return roles, phases, reasons, asked
+
+
+async def test_the_emulator_and_the_real_kubelet_agree(
+    both: cluster.state.SandboxState,
+) -> None:
+    async with cluster.api_client(both.kubeconfig) as api:
+        kubelet_node = cluster.kubelet_node(both.directory, f"{kubeletnodes.NODE_PREFIX}0")
+        async with emulated_node(api) as emulated_one:
+            results = []
+            for node in (kubelet_node, emulated_one):
+                async with real.running_driver(both, node, api) as driver:  # type: ignore[arg-type]
+                    results.append(await _scenario(api, node, driver))
+        (real_roles, real_phases, real_reasons, real_asked), emulated = results[0], results[1]
+        assert emulated[0] == real_roles
+        assert emulated[1] == real_phases
+        assert emulated[2] == real_reasons
+        assert emulated[3] == real_asked
+        assert real_asked == [
+            ("from-template", "prepared"),
+            ("from-template", "released"),
+            ("shared", "prepared"),
+            ("shared", "released"),
+        ]
