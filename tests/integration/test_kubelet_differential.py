@@ -161,7 +161,7 @@ async def test_the_emulator_and_the_real_kubelet_agree(
         async with emulated_node(api) as emulated_one:
             results = []
             for node in (kubelet_node, emulated_one):
-                async with real.running_driver(both, node, api) as driver:  # type: ignore[arg-type]
+                async with real.running_driver(both, node, api) as driver:
                     results.append(await _scenario(api, node, driver))
         (real_roles, real_phases, real_reasons, real_asked), emulated = results[0], results[1]
         assert emulated[0] == real_roles

@@ -74,9 +74,14 @@ async def emulated(
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def _on(node: EmulatedNode) -> dict[str, Any]:
+    """Pod spec fields that bind a pod to the emulated node (through the scheduler)."""
+    return {"nodeSelector": {"kubernetes.io/hostname": node.name}}
+
+
 def _pod(name: str, node: EmulatedNode, claims: list[dict[str, str]]) -> dict[str, Any]:
     body = real._pod(name, claims)
-    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
+    body["spec"].update(_on(node))
     return body
 
 
@@ -91,7 +96,7 @@ def _claims(node: EmulatedNode) -> list[checkpoint.ClaimState]:
 
 
 async def _unprepared(node: EmulatedNode, driver: real.Driver) -> bool:
-    return not real._cdi_specs(node, driver) and not _claims(node)  # type: ignore[arg-type]
+    return not real._cdi_specs(node, driver) and not _claims(node)
 
 
 async def test_the_emulator_prepares_through_kmm_driver_and_unprepares_on_delete(
@@ -99,21 +104,18 @@ async def test_the_emulator_prepares_through_kmm_driver_and_unprepares_on_delete
 ) -> None:
     async with (
         emulated(kmm_api) as (node, running),
-        real.running_driver(sandbox, node, kmm_api) as driver,  # type: ignore[arg-type]
+        real.running_driver(sandbox, node, kmm_api) as driver,
     ):
         template = await real._template(kmm_api, driver)
         pod = f"e-{driver.module}"
-        await real._create(
-            kmm_api,
-            resources.PODS.path(NAMESPACE),
-            _pod(pod, node, [{"name": "dev", "resourceClaimTemplateName": template}]),
+        await real.start_pod(
+            kmm_api, pod, [{"name": "dev", "resourceClaimTemplateName": template}], **_on(node)
         )
-        await testing.eventually(lambda: real._running(kmm_api, pod), "the pod Running", bound=120)
         (claim,) = _claims(node)
         (prepared,) = (claim.driver_state or {})[driver.name]
         state = await kmm_api.request("GET", resources.PODS.path(NAMESPACE, pod))
         assert claim.pod_uids == {state["metadata"]["uid"]}
-        (spec_path,) = real._cdi_specs(node, driver)  # type: ignore[arg-type]
+        (spec_path,) = real._cdi_specs(node, driver)
         spec = json.loads(spec_path.read_text())
         paths = [d["path"] for e in spec["devices"] for d in e["containerEdits"]["deviceNodes"]]
         assert paths == [f"/dev/{prepared.device_name}"]
@@ -136,7 +138,7 @@ async def test_a_shared_claim_waits_for_both_pods_and_a_force_deletion_still_unp
 ) -> None:
     async with (
         emulated(kmm_api) as (node, running),
-        real.running_driver(sandbox, node, kmm_api) as driver,  # type: ignore[arg-type]
+        real.running_driver(sandbox, node, kmm_api) as driver,
     ):
         claim = await real._claim(kmm_api, driver)
         pods = [f"a-{driver.module}", f"b-{driver.module}"]
@@ -152,7 +154,7 @@ async def test_a_shared_claim_waits_for_both_pods_and_a_force_deletion_still_unp
         assert len(shared.pod_uids or ()) == 2
         await real._delete_pod(kmm_api, pods[0])
         await asyncio.sleep(1)
-        assert real._cdi_specs(node, driver)  # type: ignore[arg-type]
+        assert real._cdi_specs(node, driver)
         await real._delete_pod(kmm_api, pods[1], force=True)
         await testing.eventually(lambda: _unprepared(node, driver), "unprepared once both are gone")
         unprepares = [c for c in running.manager.calls if c[0] == "NodeUnprepareResources"]
@@ -212,7 +214,7 @@ async def test_a_pod_whose_driver_is_away_stays_pending_with_the_event_then_runs
 ) -> None:
     async with (
         emulated(kmm_api, retry=0.5) as (node, _running),
-        real.running_driver(sandbox, node, kmm_api) as driver,  # type: ignore[arg-type]
+        real.running_driver(sandbox, node, kmm_api) as driver,
     ):
         template = await real._template(kmm_api, driver)
         # Killed, its socket left behind: registered but not connected, its
@@ -257,7 +259,7 @@ async def test_a_driver_away_longer_than_the_delay_loses_its_slices_not_one_back
 ) -> None:
     async with (
         emulated(kmm_api, wipe_delay=3.0) as (node, running),
-        real.running_driver(sandbox, node, kmm_api) as driver,  # type: ignore[arg-type]
+        real.running_driver(sandbox, node, kmm_api) as driver,
     ):
         (first,) = await real._slices(kmm_api, driver)
         # Back within the delay: nothing wiped.
@@ -335,18 +337,15 @@ async def test_restart_prepares_running_pods_again_and_reboot_rebuilds_cdi_specs
 ) -> None:
     async with (
         emulated(kmm_api, metrics_port=0) as (node, running),
-        real.running_driver(sandbox, node, kmm_api) as driver,  # type: ignore[arg-type]
+        real.running_driver(sandbox, node, kmm_api) as driver,
     ):
         template = await real._template(kmm_api, driver)
         pod = f"r-{driver.module}"
-        await real._create(
-            kmm_api,
-            resources.PODS.path(NAMESPACE),
-            _pod(pod, node, [{"name": "dev", "resourceClaimTemplateName": template}]),
+        await real.start_pod(
+            kmm_api, pod, [{"name": "dev", "resourceClaimTemplateName": template}], **_on(node)
         )
-        await testing.eventually(lambda: real._running(kmm_api, pod), "the pod Running")
         before = await kmm_api.request("GET", resources.PODS.path(NAMESPACE, pod))
-        (spec_path,) = real._cdi_specs(node, driver)  # type: ignore[arg-type]
+        (spec_path,) = real._cdi_specs(node, driver)
         spec = spec_path.read_text()
         registered = driver.said("registered with the kubelet")
 

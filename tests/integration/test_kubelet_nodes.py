@@ -24,7 +24,7 @@ import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -35,6 +35,15 @@ from kmm.kube import resources
 from kmm.sandbox import cluster, kubeletnodes, testing
 
 NODE = f"{kubeletnodes.NODE_PREFIX}0"
+
+
+class Sandbox(Protocol):
+    """A sandbox as the helpers use it: the session's or a kubelet-node one."""
+
+    @property
+    def kubeconfig(self) -> Path: ...
+
+
 NAMESPACE = "default"
 
 
@@ -77,10 +86,29 @@ def fake_tree(root: Path, module: str, count: int = 2) -> None:
         (root / "dev" / f"{module}{i}").write_text("")
 
 
+class Node(Protocol):
+    """What the driver helpers need of a node, real kubelet's or emulated."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def directory(self) -> Path: ...
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def kubelet_dir(self) -> Path: ...
+
+    @property
+    def cdi_dir(self) -> Path: ...
+
+
 class Driver:
     """``kmm driver`` for one driver name on the node, as a process."""
 
-    def __init__(self, sandbox: cluster.state.SandboxState, node: kubeletnodes.KubeletNode) -> None:
+    def __init__(self, sandbox: Sandbox, node: Node) -> None:
         self.sandbox, self.node = sandbox, node
         self.module = f"m{uuid.uuid4().hex[:6]}"
         self.name = f"{self.module}.kmm.io"
@@ -114,8 +142,8 @@ class Driver:
 
 @contextlib.asynccontextmanager
 async def running_driver(
-    sandbox: cluster.state.SandboxState,
-    node: kubeletnodes.KubeletNode,
+    sandbox: Sandbox,
+    node: Node,
     api: kube_client.Client,
 ) -> AsyncIterator[Driver]:
     """A driver, published, with a DeviceClass selecting it; all removed afterwards."""
@@ -152,7 +180,7 @@ async def _said(driver: Driver, text: str) -> bool:
     return driver.said(text) > 0
 
 
-async def _no_specs(node: kubeletnodes.KubeletNode, driver: Driver) -> bool:
+async def _no_specs(node: Node, driver: Driver) -> bool:
     return not _cdi_specs(node, driver)
 
 
@@ -243,6 +271,20 @@ async def _pod_state(api: kube_client.Client, name: str) -> dict[str, Any] | Non
     return found
 
 
+async def start_pod(
+    api: kube_client.Client, name: str, claims: list[dict[str, str]], **spec: Any
+) -> dict[str, Any]:
+    """Create a pod using ``claims`` (``spec`` overrides, e.g. a nodeSelector) and
+    wait until it runs; its state then."""
+    body = _pod(name, claims)
+    body["spec"].update(spec)
+    await _create(api, resources.PODS.path(NAMESPACE), body)
+    await testing.eventually(lambda: _running(api, name), f"{name} Running", bound=120)
+    state = await _pod_state(api, name)
+    assert state is not None
+    return state
+
+
 async def _running(api: kube_client.Client, name: str) -> bool:
     pod = await _pod_state(api, name)
     return pod is not None and (pod.get("status") or {}).get("phase") == "Running"
@@ -259,7 +301,7 @@ async def _delete_pod(api: kube_client.Client, name: str, *, force: bool = False
     await testing.eventually(gone, f"pod {name} gone", bound=120)
 
 
-def _checkpoint(node: kubeletnodes.KubeletNode) -> list[dict[str, Any]]:
+def _checkpoint(node: Node) -> list[dict[str, Any]]:
     """The claims in the kubelet's own dra_manager_state."""
     path = node.kubelet_dir / "dra_manager_state"
     if not path.exists():
@@ -275,7 +317,7 @@ def _containers(node: kubeletnodes.KubeletNode) -> list[dict[str, Any]]:
     return found
 
 
-def _cdi_specs(node: kubeletnodes.KubeletNode, driver: Driver) -> list[Path]:
+def _cdi_specs(node: Node, driver: Driver) -> list[Path]:
     return sorted(node.cdi_dir.glob(f"{driver.name}-*.json"))
 
 
@@ -324,12 +366,7 @@ async def test_the_kubelet_prepares_through_kmm_driver_and_unprepares_on_delete(
     async with running_driver(kubelet_sandbox, node, api) as driver:
         template = await _template(api, driver)
         pod = f"p-{driver.module}"
-        await _create(
-            api,
-            resources.PODS.path(NAMESPACE),
-            _pod(pod, [{"name": "dev", "resourceClaimTemplateName": template}]),
-        )
-        await testing.eventually(lambda: _running(api, pod), "the pod Running", bound=120)
+        await start_pod(api, pod, [{"name": "dev", "resourceClaimTemplateName": template}])
         (claimed,) = [c for c in _checkpoint(node) if driver.name in c["DriverState"]]
         (prepared,) = claimed["DriverState"][driver.name]["Devices"]
         cdi_ids = prepared["CDIDeviceIDs"]
@@ -393,12 +430,7 @@ async def test_restarts_of_the_kubelet_and_of_the_driver_keep_running_pods(
     async with running_driver(kubelet_sandbox, node, api) as driver:
         template = await _template(api, driver)
         pod = f"r-{driver.module}"
-        await _create(
-            api,
-            resources.PODS.path(NAMESPACE),
-            _pod(pod, [{"name": "dev", "resourceClaimTemplateName": template}]),
-        )
-        await testing.eventually(lambda: _running(api, pod), "the pod Running", bound=120)
+        await start_pod(api, pod, [{"name": "dev", "resourceClaimTemplateName": template}])
         before = await _pod_state(api, pod)
         assert before is not None
         registered = driver.said("registered with the kubelet")

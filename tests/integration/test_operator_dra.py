@@ -485,20 +485,7 @@ async def test_an_ordered_upgrade_moves_the_dra_driver_in_the_safe_order(
             await upgrades.wait_on(api_client, namespace, chosen[:1], "v2")
             await upgrades.recorded(recorder, node=chosen[0], key=k["done"], value="v2")
             moved = [c for c in recorder.ordered() if c.node == chosen[0]]
-            first = upgrades.first
-            steps = [
-                first(moved, what="label", key=k["plugin"], value=None),
-                first(moved, what="pod-gone", key="dra", value="v1"),
-                first(moved, what="label", key=k["loader"], value=None),
-                first(moved, what="label", key=k["ready"], value=None),
-                first(moved, what="label", key=k["loader"], value="v2"),
-            ]
-            after = moved[steps[-1] :]
-            steps += [
-                steps[-1] + first(after, what="label", key=k["ready"], value=""),
-                steps[-1] + first(after, what="pod-ready", key="dra", value="v2"),
-                steps[-1] + first(after, what="label", key=k["done"], value="v2"),
-            ]
+            steps = upgrades.safe_order_steps(moved, k, "dra")
             assert steps == sorted(steps), moved
             others = [c for c in recorder.ordered() if c.node == chosen[1]]
             assert not [c for c in others if c.key == k["ready"]], others
@@ -515,7 +502,7 @@ async def test_an_ordered_upgrade_moves_the_dra_driver_in_the_safe_order(
             await testing.eventually(old_driver_gone, "the v1 DRA DaemonSet collected")
             await running.wait_idle("settled")
             changes = recorder.ordered()
-        gone = first(changes, what="ds-gone", key="dra", value="v1")
+        gone = upgrades.first(changes, what="ds-gone", key="dra", value="v1")
         for node in chosen:  # not before both nodes left v1's gate
             assert any(
                 c.node == node and c.key == k["plugin"] and c.value is None for c in changes[:gone]

@@ -244,6 +244,28 @@ async def recorded(recorder: Recorder, **match: Any) -> None:
     await testing.eventually(seen, f"the watch shows {match}")
 
 
+def safe_order_steps(moved: list[Change], k: dict[str, str], role: str) -> list[int]:
+    """Where each step of a v1 -> v2 move happened in ``moved`` (one node's
+    changes, in order): the device workload's (``role``) version label off,
+    its pod gone, the loader label off, ``.ready`` gone, the new loader
+    label, then ``.ready``, the new workload pod Ready, ``.version.ready``.
+    In the safe order the list is sorted."""
+    steps = [
+        first(moved, what="label", key=k["plugin"], value=None),
+        first(moved, what="pod-gone", key=role, value="v1"),
+        first(moved, what="label", key=k["loader"], value=None),
+        first(moved, what="label", key=k["ready"], value=None),
+        first(moved, what="label", key=k["loader"], value="v2"),
+    ]
+    after = moved[steps[-1] :]
+    return [
+        *steps,
+        steps[-1] + first(after, what="label", key=k["ready"], value=""),
+        steps[-1] + first(after, what="pod-ready", key=role, value="v2"),
+        steps[-1] + first(after, what="label", key=k["done"], value="v2"),
+    ]
+
+
 def first(changes: list[Change], **match: Any) -> int:
     for index, change in enumerate(changes):
         if all(getattr(change, k) == v for k, v in match.items()):
@@ -271,19 +293,7 @@ async def test_nodes_move_one_at_a_time_each_in_the_safe_order(
             await wait_on(api_client, namespace, chosen[:1], "v2")
             await recorded(recorder, node=chosen[0], key=k["done"], value="v2")
             moved = [c for c in recorder.ordered() if c.node == chosen[0]]
-            steps = [
-                first(moved, what="label", key=k["plugin"], value=None),
-                first(moved, what="pod-gone", key="device-plugin", value="v1"),
-                first(moved, what="label", key=k["loader"], value=None),
-                first(moved, what="label", key=k["ready"], value=None),
-                first(moved, what="label", key=k["loader"], value="v2"),
-            ]
-            after = moved[steps[-1] :]
-            steps += [
-                steps[-1] + first(after, what="label", key=k["ready"], value=""),
-                steps[-1] + first(after, what="pod-ready", key="device-plugin", value="v2"),
-                steps[-1] + first(after, what="label", key=k["done"], value="v2"),
-            ]
+            steps = safe_order_steps(moved, k, "device-plugin")
             assert steps == sorted(steps), moved
             plugin_on = first(moved, what="label", key=k["plugin"], value="v2")
             assert steps[4] < plugin_on < steps[-1]

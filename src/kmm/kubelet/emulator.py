@@ -13,9 +13,9 @@ to the node and, for each:
   Pending; on success each container's CDI device ids recorded (there is no
   runtime: ``containers.json`` under the emulator's state dir says what a
   runtime would have been given) and the pod's status set Running;
-- a pod being deleted: its containers "stop" after the grace period, its
-  claims are unprepared (retried until the driver answers), and only then is
-  the pod deleted for good, as the kubelet does;
+- a pod being deleted: its claims are unprepared (retried until the driver
+  answers), and only then is the pod deleted for good, as the kubelet does.
+  Its containers stop at once: nothing runs, so no grace period is waited;
 - a pod gone without that (force-deleted): its claims unprepared from the
   cache all the same.
 
@@ -70,6 +70,10 @@ class Options:
     @property
     def kubelet_dir(self) -> Path:
         return self.root / "var" / "lib" / "kubelet"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "var" / "run" / "cdi"
 
     @property
     def state_dir(self) -> Path:
@@ -322,7 +326,7 @@ class Emulator:
             await self.registry.close()
             self.watcher.forget()
             if reboot:
-                cdi = self.options.root / "var" / "run" / "cdi"
+                cdi = self.options.cdi_dir
                 for entry in cdi.glob("*") if cdi.is_dir() else ():
                     entry.unlink(missing_ok=True)
             await self.wipe()

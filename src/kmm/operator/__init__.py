@@ -20,7 +20,8 @@ Pure (no I/O, table-tested):
   claims in use, DeviceClasses; ``workloads``: what the last two share;
   ``upgrade``: ordered upgrades, the action table as data;
 - ``loaderbuilders`` / ``devicepluginbuilders`` / ``drabuilders``: the
-  DaemonSets (and DeviceClasses), on the shared pod-spec base of ``podspecs``; ``objects``: owner references and the
+  DaemonSets (and DeviceClasses), on the shared pod-spec base of ``podspecs``
+  and, for the two device workloads, ``workloadbuilders``; ``objects``: owner references and the
   ``SPEC_HASH`` stamp;
 - ``nodelabels``: merging wanted labels into patches; ``status``: status
   and conditions; ``events``: Event bodies (Module and Node);

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from kmm.api import labels, modules
 from kmm.kube import resources
-from kmm.operator import objects, podspecs
+from kmm.operator import objects, podspecs, workloadbuilders
 
 __all__ = [
     "CDI_DIR",
@@ -34,7 +34,6 @@ __all__ = [
     "PLUGINS_DIR",
     "REGISTRY_DIR",
     "daemonset",
-    "daemonset_name",
     "device_class",
     "node_selector",
 ]
@@ -45,7 +44,7 @@ PLUGINS_DIR: Final = "/var/lib/kubelet/plugins"
 REGISTRY_DIR: Final = "/var/lib/kubelet/plugins_registry"
 CDI_DIR: Final = "/var/run/cdi"
 HEALTHCHECK_PORT: Final = 51515  # KMM's
-_ROLE: Final = "dra"
+_ROLE: Final[workloadbuilders.Role] = "dra"
 _PLUGINS_VOLUME, _REGISTRY_VOLUME, _CDI_VOLUME = modules.DRA_VOLUMES
 
 
@@ -55,39 +54,12 @@ def _dra(module: modules.Module) -> modules.DraSpec:
     return module.spec.dra
 
 
-def _version(module: modules.Module) -> str | None:
-    loader = module.spec.module_loader
-    return loader.container.version if loader is not None else None
-
-
 def _ids(module: modules.Module) -> tuple[str, str]:
     return module.metadata.namespace or "", module.metadata.name
 
 
-def daemonset_name(module: modules.Module) -> str:
-    version = _version(module)
-    return labels.daemonset_name(
-        module.metadata.name, _ROLE, *(() if version is None else (version,))
-    )
-
-
-def pod_labels(module: modules.Module) -> dict[str, str]:
-    found = labels.module_labels(*_ids(module), _ROLE)
-    version = _version(module)
-    if version is not None:
-        found[labels.MODULE_VERSION] = version
-    return found
-
-
 def node_selector(module: modules.Module) -> dict[str, str]:
-    if module.spec.module_loader is None:
-        return dict(module.spec.selector)
-    namespace, name = _ids(module)
-    selected = {labels.ready(namespace, name): "", labels.dra_target(namespace, name): ""}
-    version = _version(module)
-    if version is not None:
-        selected[labels.device_plugin_version(namespace, name)] = version
-    return selected
+    return workloadbuilders.node_selector(module, {labels.dra_target(*_ids(module)): ""})
 
 
 def _environment(dra: modules.DraSpec) -> list[RawObject]:
@@ -138,27 +110,10 @@ def daemonset(module: modules.Module) -> RawObject:
         ],
     }
     if dra.init_container is not None:
-        init = podspecs.container(dra.init_container, "dra-driver-init")
-        if dra.init_container.volume_mounts:
-            init["volumeMounts"] = list(dra.init_container.volume_mounts)
-        pod_spec["initContainers"] = [init]
-    selected = pod_labels(module)
-    return objects.stamped(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "DaemonSet",
-            "metadata": {
-                "name": daemonset_name(module),
-                "namespace": module.metadata.namespace,
-                "labels": dict(selected),
-                "ownerReferences": [objects.controller_reference(module)],
-            },
-            "spec": {
-                "selector": {"matchLabels": dict(selected)},
-                "template": {"metadata": {"labels": dict(selected)}, "spec": pod_spec},
-            },
-        }
-    )
+        pod_spec["initContainers"] = [
+            workloadbuilders.init_container(dra.init_container, "dra-driver-init")
+        ]
+    return workloadbuilders.daemonset(module, _ROLE, pod_spec)
 
 
 def device_class(module: modules.Module, declared: modules.DeviceClassSpec) -> RawObject:
