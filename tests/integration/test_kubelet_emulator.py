@@ -380,3 +380,49 @@ async def test_restart_prepares_running_pods_again_and_reboot_rebuilds_cdi_specs
         ) in scraped
         await real._delete_pod(kmm_api, pod)
         await testing.eventually(lambda: _unprepared(node, driver), "unprepared")
+
+
+async def _allocated_status(api: kube_client.Client, pod: str) -> list[dict[str, Any]]:
+    state = await real._pod_state(api, pod)
+    statuses = ((state or {}).get("status") or {}).get("containerStatuses") or [{}]
+    found: list[dict[str, Any]] = statuses[0].get("allocatedResourcesStatus") or []
+    return found
+
+
+async def test_device_health_reaches_the_pod_status_and_goes_unknown_with_the_driver(
+    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+) -> None:
+    async with (
+        emulated(kmm_api, resource_health=True, health_retry=0.5) as (node, _),
+        real.running_driver(sandbox, node, kmm_api) as driver,
+    ):
+        template = await real._template(kmm_api, driver)
+        pod = f"h-{driver.module}"
+        await real.start_pod(
+            kmm_api, pod, [{"name": "dev", "resourceClaimTemplateName": template}], **_on(node)
+        )
+        (claim,) = _claims(node)
+        (device,) = (claim.driver_state or {})[driver.name]
+        (cdi_id,) = device.cdi_device_ids or ()
+
+        async def health_is(state: str) -> bool:
+            return await _allocated_status(kmm_api, pod) == [
+                {"name": "claim:dev", "resources": [{"resourceID": cdi_id, "health": state}]}
+            ]
+
+        await testing.eventually(lambda: health_is("Healthy"), "the device Healthy in the pod")
+        state_file = json.loads((node.kubelet_dir / "dra_health_state").read_text())
+        reported = state_file[driver.name]["Devices"][f"{node.name}/{device.device_name}"]
+        assert reported["Health"] == "Healthy"
+
+        (node.root / "dev" / device.device_name).unlink()  # the device disappears
+        await testing.eventually(
+            lambda: health_is("Unhealthy"), "the device Unhealthy in the pod", bound=60
+        )
+        assert driver.process is not None
+        driver.process.kill()  # its stream ends with it
+        await driver.process.wait()
+        await testing.eventually(lambda: health_is("Unknown"), "the device Unknown in the pod")
+        await driver.start()  # to unprepare
+        await real._delete_pod(kmm_api, pod)
+        await testing.eventually(lambda: _unprepared(node, driver), "unprepared")

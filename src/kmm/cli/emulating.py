@@ -64,6 +64,13 @@ def kubelet(
     metrics_port: Annotated[
         int, typer.Option(help="Serve /metrics on 127.0.0.1:PORT (0: a free one, logged).")
     ] = 0,
+    resource_health_status: Annotated[
+        bool,
+        typer.Option(
+            help="The kubelet's ResourceHealthStatus feature gate: follow the drivers' "
+            "health streams and report device health in containerStatuses."
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the kubelet DRA emulator for one node (SIGHUP: restart, SIGUSR1: reboot)."""
@@ -77,6 +84,7 @@ def kubelet(
         wipe_delay=wipe_delay,
         retry=retry,
         metrics_port=metrics_port,
+        resource_health=resource_health_status,
     )
     try:
         asyncio.run(_run(options, kubeconfig, context))

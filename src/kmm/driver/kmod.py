@@ -11,7 +11,8 @@ version (``/sys/module/<module>/version`` when present), major/minor (from
 sysfs ``dev`` or the node's ``st_rdev``) and NUMA node (sysfs
 ``device/numa_node`` when not -1). A device is allocated to one claim at a
 time; a prepared claim gets CDI ``deviceNodes`` for its devices. A device
-that disappears is reported UNHEALTHY on the health stream.
+that disappears is reported UNHEALTHY on the health stream, which reports
+every device at each poll (the kubelet holds a report only for its timeout).
 
 The policy only reads files; it never loads modules.
 """
@@ -22,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import pathlib
 import re
@@ -238,19 +240,29 @@ class KmodPolicy:
                 health=owners.Health.HEALTHY if name in present else owners.Health.UNHEALTHY,
                 message="" if name in present else f"{self._known[name].node} disappeared",
                 last_updated=now,
+                timeout_seconds=self._health_timeout(),
             )
             for name in sorted(self._known)
         ]
 
+    def _health_timeout(self) -> int:
+        # The kubelet trusts a report this long (its default is 30 s): three
+        # polls, so one slow scan does not turn every device Unknown.
+        return max(30, math.ceil(3 * self._poll_interval))
+
     async def watch_health(self) -> AsyncIterator[Sequence[owners.DeviceHealthReport]]:
+        """Every device at once: on a change at once, and unchanged at every
+        poll, because the kubelet holds a report only for its timeout."""
         last: list[tuple[str, owners.Health]] | None = None
+        sent = -math.inf
         while True:
             # Cleared before the scan, so a poke during the yield is not lost.
             self._poke.clear()
             reports = self.health()
             summary = [(r.device_name, r.health) for r in reports]
-            if summary != last:
-                last = summary
+            now = time.monotonic()
+            if summary != last or now - sent >= self._poll_interval:
+                last, sent = summary, now
                 yield reports
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), timeout=self._poll_interval)

@@ -23,12 +23,20 @@ A driver's slices are wiped ``wipe_delay`` after none of its plugins is
 usable any more: deregistered, or its connection lost (a driver killed
 leaves its socket behind), unless one is usable again by then.
 
+With ``resource_health`` (the kubelet's ``ResourceHealthStatus`` gate, off
+by default as in 1.35) a health stream is kept open to every plugin
+(``health``) and each running container's ``allocatedResourcesStatus`` says
+the health of its claims' devices; the pods holding a device are given a
+fresh status when its health changes, when its report times out, and when
+its driver's stream ends (the kubelet waits for the pod's next sync for the
+last two; the emulator does not, so tests need not wait a minute).
+
 ``restart`` and ``restart(reboot=True)`` emulate a kubelet restart and a
 node reboot on a running emulator (``kmm kubelet`` maps SIGHUP and SIGUSR1
 to them). ``/metrics`` (``metrics``) counts and times the calls to drivers.
 
-Limits (the issue tracks them): device health streams are not here yet;
-pods never finish on their own (nothing executes).
+Limits (the issue tracks them): pods never finish on their own (nothing
+executes).
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from typing import Any
 
 from kmm.aio import httpserving, tasks
 from kmm.kube import client, errors, listwatch, objects, reflecting, resources
-from kmm.kubelet import checkpoint, dra, nodes, registration
+from kmm.kubelet import checkpoint, dra, health, nodes, registration
 from kmm.kubelet import metrics as kubelet_metrics
 
 __all__ = ["Emulator", "Options"]
@@ -66,6 +74,10 @@ class Options:
     poll: float = 0.2  # the plugin watcher's
     # /metrics on 127.0.0.1:<port> (0: a free one, logged); None: not served.
     metrics_port: int | None = None
+    # The kubelet's ResourceHealthStatus feature gate: health streams and
+    # containerStatuses[].allocatedResourcesStatus.
+    resource_health: bool = False
+    health_retry: float = health.RETRY_PERIOD
 
     @property
     def kubelet_dir(self) -> Path:
@@ -123,7 +135,18 @@ class Emulator:
         self._next_try: dict[str, float] = {}
         self._wipes: dict[str, asyncio.Task[None]] = {}
         self.containers: dict[str, dict[str, list[str]]] = {}  # pod uid -> container -> CDI ids
+        self._started_at: dict[str, str] = {}
         self.registry.add_listener(self._plugins_changed)
+        self.health = health.Cache(options.kubelet_dir / health.FILE_NAME)
+        self.streams = (
+            health.Streams(
+                self.registry, self.health, self._health_changed, retry=options.health_retry
+            )
+            if options.resource_health
+            else None
+        )
+        self._refresh: set[str] = set()  # pods whose status must be written again
+        self._health_event = asyncio.Event()
 
     # -- slices ----------------------------------------------------------
 
@@ -154,6 +177,36 @@ class Emulator:
             )
             await self.wipe(driver)
         self._wipes.pop(driver, None)
+
+    # -- health ----------------------------------------------------------
+
+    def _holders(self, driver: str, keys: set[tuple[str, str]] | None) -> set[str]:
+        """Pods holding a device of ``driver`` (any device when ``keys`` is None)."""
+        found: set[str] = set()
+        for info in self.manager.claims.values():
+            for device in info.drivers.get(driver, ()):
+                if keys is None or (device.pool_name, device.device_name) in keys:
+                    found |= info.pod_uids
+        return found
+
+    def _health_changed(self, driver: str, changed: list[health.DeviceHealth]) -> None:
+        keys = {(d.pool_name, d.device_name) for d in changed} if changed else None
+        self._refresh |= self._holders(driver, keys)
+        self._health_event.set()
+        self.pods.changed.set()
+
+    async def _health_clock(self) -> None:
+        """Refresh the holders' status when a device's report times out."""
+        while True:
+            expiry = self.health.next_expiry()
+            wait = None if expiry is None else max(0.0, expiry - self.health.clock()) + 0.05
+            self._health_event.clear()
+            try:
+                await asyncio.wait_for(self._health_event.wait(), timeout=wait)
+            except TimeoutError:
+                for driver in list(self.health.drivers):
+                    self._refresh |= self._holders(driver, None)
+                self.pods.changed.set()
 
     # -- pods ------------------------------------------------------------
 
@@ -213,13 +266,16 @@ class Emulator:
             for c in (*(spec.get("initContainers") or ()), *(spec.get("containers") or ()))
         }
         self._record_containers()
-        now = _now()
-        conditions = [
-            {"type": kind, "status": "True", "lastTransitionTime": now}
-            for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
-        ]
-        statuses = [
-            {
+        # A kubelet restart leaves containers running: their start stays.
+        self._started_at.setdefault(uid, _now())
+        if await self._write_status(pod):
+            self._started.add(uid)
+
+    def _container_statuses(self, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+        uid = str(pod["metadata"]["uid"])
+        statuses = []
+        for c in (pod.get("spec") or {}).get("containers") or ():
+            status: dict[str, Any] = {
                 "name": c["name"],
                 "image": c.get("image", ""),
                 "imageID": c.get("image", ""),
@@ -227,9 +283,38 @@ class Emulator:
                 "ready": True,
                 "started": True,
                 "restartCount": 0,
-                "state": {"running": {"startedAt": now}},
+                "state": {"running": {"startedAt": self._started_at[uid]}},
             }
-            for c in spec.get("containers") or ()
+            if self.options.resource_health:
+                allocated = health.resource_statuses(
+                    c, lambda name: self._prepared_devices(pod, name), self.health.get
+                )
+                if allocated:
+                    status["allocatedResourcesStatus"] = allocated
+            statuses.append(status)
+        return statuses
+
+    def _prepared_devices(
+        self, pod: Mapping[str, Any], pod_claim: str
+    ) -> Mapping[str, list[checkpoint.Device]] | None:
+        """A pod claim's devices by driver, found as the 1.35 kubelet finds them
+        for health: only through ``pod.status.resourceClaimStatuses``, so a
+        claim named directly in the pod spec gets no health entry there."""
+        for status in (pod.get("status") or {}).get("resourceClaimStatuses") or ():
+            if status.get("name") == pod_claim and status.get("resourceClaimName"):
+                info = self.manager.claims.get(
+                    (pod["metadata"]["namespace"], status["resourceClaimName"])
+                )
+                return None if info is None else info.drivers
+        return None
+
+    async def _write_status(self, pod: Mapping[str, Any]) -> bool:
+        """Running, with its containers; False when the pod is gone."""
+        uid = str(pod["metadata"]["uid"])
+        started = self._started_at[uid]
+        conditions = [
+            {"type": kind, "status": "True", "lastTransitionTime": started}
+            for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
         ]
         try:
             await self.api.request(
@@ -241,17 +326,17 @@ class Emulator:
                     "status": {
                         "phase": "Running",
                         "conditions": conditions,
-                        "containerStatuses": statuses,
+                        "containerStatuses": self._container_statuses(pod),
                         "hostIP": self.options.node.address,
                         "podIP": self.options.node.address,
-                        "startTime": now,
+                        "startTime": started,
                     }
                 },
                 content_type=client.MERGE_PATCH,
             )
         except errors.NotFound:
-            return
-        self._started.add(uid)
+            return False
+        return True
 
     async def _finish(self, pod: Mapping[str, Any]) -> None:
         """A pod being deleted: unprepare, then delete it for good."""
@@ -263,6 +348,7 @@ class Emulator:
             asyncio.get_running_loop().call_later(self.options.retry, self.pods.changed.set)
             return
         self._started.discard(uid)
+        self._started_at.pop(uid, None)
         self.containers.pop(uid, None)
         self._record_containers()
         with contextlib.suppress(errors.NotFound, errors.Conflict):
@@ -285,15 +371,19 @@ class Emulator:
                 asyncio.get_running_loop().call_later(self.options.retry, self.pods.changed.set)
                 continue
             self._started.discard(uid)
+            self._started_at.pop(uid, None)
             if self.containers.pop(uid, None) is not None:
                 self._record_containers()
 
     async def sync_pods(self) -> None:
         starting = []
+        refresh, self._refresh = self._refresh, set()
         for pod in list(self.pods.by_uid.values()):
             uid = str(pod["metadata"]["uid"])
             if pod["metadata"].get("deletionTimestamp"):
                 await self._finish(pod)
+            elif uid in self._started and uid in refresh:
+                await self._write_status(pod)
             elif uid not in self._started and (pod.get("status") or {}).get("phase") in (
                 None,
                 "Pending",
@@ -323,6 +413,8 @@ class Emulator:
             for pending in self._wipes.values():
                 pending.cancel()
             self._wipes.clear()
+            if self.streams is not None:
+                await self.streams.close()
             await self.registry.close()
             self.watcher.forget()
             if reboot:
@@ -332,6 +424,8 @@ class Emulator:
             await self.wipe()
             self.manager.load()
             self._started.clear()
+            if reboot:
+                self._started_at.clear()
             self._next_try.clear()
         self.pods.changed.set()
 
@@ -379,6 +473,11 @@ class Emulator:
             tasks.guard(self.watcher.run(), name="plugin-watcher", on_error=failed),
             tasks.guard(reflector.run(), name="pods", on_error=failed),
             tasks.guard(self._pod_loop(), name="pod-loop", on_error=failed),
+            *(
+                [tasks.guard(self._health_clock(), name="health-clock", on_error=failed)]
+                if self.streams is not None
+                else []
+            ),
         ]
         try:
             await stop.wait()
@@ -386,4 +485,6 @@ class Emulator:
             for task in [*running, *self._wipes.values()]:
                 task.cancel()
             await asyncio.gather(*running, *self._wipes.values(), return_exceptions=True)
+            if self.streams is not None:
+                await self.streams.close()
             await self.registry.close()

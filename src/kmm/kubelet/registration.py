@@ -21,7 +21,8 @@ the channel is asked to reconnect, as the kubelet's connection monitor does.
 ``Registry`` is the DRA handler's side: per driver, its plugins, each with the
 service version chosen (the first of the plugin's own list that the emulator
 supports: ``v1.DRAPlugin``, ``v1beta1.DRAPlugin``) and one gRPC channel used
-for every call to it, health stream included. An endpoint already registered
+for every call to it, health stream included (opened whether or not the
+plugin lists ``v1alpha1.DRAResourceHealth``, as the kubelet does). An endpoint already registered
 for the driver is refused, as the kubelet does. Listeners hear every change
 (the slice wiper, the health streams).
 """
@@ -47,7 +48,6 @@ from kmm.kubeletplugin.protos import pluginregistration_pb2, pluginregistration_
 __all__ = [
     "DRA_PLUGIN_TYPE",
     "GET_INFO_TIMEOUT",
-    "HEALTH_SERVICE",
     "SUPPORTED_SERVICES",
     "DRAPlugin",
     "PluginWatcher",
@@ -59,7 +59,6 @@ _log = logging.getLogger(__name__)
 
 DRA_PLUGIN_TYPE: Final = "DRAPlugin"
 SUPPORTED_SERVICES: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-HEALTH_SERVICE: Final = "v1alpha1.DRAResourceHealth"
 GET_INFO_TIMEOUT: Final = 1.0  # the kubelet's, for GetInfo
 _NOTIFY_TIMEOUT: Final = 5.0
 
@@ -94,7 +93,6 @@ class DRAPlugin:
     endpoint: str
     socket: Path
     service: str
-    health: bool
     channel: aio.Channel
     # Whether the channel is connected now (READY), as the kubelet's
     # connection monitor sees it; kept by Registry's monitor task.
@@ -123,6 +121,9 @@ class Registry:
     def plugin(self, driver: str) -> DRAPlugin | None:
         found = self._plugins.get(driver)
         return found[-1] if found else None
+
+    def plugins(self, driver: str) -> list[DRAPlugin]:
+        return list(self._plugins.get(driver, ()))
 
     def drivers(self) -> list[str]:
         return sorted(d for d, plugins in self._plugins.items() if plugins)
@@ -159,7 +160,6 @@ class Registry:
             endpoint=endpoint,
             socket=socket,
             service=service,
-            health=HEALTH_SERVICE in supported,
             channel=channel_to(endpoint),
         )
         plugins.append(plugin)

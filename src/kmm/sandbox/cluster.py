@@ -472,6 +472,9 @@ def _apiserver_argv(
         f"--service-cluster-ip-range={_SERVICE_CIDR}",
         "--allow-privileged=true",
         "--profiling=false",
+        # Alpha in 1.35: without it the server drops the device health a
+        # kubelet (or `kmm kubelet --resource-health-status`) reports.
+        "--feature-gates=ResourceHealthStatus=true",
     ]
 
 

@@ -115,3 +115,22 @@ async def test_a_disappearing_device_is_reported_unhealthy(root: pathlib.Path) -
         assert "disappeared" in next(r.message for r in second if r.device_name == "foo1")
     finally:
         await stream.aclose()
+
+
+async def test_unchanged_health_is_sent_again_within_the_kubelets_timeout(
+    root: pathlib.Path,
+) -> None:
+    # The kubelet holds a report only for its timeout: a steady device must be
+    # reported again before then, or it reads Unknown.
+    make_tree(root)
+    p = policy(root, poll_interval=0.05)
+    stream = p.watch_health()
+    try:
+        first = await asyncio.wait_for(anext(stream), timeout=10)
+        again = await asyncio.wait_for(anext(stream), timeout=10)
+        assert [(r.device_name, r.health) for r in again] == [
+            (r.device_name, r.health) for r in first
+        ]
+        assert all(r.timeout_seconds >= 30 for r in again)  # never below the kubelet's default
+    finally:
+        await stream.aclose()

@@ -87,7 +87,6 @@ async def test_a_dra_plugin_is_registered_with_the_first_version_of_its_own_list
         found = watcher.registry.plugin("gpu.example.com")
         assert found is not None
         assert found.service == "v1beta1.DRAPlugin"
-        assert found.health
         assert found.endpoint == str(directory / "dra.sock")
         await watcher.scan()
         assert plugin.statuses == [(True, "")]  # registered once
