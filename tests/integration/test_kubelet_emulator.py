@@ -1,9 +1,11 @@
-"""``kmm kubelet`` on the sandbox, with ``kmm driver`` as the driver.
+"""``kmm kubelet`` on the sandbox, with ``kmm driver`` and with the Kubernetes
+project's DRA test driver as the driver.
 
 The real controller-manager makes the claims from templates, the real
-scheduler allocates ``kmm driver``'s devices to pods bound for the emulated
+scheduler allocates the driver's devices to pods bound for the emulated
 node, and the emulator prepares and unprepares them through the driver's
-DRA socket, keeping the kubelet's checkpoint.
+DRA socket, keeping the kubelet's checkpoint. The tests that take
+``new_driver`` run once per driver: what they check holds for both.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import sys
 import tempfile
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import k8s_test_driver
+import pytest
 import test_kubelet_nodes as real
 
 from kmm.kube import client as kube_client
@@ -30,6 +34,21 @@ from kmm.kubelet import checkpoint, emulator, nodes
 from kmm.sandbox import testing
 
 NAMESPACE = real.NAMESPACE
+
+NewDriver = Callable[["EmulatedNode"], real.DriverProcess]
+
+
+@pytest.fixture(scope="session")
+def test_driver_binary() -> Path:
+    return k8s_test_driver.binary()
+
+
+@pytest.fixture(params=["kmm-driver", "k8s-test-driver"])
+def new_driver(request: pytest.FixtureRequest, sandbox: testing.RunningSandbox) -> NewDriver:
+    if request.param == "kmm-driver":
+        return lambda node: real.Driver(sandbox, node)
+    executable = request.getfixturevalue("test_driver_binary")
+    return lambda node: k8s_test_driver.TestDriver(sandbox, node, executable)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,12 +118,12 @@ async def _unprepared(node: EmulatedNode, driver: real.Driver) -> bool:
     return not real._cdi_specs(node, driver) and not _claims(node)
 
 
-async def test_the_emulator_prepares_through_kmm_driver_and_unprepares_on_delete(
-    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+async def test_the_emulator_prepares_through_the_driver_and_unprepares_on_delete(
+    new_driver: NewDriver, kmm_api: kube_client.Client
 ) -> None:
     async with (
         emulated(kmm_api) as (node, running),
-        real.running_driver(sandbox, node, kmm_api) as driver,
+        real.running(new_driver(node), kmm_api) as driver,
     ):
         template = await real._template(kmm_api, driver)
         pod = f"e-{driver.module}"
@@ -117,8 +136,14 @@ async def test_the_emulator_prepares_through_kmm_driver_and_unprepares_on_delete
         assert claim.pod_uids == {state["metadata"]["uid"]}
         (spec_path,) = real._cdi_specs(node, driver)
         spec = json.loads(spec_path.read_text())
-        paths = [d["path"] for e in spec["devices"] for d in e["containerEdits"]["deviceNodes"]]
-        assert paths == [f"/dev/{prepared.device_name}"]
+        assert [f"{spec['kind']}={d['name']}" for d in spec["devices"]] == list(
+            prepared.cdi_device_ids or ()
+        )
+        if isinstance(driver, real.Driver):
+            edits = [e["containerEdits"] for e in spec["devices"]]
+            assert [d["path"] for e in edits for d in e["deviceNodes"]] == [
+                f"/dev/{prepared.device_name}"
+            ]
         assert _containers(node)[state["metadata"]["uid"]] == {
             "main": list(prepared.cdi_device_ids or ())
         }
@@ -134,11 +159,11 @@ async def test_the_emulator_prepares_through_kmm_driver_and_unprepares_on_delete
 
 
 async def test_a_shared_claim_waits_for_both_pods_and_a_force_deletion_still_unprepares(
-    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+    new_driver: NewDriver, kmm_api: kube_client.Client
 ) -> None:
     async with (
         emulated(kmm_api) as (node, running),
-        real.running_driver(sandbox, node, kmm_api) as driver,
+        real.running(new_driver(node), kmm_api) as driver,
     ):
         claim = await real._claim(kmm_api, driver)
         pods = [f"a-{driver.module}", f"b-{driver.module}"]
@@ -210,11 +235,11 @@ async def test_the_nodes_slices_are_wiped_at_start(
 
 
 async def test_a_pod_whose_driver_is_away_stays_pending_with_the_event_then_runs(
-    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+    new_driver: NewDriver, kmm_api: kube_client.Client
 ) -> None:
     async with (
         emulated(kmm_api, retry=0.5) as (node, _running),
-        real.running_driver(sandbox, node, kmm_api) as driver,
+        real.running(new_driver(node), kmm_api) as driver,
     ):
         template = await real._template(kmm_api, driver)
         # Killed, its socket left behind: registered but not connected, its
@@ -255,19 +280,18 @@ async def test_a_pod_whose_driver_is_away_stays_pending_with_the_event_then_runs
 
 
 async def test_a_driver_away_longer_than_the_delay_loses_its_slices_not_one_back_in_time(
-    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+    new_driver: NewDriver, kmm_api: kube_client.Client
 ) -> None:
     async with (
         emulated(kmm_api, wipe_delay=3.0) as (node, running),
-        real.running_driver(sandbox, node, kmm_api) as driver,
+        real.running(new_driver(node), kmm_api) as driver,
     ):
         (first,) = await real._slices(kmm_api, driver)
         # Back within the delay: nothing wiped.
+        registered = driver.registrations()
         await driver.kill()
         await driver.start()
-        await testing.eventually(
-            lambda: real._said(driver, "registered with the kubelet"), "registered again"
-        )
+        await testing.eventually(real._registered(driver, registered), "registered again")
         await asyncio.sleep(4)
         assert [s["metadata"]["uid"] for s in await real._slices(kmm_api, driver)] == [
             first["metadata"]["uid"]
@@ -333,11 +357,11 @@ async def test_kmm_kubelet_as_a_process_registers_its_node_and_stops_on_sigterm(
 
 
 async def test_restart_prepares_running_pods_again_and_reboot_rebuilds_cdi_specs(
-    sandbox: testing.RunningSandbox, kmm_api: kube_client.Client
+    new_driver: NewDriver, kmm_api: kube_client.Client
 ) -> None:
     async with (
         emulated(kmm_api, metrics_port=0) as (node, running),
-        real.running_driver(sandbox, node, kmm_api) as driver,
+        real.running(new_driver(node), kmm_api) as driver,
     ):
         template = await real._template(kmm_api, driver)
         pod = f"r-{driver.module}"
@@ -347,7 +371,7 @@ async def test_restart_prepares_running_pods_again_and_reboot_rebuilds_cdi_specs
         before = await kmm_api.request("GET", resources.PODS.path(NAMESPACE, pod))
         (spec_path,) = real._cdi_specs(node, driver)
         spec = spec_path.read_text()
-        registered = driver.said("registered with the kubelet")
+        registered = driver.registrations()
 
         def prepares() -> int:
             return len([c for c in running.manager.calls if c[0] == "NodePrepareResources"])
@@ -357,14 +381,19 @@ async def test_restart_prepares_running_pods_again_and_reboot_rebuilds_cdi_specs
 
         await running.restart()
         await testing.eventually(lambda: prepared_again(2), "prepared again after the restart")
-        assert driver.said("registered with the kubelet") > registered
+        assert driver.registrations() > registered
         await testing.eventually(lambda: real._published(kmm_api, driver), "republished")
         after = await kmm_api.request("GET", resources.PODS.path(NAMESPACE, pod))
         assert after["metadata"]["uid"] == before["metadata"]["uid"]
         assert [s["restartCount"] for s in after["status"]["containerStatuses"]] == [0]
         assert spec_path.read_text() == spec  # idempotent: the same devices
 
+        # A reboot restarts the driver too: what it kept in memory is gone,
+        # and so is the CDI directory (a tmpfs), which it must rebuild.
+        await driver.kill()
         await running.restart(reboot=True)
+        assert not spec_path.exists()
+        await driver.start()
         await testing.eventually(lambda: prepared_again(3), "prepared again after the reboot")
         assert spec_path.read_text() == spec  # the wiped CDI spec rebuilt
 
@@ -424,5 +453,38 @@ async def test_device_health_reaches_the_pod_status_and_goes_unknown_with_the_dr
         await driver.process.wait()
         await testing.eventually(lambda: health_is("Unknown"), "the device Unknown in the pod")
         await driver.start()  # to unprepare
+        await real._delete_pod(kmm_api, pod)
+        await testing.eventually(lambda: _unprepared(node, driver), "unprepared")
+
+
+async def test_the_test_drivers_health_stream_is_followed_and_its_silent_devices_read_unknown(
+    sandbox: testing.RunningSandbox, test_driver_binary: Path, kmm_api: kube_client.Client
+) -> None:
+    async with (
+        emulated(kmm_api, resource_health=True, health_retry=0.5) as (node, _),
+        real.running(k8s_test_driver.TestDriver(sandbox, node, test_driver_binary), kmm_api) as (
+            driver
+        ),
+    ):
+        template = await real._template(kmm_api, driver)
+        pod = f"h-{driver.module}"
+        await real.start_pod(
+            kmm_api, pod, [{"name": "dev", "resourceClaimTemplateName": template}], **_on(node)
+        )
+        (claim,) = _claims(node)
+        (device,) = (claim.driver_state or {})[driver.name]
+
+        async def unknown() -> bool:
+            return await _allocated_status(kmm_api, pod) == [
+                {
+                    "name": "claim:dev",
+                    "resources": [
+                        {"resourceID": (device.cdi_device_ids or ())[0], "health": "Unknown"}
+                    ],
+                }
+            ]
+
+        await testing.eventually(unknown, "the silent device Unknown in the pod")
+        assert driver.said("/v1alpha1.DRAResourceHealth/NodeWatchResources") > 0
         await real._delete_pod(kmm_api, pod)
         await testing.eventually(lambda: _unprepared(node, driver), "unprepared")

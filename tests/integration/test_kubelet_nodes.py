@@ -22,9 +22,9 @@ import tempfile
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
@@ -139,15 +139,41 @@ class Driver:
     def said(self, text: str) -> int:
         return self.log.read_text().count(text) if self.log.exists() else 0
 
+    def registrations(self) -> int:
+        """How often the kubelet told the driver it is registered."""
+        return self.said("registered with the kubelet")
+
+
+class DriverProcess(Protocol):
+    """A DRA driver run as a process for one node: ``kmm driver`` or another."""
+
+    name: str
+    module: str  # a short unique word, for the names of the test's objects
+    node: Node
+
+    async def start(self) -> None: ...
+
+    async def kill(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def registrations(self) -> int: ...
+
+
+_D = TypeVar("_D", bound=DriverProcess)
+
+
+def running_driver(
+    sandbox: Sandbox, node: Node, api: kube_client.Client
+) -> contextlib.AbstractAsyncContextManager[Driver]:
+    """``kmm driver`` on the node, as ``running`` gives it."""
+    return running(Driver(sandbox, node), api)
+
 
 @contextlib.asynccontextmanager
-async def running_driver(
-    sandbox: Sandbox,
-    node: Node,
-    api: kube_client.Client,
-) -> AsyncIterator[Driver]:
-    """A driver, published, with a DeviceClass selecting it; all removed afterwards."""
-    driver = Driver(sandbox, node)
+async def running(driver: _D, api: kube_client.Client) -> AsyncIterator[_D]:
+    """A driver started, published and registered, with a DeviceClass
+    selecting its devices; all removed afterwards."""
     await driver.start()
     await api.request(
         "POST",
@@ -161,9 +187,7 @@ async def running_driver(
     )
     try:
         await testing.eventually(lambda: _published(api, driver), "the driver's slice published")
-        await testing.eventually(
-            lambda: _said(driver, "registered with the kubelet"), "registered with the kubelet"
-        )
+        await testing.eventually(_registered(driver), "registered with the kubelet")
         yield driver
     finally:
         await driver.stop()
@@ -180,11 +204,18 @@ async def _said(driver: Driver, text: str) -> bool:
     return driver.said(text) > 0
 
 
-async def _no_specs(node: Node, driver: Driver) -> bool:
+def _registered(driver: DriverProcess, more_than: int = 0) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return driver.registrations() > more_than
+
+    return check
+
+
+async def _no_specs(node: Node, driver: DriverProcess) -> bool:
     return not _cdi_specs(node, driver)
 
 
-async def _slices(api: kube_client.Client, driver: Driver) -> list[dict[str, Any]]:
+async def _slices(api: kube_client.Client, driver: DriverProcess) -> list[dict[str, Any]]:
     listing = await api.request(
         "GET",
         resources.RESOURCE_SLICES.path(),
@@ -194,7 +225,7 @@ async def _slices(api: kube_client.Client, driver: Driver) -> list[dict[str, Any
     return found
 
 
-async def _published(api: kube_client.Client, driver: Driver) -> bool:
+async def _published(api: kube_client.Client, driver: DriverProcess) -> bool:
     return bool(await _slices(api, driver))
 
 
@@ -223,7 +254,7 @@ async def _create(api: kube_client.Client, path: str, body: dict[str, Any]) -> N
     await api.request("POST", path, body=body)
 
 
-async def _template(api: kube_client.Client, driver: Driver) -> str:
+async def _template(api: kube_client.Client, driver: DriverProcess) -> str:
     name = f"t-{driver.module}"
     await _create(
         api,
@@ -244,7 +275,7 @@ async def _template(api: kube_client.Client, driver: Driver) -> str:
     return name
 
 
-async def _claim(api: kube_client.Client, driver: Driver) -> str:
+async def _claim(api: kube_client.Client, driver: DriverProcess) -> str:
     name = f"c-{driver.module}"
     await _create(
         api,
@@ -317,7 +348,7 @@ def _containers(node: kubeletnodes.KubeletNode) -> list[dict[str, Any]]:
     return found
 
 
-def _cdi_specs(node: Node, driver: Driver) -> list[Path]:
+def _cdi_specs(node: Node, driver: DriverProcess) -> list[Path]:
     return sorted(node.cdi_dir.glob(f"{driver.name}-*.json"))
 
 

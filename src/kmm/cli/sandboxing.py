@@ -136,9 +136,16 @@ def build(
     kubelet: Annotated[
         bool, typer.Option(help="Also the kubelet and fake runtime of --kubelet-nodes.")
     ] = True,
+    peers: Annotated[
+        bool, typer.Option(help="Also the programs kmm is tested against (the DRA test driver).")
+    ] = True,
 ) -> None:
     """Build the sandbox binaries into the cache now (up does it when needed)."""
-    tools = components.ALL + ((components.KUBELET,) if kubelet else ())
+    tools = (
+        components.ALL
+        + ((components.KUBELET,) if kubelet else ())
+        + (components.PEERS if peers else ())
+    )
     with _progress() as progress:
         try:
             binaries = asyncio.run(

@@ -24,6 +24,7 @@ __all__ = [
     "PODS",
     "RESOURCE_CLAIMS",
     "RESOURCE_SLICES",
+    "SERVICE_ACCOUNTS",
     "VALIDATING_ADMISSION_POLICIES",
     "VALIDATING_ADMISSION_POLICY_BINDINGS",
     "Resource",
@@ -79,6 +80,7 @@ class Resource:
 NAMESPACES: Final = Resource("", "v1", "namespaces", namespaced=False)
 NODES: Final = Resource("", "v1", "nodes", namespaced=False)
 PODS: Final = Resource("", "v1", "pods")
+SERVICE_ACCOUNTS: Final = Resource("", "v1", "serviceaccounts")
 EVENTS: Final = Resource("", "v1", "events")
 DAEMONSETS: Final = Resource("apps", "v1", "daemonsets")
 LEASES: Final = Resource("coordination.k8s.io", "v1", "leases")

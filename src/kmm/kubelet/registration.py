@@ -12,7 +12,9 @@ the standard library has no inotify) and, like the kubelet's plugin manager:
   told ``NotifyRegistrationStatus(true)``. A registration that fails (the
   socket does not answer yet) is retried with backoff while the socket exists;
 - a socket that disappears is deregistered; one that is re-created (a new
-  inode) is deregistered and registered again.
+  inode, or the same inode number with a new change time: a plugin that
+  restarts within a poll gets its old number back from the filesystem) is
+  deregistered and registered again, as the kubelet's inotify watch sees it.
 
 A registered plugin's channel is watched: when its connection drops (the
 plugin died, its socket left behind) the plugin is "not connected", and
@@ -200,7 +202,7 @@ async def _stop(plugin: DRAPlugin) -> None:
 
 @dataclasses.dataclass
 class _Seen:
-    inode: int
+    identity: tuple[int, int]  # (inode, ctime in ns): what makes a socket a new one
     registered: bool = False
     delays: backoff.Backoff = dataclasses.field(
         default_factory=lambda: backoff.Backoff(initial=0.5, maximum=30.0)
@@ -217,8 +219,8 @@ class PluginWatcher:
         self.poll = poll
         self._seen: dict[Path, _Seen] = {}
 
-    def _sockets(self) -> dict[Path, int]:
-        found: dict[Path, int] = {}
+    def _sockets(self) -> dict[Path, tuple[int, int]]:
+        found: dict[Path, tuple[int, int]] = {}
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(self.directory):
                 if entry.name.startswith("."):
@@ -226,7 +228,7 @@ class PluginWatcher:
                 with contextlib.suppress(FileNotFoundError):
                     info = entry.stat(follow_symlinks=False)
                     if stat.S_ISSOCK(info.st_mode):
-                        found[Path(entry.path)] = info.st_ino
+                        found[Path(entry.path)] = (info.st_ino, info.st_ctime_ns)
         return found
 
     async def scan(self) -> None:
@@ -234,12 +236,12 @@ class PluginWatcher:
         now = asyncio.get_running_loop().time()
         present = self._sockets()
         for path, seen in list(self._seen.items()):
-            if present.get(path) != seen.inode:
+            if present.get(path) != seen.identity:
                 del self._seen[path]
                 if seen.registered:
                     await self.registry.deregister(path)
-        for path, inode in sorted(present.items()):
-            seen = self._seen.setdefault(path, _Seen(inode))
+        for path, identity in sorted(present.items()):
+            seen = self._seen.setdefault(path, _Seen(identity))
             if seen.registered or now < seen.retry_at:
                 continue
             try:

@@ -13,7 +13,17 @@ import re
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["ALL", "ETCD", "KUBELET", "KUBERNETES", "KWOK", "GoTool", "tools_dir"]
+__all__ = [
+    "ALL",
+    "DRA_TEST_DRIVER",
+    "ETCD",
+    "KUBELET",
+    "KUBERNETES",
+    "KWOK",
+    "PEERS",
+    "GoTool",
+    "tools_dir",
+]
 
 # Packages holding the version variables the Kubernetes build stamps
 # (hack/lib/version.sh): what /version and nodeInfo.kubeletVersion report.
@@ -96,6 +106,16 @@ KUBELET = GoTool(
     ),
     version_packages=KUBERNETES_VERSION_PACKAGES,
 )
+# Not part of a sandbox: the Kubernetes project's own DRA test driver (its
+# kubelet-plugin subcommand), a second, independent driver that `kmm kubelet`
+# is checked with.
+DRA_TEST_DRIVER = GoTool(
+    name="dra-test-driver",
+    directory=tools_dir() / "kubernetes",
+    required_module="k8s.io/kubernetes",
+    packages=(("dra-test-driver", "k8s.io/kubernetes/test/e2e/dra/test-driver"),),
+    version_packages=KUBERNETES_VERSION_PACKAGES,
+)
 ETCD = GoTool(
     name="etcd",
     directory=tools_dir() / "etcd",
@@ -110,3 +130,5 @@ KWOK = GoTool(
 )
 
 ALL = (ETCD, KUBERNETES, KWOK)
+# Programs kmm is tested against, built like the sandbox's binaries.
+PEERS = (DRA_TEST_DRIVER,)

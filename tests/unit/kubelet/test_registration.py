@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+import types
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -168,3 +170,41 @@ def test_service_choice() -> None:
     assert registration.choose_service(["v1.DRAPlugin", "v1beta1.DRAPlugin"]) == "v1.DRAPlugin"
     with pytest.raises(ValueError, match="empty list of supported gRPC services"):
         registration.choose_service([])
+
+
+async def test_a_socket_recreated_within_one_poll_registers_again_even_on_its_old_inode(
+    directory: Path, watcher: registration.PluginWatcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A plugin that restarts between two polls often gets its socket's old
+    # inode number back; the kubelet's inotify watch sees a new socket all the same.
+    kwargs: dict[str, Any] = {"name": "d.example.com", "type_": "DRAPlugin"}
+    first = await _plugin(directory, "d-reg.sock", versions=["v1.DRAPlugin"], **kwargs)
+    await watcher.scan()
+    inode = (directory / "d-reg.sock").stat().st_ino
+    await first.stop()
+    second = await _plugin(directory, "d-reg.sock", versions=["v1beta1.DRAPlugin"], **kwargs)
+    real_scandir = os.scandir
+
+    class SameInode:
+        def __init__(self, entry: os.DirEntry[str]) -> None:
+            self.entry, self.name, self.path = entry, entry.name, entry.path
+
+        def stat(self, *, follow_symlinks: bool = True) -> types.SimpleNamespace:
+            found = self.entry.stat(follow_symlinks=follow_symlinks)
+            return types.SimpleNamespace(
+                st_mode=found.st_mode, st_ino=inode, st_ctime_ns=found.st_ctime_ns
+            )
+
+    def scandir(path: Path) -> Iterator[SameInode]:
+        with real_scandir(path) as entries:
+            return iter([SameInode(e) for e in entries])
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    try:
+        await watcher.scan()
+        assert second.statuses == [(True, "")]
+        found = watcher.registry.plugin("d.example.com")
+        assert found is not None
+        assert found.service == "v1beta1.DRAPlugin"
+    finally:
+        await second.stop()

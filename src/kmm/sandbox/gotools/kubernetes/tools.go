@@ -1,8 +1,9 @@
 //go:build tools
 
 // Package tools pins the Kubernetes commands kmm sandbox builds: the control
-// plane, and the kubelet of its kubelet nodes (whose fake container runtime
-// is ./fakecri).
+// plane, the kubelet of its kubelet nodes (whose fake container runtime is
+// ./fakecri), and the project's DRA test driver that kmm kubelet is checked
+// against.
 package tools
 
 import (
@@ -10,4 +11,5 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/test/e2e/dra/test-driver"
 )
