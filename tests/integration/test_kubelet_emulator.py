@@ -356,7 +356,7 @@ async def test_kmm_kubelet_as_a_process_registers_its_node_and_stops_on_sigterm(
         shutil.rmtree(directory, ignore_errors=True)
 
 
-async def test_restart_prepares_running_pods_again_and_reboot_rebuilds_cdi_specs(
+async def test_restart_keeps_pods_reprepare_prepares_again_and_reboot_rebuilds_cdi_specs(
     new_driver: NewDriver, kmm_api: kube_client.Client
 ) -> None:
     async with (
@@ -380,12 +380,16 @@ async def test_restart_prepares_running_pods_again_and_reboot_rebuilds_cdi_specs
             return prepares() == count
 
         await running.restart()
-        await testing.eventually(lambda: prepared_again(2), "prepared again after the restart")
-        assert driver.registrations() > registered
+        await testing.eventually(real._registered(driver, registered), "registered again")
         await testing.eventually(lambda: real._published(kmm_api, driver), "republished")
+        await asyncio.sleep(2)
+        assert prepares() == 1  # as in 1.35: a running pod's sandbox survives, no prepare
         after = await kmm_api.request("GET", resources.PODS.path(NAMESPACE, pod))
         assert after["metadata"]["uid"] == before["metadata"]["uid"]
         assert [s["restartCount"] for s in after["status"]["containerStatuses"]] == [0]
+
+        await running.restart(reprepare=True)
+        await testing.eventually(lambda: prepared_again(2), "prepared again (reprepare)")
         assert spec_path.read_text() == spec  # idempotent: the same devices
 
         # A reboot restarts the driver too: what it kept in memory is gone,

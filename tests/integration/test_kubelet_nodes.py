@@ -123,6 +123,7 @@ class Driver:
                 f"--node={self.node.name}", f"--driver-name={self.name}",
                 f"--module={self.module}", f"--device-class={self.module}",
                 f"--root={self.node.root}", f"--kubeconfig={self.sandbox.kubeconfig}",
+                "--verbose",  # its debug log names every call it is asked
                 stderr=log,
             )  # fmt: skip
 

@@ -14,6 +14,7 @@ from typing import Any
 from kmm.api import modules
 
 __all__ = [
+    "IMAGE",
     "NAMESPACE",
     "SERVICE_ACCOUNT",
     "cluster_rbac",
@@ -25,7 +26,9 @@ __all__ = [
 NAMESPACE = "kmm-system"
 SERVICE_ACCOUNT = "kmm-operator"
 _APP = {"app.kubernetes.io/name": "kmm-operator"}
-_IMAGE = "ghcr.io/kmm/kmm:0.1.0"
+# kmm's own image: the operator runs it, and so do the DRA driver pods of
+# kmm-driven Modules; `kmm kubelet` runs its containers as local processes.
+IMAGE = "ghcr.io/kmm/kmm:0.1.0"
 
 
 def namespace_and_account() -> list[dict[str, Any]]:
@@ -130,7 +133,7 @@ def deployment() -> dict[str, Any]:
                     "containers": [
                         {
                             "name": "operator",
-                            "image": _IMAGE,
+                            "image": IMAGE,
                             "command": ["kmm", "operator"],
                             "args": ["--metrics-port=8080", "--health-port=8081"],
                             "env": [

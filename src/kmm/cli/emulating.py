@@ -17,6 +17,7 @@ from typing import Annotated
 
 import typer
 
+from kmm.api import installation
 from kmm.cli import clients
 from kmm.kube import errors as kube_errors
 from kmm.kubelet import checkpoint, emulator, nodes
@@ -33,14 +34,16 @@ async def _run(options: emulator.Options, kubeconfig: Path | None, context: str 
         running = emulator.Emulator(api, options)
         triggered: set[asyncio.Task[None]] = set()
 
-        def trigger(reboot: bool) -> None:
-            task = asyncio.ensure_future(running.restart(reboot=reboot))
+        def trigger(reboot: bool, reprepare: bool) -> None:
+            task = asyncio.ensure_future(running.restart(reboot=reboot, reprepare=reprepare))
             triggered.add(task)
             task.add_done_callback(triggered.discard)
 
-        # SIGHUP: a kubelet restart; SIGUSR1: a node reboot (README).
-        loop.add_signal_handler(signal.SIGHUP, trigger, False)
-        loop.add_signal_handler(signal.SIGUSR1, trigger, True)
+        # SIGHUP: a kubelet restart; SIGUSR2: the same, every running pod's
+        # claims prepared again; SIGUSR1: a node reboot (README).
+        loop.add_signal_handler(signal.SIGHUP, trigger, False, False)
+        loop.add_signal_handler(signal.SIGUSR2, trigger, False, True)
+        loop.add_signal_handler(signal.SIGUSR1, trigger, True, False)
         await running.run(stop)
 
 
@@ -71,9 +74,17 @@ def kubelet(
             "health streams and report device health in containerStatuses."
         ),
     ] = False,
+    process_image: Annotated[
+        str,
+        typer.Option(
+            help="Containers of this image run as local processes ('' for none); "
+            "others run without a process."
+        ),
+    ] = installation.IMAGE,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Run the kubelet DRA emulator for one node (SIGHUP: restart, SIGUSR1: reboot)."""
+    """Run the kubelet DRA emulator for one node (SIGHUP: restart, SIGUSR2: restart and
+    prepare again, SIGUSR1: reboot)."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -85,6 +96,7 @@ def kubelet(
         retry=retry,
         metrics_port=metrics_port,
         resource_health=resource_health_status,
+        process_image=process_image or None,
     )
     try:
         asyncio.run(_run(options, kubeconfig, context))

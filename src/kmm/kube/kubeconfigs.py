@@ -9,7 +9,9 @@
    skipped;
 3. else ``~/.kube/config``;
 4. when none of those gives a context: the in-cluster service account
-   (``KUBERNETES_SERVICE_HOST``/``_PORT`` and the mounted token and CA).
+   (``KUBERNETES_SERVICE_HOST``/``_PORT`` and the mounted token and CA; in
+   ``$KMM_IN_CLUSTER_DIR`` when set, which is how ``kmm kubelet`` tells the
+   processes it runs for pods where their mount is).
 
 ``--context`` picks a context other than ``current-context``. Relative paths
 in a file are relative to that file. A user may authenticate with a token or
@@ -280,6 +282,10 @@ def load(
         raise errors.ConfigError(f"--kubeconfig {kubeconfig}: no contexts")
     if merged.files:
         tried.append(f"{', '.join(map(str, merged.files))}: no contexts")
+    # A process kmm kubelet runs for a pod cannot see the service account
+    # volume at its usual place; it is told where it is.
+    if environ.get("KMM_IN_CLUSTER_DIR"):
+        in_cluster_dir = Path(environ["KMM_IN_CLUSTER_DIR"])
     try:
         return _in_cluster(environ, in_cluster_dir)
     except errors.ConfigError as err:

@@ -12,12 +12,15 @@ to the node and, for each:
   resources: ...") and a retry after ``retry`` seconds, the pod staying
   Pending; on success each container's CDI device ids recorded (there is no
   runtime: ``containers.json`` under the emulator's state dir says what a
-  runtime would have been given) and the pod's status set Running;
-- a pod being deleted: its claims are unprepared (retried until the driver
-  answers), and only then is the pod deleted for good, as the kubelet does.
-  Its containers stop at once: nothing runs, so no grace period is waited;
-- a pod gone without that (force-deleted): its claims unprepared from the
-  cache all the same.
+  runtime would have been given) and its containers started, the status
+  following them;
+- a pod whose containers are all done for good: its claims unprepared, then
+  its final phase written;
+- a pod being deleted: its containers stopped (SIGTERM, SIGKILL after the
+  grace period), then its claims unprepared (retried until the driver
+  answers), and only then is the pod deleted for good, as the kubelet does;
+- a pod gone without that (force-deleted): its processes killed and its
+  claims unprepared from the cache all the same.
 
 A driver's slices are wiped ``wipe_delay`` after none of its plugins is
 usable any more: deregistered, or its connection lost (a driver killed
@@ -31,12 +34,18 @@ fresh status when its health changes, when its report times out, and when
 its driver's stream ends (the kubelet waits for the pod's next sync for the
 last two; the emulator does not, so tests need not wait a minute).
 
-``restart`` and ``restart(reboot=True)`` emulate a kubelet restart and a
-node reboot on a running emulator (``kmm kubelet`` maps SIGHUP and SIGUSR1
-to them). ``/metrics`` (``metrics``) counts and times the calls to drivers.
+``restart``, ``restart(reprepare=True)`` and ``restart(reboot=True)``
+emulate a kubelet restart, the same with every running pod's claims
+prepared again (a stricter test of a driver's idempotence), and a node
+reboot on a running emulator (``kmm kubelet`` maps SIGHUP, SIGUSR2 and
+SIGUSR1 to them). ``/metrics`` (``metrics``) counts and times the calls to drivers.
 
-Limits (the issue tracks them): pods never finish on their own (nothing
-executes).
+Containers (``processes``): those of ``process_image`` (kmm's own image by
+default) run as local processes, so their pods finish (Succeeded or Failed,
+claims unprepared before the final phase is written, as the kubelet's
+SyncTerminatingPod does) and their deletion waits for SIGTERM and the grace
+period; the others run without a process until the pod is deleted.
+Stopping the emulator stops its processes (no runtime outlives it).
 """
 
 from __future__ import annotations
@@ -47,13 +56,14 @@ import dataclasses
 import datetime
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from kmm.aio import httpserving, tasks
+from kmm.api import installation
 from kmm.kube import client, errors, listwatch, objects, reflecting, resources
-from kmm.kubelet import checkpoint, dra, health, nodes, registration
+from kmm.kubelet import checkpoint, dra, health, nodes, processes, registration
 from kmm.kubelet import metrics as kubelet_metrics
 
 __all__ = ["Emulator", "Options"]
@@ -78,6 +88,9 @@ class Options:
     # containerStatuses[].allocatedResourcesStatus.
     resource_health: bool = False
     health_retry: float = health.RETRY_PERIOD
+    # Containers of this image run as local processes (None: none do).
+    process_image: str | None = installation.IMAGE
+    restart_backoff: float = 10.0  # the kubelet's initial CrashLoopBackOff
 
     @property
     def kubelet_dir(self) -> Path:
@@ -136,6 +149,9 @@ class Emulator:
         self._wipes: dict[str, asyncio.Task[None]] = {}
         self.containers: dict[str, dict[str, list[str]]] = {}  # pod uid -> container -> CDI ids
         self._started_at: dict[str, str] = {}
+        self.runs: dict[str, processes.PodRun] = {}  # pod uid -> its containers
+        self._completed: set[str] = set()  # final phase written
+        self._stopping: dict[str, asyncio.Task[None]] = {}
         self.registry.add_listener(self._plugins_changed)
         self.health = health.Cache(options.kubelet_dir / health.FILE_NAME)
         self.streams = (
@@ -266,32 +282,47 @@ class Emulator:
             for c in (*(spec.get("initContainers") or ()), *(spec.get("containers") or ()))
         }
         self._record_containers()
-        # A kubelet restart leaves containers running: their start stays.
-        self._started_at.setdefault(uid, _now())
-        if await self._write_status(pod):
-            self._started.add(uid)
+        # A kubelet restart leaves containers running: a pod already running
+        # keeps its run (and its processes).
+        if uid not in self.runs:
+            run = self.runs[uid] = processes.PodRun(pod, self._settings(), self._run_changed(uid))
+            self._started_at[uid] = _now()
+            run.start()
+        self._started.add(uid)
+        await self._write_status(pod)
 
-    def _container_statuses(self, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-        uid = str(pod["metadata"]["uid"])
-        statuses = []
-        for c in (pod.get("spec") or {}).get("containers") or ():
-            status: dict[str, Any] = {
-                "name": c["name"],
-                "image": c.get("image", ""),
-                "imageID": c.get("image", ""),
-                "containerID": f"kmm-emulator://{uid}-{c['name']}",
-                "ready": True,
-                "started": True,
-                "restartCount": 0,
-                "state": {"running": {"startedAt": self._started_at[uid]}},
-            }
-            if self.options.resource_health:
-                allocated = health.resource_statuses(
-                    c, lambda name: self._prepared_devices(pod, name), self.health.get
-                )
-                if allocated:
-                    status["allocatedResourcesStatus"] = allocated
-            statuses.append(status)
+    def _settings(self) -> processes.Settings:
+        return processes.Settings(
+            api=self.api,
+            root=self.options.root,
+            state_dir=self.options.state_dir,
+            server=self.api.access.server,
+            process_image=self.options.process_image,
+            backoff=self.options.restart_backoff,
+        )
+
+    def _run_changed(self, uid: str) -> Callable[[], None]:
+        def changed() -> None:
+            self._refresh.add(uid)
+            self.pods.changed.set()
+
+        return changed
+
+    def _container_statuses(
+        self, pod: Mapping[str, Any], run: processes.PodRun
+    ) -> list[dict[str, Any]]:
+        statuses = run.statuses()
+        if not self.options.resource_health:
+            return statuses
+        specs = {c["name"]: c for c in (pod.get("spec") or {}).get("containers") or ()}
+        for status in statuses:
+            allocated = health.resource_statuses(
+                specs[status["name"]],
+                lambda name: self._prepared_devices(pod, name),
+                self.health.get,
+            )
+            if allocated:
+                status["allocatedResourcesStatus"] = allocated
         return statuses
 
     def _prepared_devices(
@@ -308,80 +339,132 @@ class Emulator:
                 return None if info is None else info.drivers
         return None
 
-    async def _write_status(self, pod: Mapping[str, Any]) -> bool:
-        """Running, with its containers; False when the pod is gone."""
+    async def _write_status(self, pod: Mapping[str, Any], phase: str | None = None) -> bool:
+        """The pod's status from its run; False when the pod is gone."""
         uid = str(pod["metadata"]["uid"])
+        run = self.runs.get(uid)
+        if run is None:
+            return False
         started = self._started_at[uid]
         conditions = [
-            {"type": kind, "status": "True", "lastTransitionTime": started}
-            for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
+            {"type": kind, "status": str(value), "lastTransitionTime": started}
+            for kind, value in (
+                ("PodReadyToStartContainers", True),
+                ("Initialized", run.initialized),
+                ("Ready", run.ready),
+                ("ContainersReady", run.ready),
+            )
         ]
+        status: dict[str, Any] = {
+            "phase": phase or run.phase,
+            "conditions": conditions,
+            "containerStatuses": self._container_statuses(pod, run),
+            "hostIP": self.options.node.address,
+            "hostIPs": [{"ip": self.options.node.address}],
+            "podIP": self.options.node.address,
+            "podIPs": [{"ip": self.options.node.address}],
+            "startTime": started,
+        }
+        if run.init_containers:
+            status["initContainerStatuses"] = run.statuses(init=True)
         try:
             await self.api.request(
                 "PATCH",
                 resources.PODS.path(
                     pod["metadata"]["namespace"], pod["metadata"]["name"], subresource="status"
                 ),
-                body={
-                    "status": {
-                        "phase": "Running",
-                        "conditions": conditions,
-                        "containerStatuses": self._container_statuses(pod),
-                        "hostIP": self.options.node.address,
-                        "podIP": self.options.node.address,
-                        "startTime": started,
-                    }
-                },
+                body={"status": status},
                 content_type=client.MERGE_PATCH,
             )
         except errors.NotFound:
             return False
         return True
 
-    async def _finish(self, pod: Mapping[str, Any]) -> None:
-        """A pod being deleted: unprepare, then delete it for good."""
-        uid = str(pod["metadata"]["uid"])
+    async def _unprepare(self, uid: str, what: str) -> bool:
+        """The pod's claims unprepared (from the cache); False: retried later."""
         try:
             await self.manager.unprepare(uid)
         except dra.PrepareError as err:
-            _log.warning("pod %s: %s; retrying", pod["metadata"]["name"], err)
+            _log.warning("pod %s: %s; retrying", what, err)
             asyncio.get_running_loop().call_later(self.options.retry, self.pods.changed.set)
+            return False
+        return True
+
+    async def _complete(self, pod: Mapping[str, Any], run: processes.PodRun) -> None:
+        """Every container done for good: claims unprepared, then the final
+        phase written, in the kubelet's order (SyncTerminatingPod)."""
+        uid = str(pod["metadata"]["uid"])
+        if not await self._unprepare(uid, str(pod["metadata"]["name"])):
             return
-        self._started.discard(uid)
-        self._started_at.pop(uid, None)
-        self.containers.pop(uid, None)
-        self._record_containers()
+        if await self._write_status(pod):
+            self._completed.add(uid)
+
+    def _grace(self, pod: Mapping[str, Any]) -> float:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        seconds = meta.get("deletionGracePeriodSeconds")
+        if seconds is None:
+            seconds = spec.get("terminationGracePeriodSeconds", 30)
+        return float(seconds)
+
+    async def _finish(self, pod: Mapping[str, Any]) -> None:
+        """A pod being deleted: its containers stopped within the grace period,
+        then its claims unprepared, then the pod deleted for good."""
+        uid = str(pod["metadata"]["uid"])
+        run = self.runs.get(uid)
+        if run is not None and not run.stopped:
+            if uid not in self._stopping:
+                self._stopping[uid] = asyncio.ensure_future(run.stop(self._grace(pod)))
+                self._stopping[uid].add_done_callback(lambda _: self.pods.changed.set())
+            return
+        if not await self._unprepare(uid, str(pod["metadata"]["name"])):
+            return
+        self._forget(uid)
         with contextlib.suppress(errors.NotFound, errors.Conflict):
             await self.api.request(
                 "DELETE",
                 resources.PODS.path(pod["metadata"]["namespace"], pod["metadata"]["name"]),
-                query={"gracePeriodSeconds": 0},
-                body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}},
+                # In the body: the server reads the body's options over the query's.
+                body={
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "gracePeriodSeconds": 0,
+                    "preconditions": {"uid": uid},
+                },
             )
 
+    def _forget(self, uid: str) -> None:
+        self._started.discard(uid)
+        self._completed.discard(uid)
+        self._started_at.pop(uid, None)
+        self._stopping.pop(uid, None)
+        self.runs.pop(uid, None)
+        if self.containers.pop(uid, None) is not None:
+            self._record_containers()
+
     async def _gone(self) -> None:
-        """Claims of pods that vanished (force-deleted): unprepared from the cache."""
+        """Pods that vanished (force-deleted): their processes killed, their
+        claims unprepared from the cache."""
         present = set(self.pods.by_uid)
         known = {uid for info in self.manager.claims.values() for uid in info.pod_uids}
-        for uid in sorted(known - present):
-            try:
-                await self.manager.unprepare(uid)
-            except dra.PrepareError as err:
-                _log.warning("pod %s (gone): %s; retrying", uid, err)
-                asyncio.get_running_loop().call_later(self.options.retry, self.pods.changed.set)
-                continue
-            self._started.discard(uid)
-            self._started_at.pop(uid, None)
-            if self.containers.pop(uid, None) is not None:
-                self._record_containers()
+        for uid in sorted((known | set(self.runs)) - present):
+            run = self.runs.get(uid)
+            if run is not None and not run.stopped:
+                await run.stop(0)
+            if await self._unprepare(uid, f"{uid} (gone)"):
+                self._forget(uid)
 
     async def sync_pods(self) -> None:
         starting = []
         refresh, self._refresh = self._refresh, set()
         for pod in list(self.pods.by_uid.values()):
             uid = str(pod["metadata"]["uid"])
+            run = self.runs.get(uid)
             if pod["metadata"].get("deletionTimestamp"):
                 await self._finish(pod)
+            elif uid in self._completed:
+                continue
+            elif run is not None and run.done.is_set() and uid in self._started:
+                await self._complete(pod, run)
             elif uid in self._started and uid in refresh:
                 await self._write_status(pod)
             elif uid not in self._started and (pod.get("status") or {}).get("phase") in (
@@ -402,12 +485,19 @@ class Emulator:
             async with self._turn:
                 await self.sync_pods()
 
-    async def restart(self, *, reboot: bool = False) -> None:
+    async def restart(self, *, reboot: bool = False, reprepare: bool = False) -> None:
         """What a kubelet restart does to DRA: every plugin registered anew, the
-        node's slices wiped, the checkpoint reloaded with every claim
-        unprepared, so running pods' claims are prepared again (drivers must
-        be idempotent). ``reboot`` also empties the CDI directory first (a
-        tmpfs on real nodes), which the drivers must rebuild on prepare."""
+        node's slices wiped, the checkpoint reloaded with every claim marked
+        unprepared; containers keep running.
+
+        As in 1.35, a running pod is not prepared again (the kubelet prepares
+        only when it creates a pod's sandbox, and the sandboxes survive); a
+        claim is sent again when a new pod uses it, so drivers must answer a
+        second prepare of a claim they hold. ``reprepare`` is the stricter
+        test: every running pod's claims are prepared again at once.
+        ``reboot`` kills every container and empties the CDI directory (a
+        tmpfs on real nodes) first: every pod starts again, its claims
+        prepared again, and the drivers must rebuild their CDI specs."""
         async with self._turn:
             _log.info("emulating a kubelet %s", "reboot" if reboot else "restart")
             for pending in self._wipes.values():
@@ -418,14 +508,17 @@ class Emulator:
             await self.registry.close()
             self.watcher.forget()
             if reboot:
+                await asyncio.gather(*(run.stop(0) for run in self.runs.values()))
+                self.runs.clear()
+                self._started_at.clear()
+                self._completed.clear()
                 cdi = self.options.cdi_dir
                 for entry in cdi.glob("*") if cdi.is_dir() else ():
                     entry.unlink(missing_ok=True)
             await self.wipe()
             self.manager.load()
-            self._started.clear()
-            if reboot:
-                self._started_at.clear()
+            if reboot or reprepare:
+                self._started.clear()
             self._next_try.clear()
         self.pods.changed.set()
 
@@ -485,6 +578,8 @@ class Emulator:
             for task in [*running, *self._wipes.values()]:
                 task.cancel()
             await asyncio.gather(*running, *self._wipes.values(), return_exceptions=True)
+            # No runtime keeps these processes once the emulator is gone.
+            await asyncio.gather(*(run.stop(0) for run in self.runs.values() if not run.stopped))
             if self.streams is not None:
                 await self.streams.close()
             await self.registry.close()

@@ -116,7 +116,9 @@ class _DRA:
         self._messages = messages
 
     async def NodePrepareResources(self, request: Any, context: Context) -> Any:
-        answers = await self._handler.node_prepare(_refs(request.claims))
+        refs = _refs(request.claims)
+        logger.debug("NodePrepareResources: %s", " ".join(f"{r.namespace}/{r.name}" for r in refs))
+        answers = await self._handler.node_prepare(refs)
         response = self._messages.NodePrepareResourcesResponse()
         for uid, answer in answers.items():
             entry = response.claims[uid]
@@ -131,7 +133,11 @@ class _DRA:
         return response
 
     async def NodeUnprepareResources(self, request: Any, context: Context) -> Any:
-        answers = await self._handler.node_unprepare(_refs(request.claims))
+        refs = _refs(request.claims)
+        logger.debug(
+            "NodeUnprepareResources: %s", " ".join(f"{r.namespace}/{r.name}" for r in refs)
+        )
+        answers = await self._handler.node_unprepare(refs)
         response = self._messages.NodeUnprepareResourcesResponse()
         for uid, error in answers.items():
             response.claims[uid].error = error
