@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kmm.api import modules
+from kmm.api import installation, modules
 
-__all__ = ["demo_module", "module"]
+__all__ = ["DRA_MODULE", "demo_module", "dra_module", "dra_module_objects", "module"]
+
+# What dra_module() offers: the devices a loaded kernel module "kmmdemo"
+# exposes as /sys/class/kmmdemo/* with /dev nodes.
+DRA_MODULE = "kmmdemo"
 
 
 def module(name: str = "kmm-ci-a", namespace: str = "default") -> dict[str, Any]:
@@ -102,3 +106,54 @@ def demo_module() -> dict[str, Any]:
             "devicePlugin": {"container": {"image": "quay.io/example/kmm-demo-device-plugin:1.0"}},
         },
     }
+
+
+def dra_module(
+    name: str = "kmm-dra-demo",
+    namespace: str = "default",
+    *,
+    module_name: str = DRA_MODULE,
+    selector: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Module whose devices ``kmm driver`` offers through DRA: the operator's
+    DRA DaemonSet runs kmm's own image with the command below, on the nodes
+    of ``selector`` where the module is loaded; the DaemonSet sets the rest
+    (node, driver name, kubelet and CDI directories, health port). The host's
+    /sys and /dev are mounted where the driver is told to look."""
+    body: dict[str, Any] = {
+        "apiVersion": modules.API_VERSION,
+        "kind": modules.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": selector or {"node-role.kubernetes.io/worker": ""},
+            "dra": {
+                "driverName": f"{name}.kmm.io",
+                "serviceAccountName": installation.DRA_DRIVER_ACCOUNT,
+                "container": {
+                    "image": installation.IMAGE,
+                    "command": ["kmm", "driver"],
+                    "args": [
+                        f"--module={module_name}",
+                        f"--device-class={module_name}",
+                        "--sys-dir=/host/sys",
+                        "--dev-dir=/host/dev",
+                    ],
+                    "volumeMounts": [
+                        {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True},
+                        {"name": "host-dev", "mountPath": "/host/dev"},
+                    ],
+                },
+                "volumes": [
+                    {"name": "host-sys", "hostPath": {"path": "/sys", "type": "Directory"}},
+                    {"name": "host-dev", "hostPath": {"path": "/dev", "type": "Directory"}},
+                ],
+                "deviceClasses": [{"name": f"{name}.kmm.io"}],
+            },
+        },
+    }
+    return body
+
+
+def dra_module_objects(namespace: str = "default") -> list[dict[str, Any]]:
+    """``deploy/examples/dra-module.yaml``: the driver's account and RBAC, then the Module."""
+    return [*installation.dra_driver_rbac(namespace), dra_module(namespace=namespace)]

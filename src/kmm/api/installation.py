@@ -14,11 +14,13 @@ from typing import Any
 from kmm.api import modules
 
 __all__ = [
+    "DRA_DRIVER_ACCOUNT",
     "IMAGE",
     "NAMESPACE",
     "SERVICE_ACCOUNT",
     "cluster_rbac",
     "deployment",
+    "dra_driver_rbac",
     "leader_election_rbac",
     "namespace_and_account",
 ]
@@ -87,6 +89,48 @@ def cluster_rbac() -> list[dict[str, Any]]:
                 "name": "kmm-operator",
             },
             "subjects": _subjects(),
+        },
+    ]
+
+
+DRA_DRIVER_ACCOUNT = "kmm-dra-driver"
+
+
+def dra_driver_rbac(namespace: str, account: str = DRA_DRIVER_ACCOUNT) -> list[dict[str, Any]]:
+    """The ServiceAccount a ``kmm driver`` pod runs as, and no more access
+    than it uses: its node's ResourceSlices (listed and watched by node, made
+    and removed; RBAC cannot narrow them to one node, the Node authorizer
+    does that only for kubelets), the claims it prepares (read, cached),
+    its Node (read: the slices' owner, and the Event's subject) and Events
+    (the RestartRequired warning)."""
+    name = f"{account}-{namespace}"  # cluster-scoped: one per account
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": account, "namespace": namespace},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": [
+                _rule("resource.k8s.io", ["resourceslices"], ["list", "watch", "create", "delete"]),
+                _rule("resource.k8s.io", ["resourceclaims"], ["get", "list", "watch"]),
+                _rule("", ["nodes"], ["get"]),
+                _rule("", ["events"], ["create"]),
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
         },
     ]
 

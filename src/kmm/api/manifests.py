@@ -27,6 +27,7 @@ FILES: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "rbac/operator.yaml": lambda: installation.cluster_rbac() + installation.leader_election_rbac(),
     "operator/deployment.yaml": lambda: [installation.deployment()],
     "examples/module.yaml": lambda: [examples.module()],
+    "examples/dra-module.yaml": examples.dra_module_objects,
     "operator/examples/demo-module.yaml": lambda: [examples.demo_module()],
 }
 

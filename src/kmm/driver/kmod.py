@@ -79,8 +79,13 @@ class KmodPolicy:
         dev_pattern: str | None = None,
         kernel_version: str | None = None,
         poll_interval: float = 10.0,
+        sys_dir: pathlib.Path | None = None,
+        dev_dir: pathlib.Path | None = None,
     ) -> None:
         self._root = root
+        # Where the host's /sys and /dev are (a container mounts them elsewhere).
+        self._sys = sys_dir or root / "sys"
+        self._dev = dev_dir or root / "dev"
         self._module = module
         self._node = node
         self._class = device_class
@@ -92,6 +97,15 @@ class KmodPolicy:
         self._by_claim: dict[claims.ClaimUID, list[str]] = {}
         self._poke = asyncio.Event()
 
+    def update(
+        self, *, device_class: str | None, dev_pattern: str | None, poll_interval: float
+    ) -> None:
+        """New discovery settings, used from the next scan on (which starts now)."""
+        self._class = device_class
+        self._pattern = dev_pattern or (None if device_class else f"{self._module}*")
+        self._poll_interval = poll_interval
+        self.poke()
+
     def _kernel_version(self) -> str:
         return _read(self._root / "proc/sys/kernel/osrelease") or os.uname().release
 
@@ -99,10 +113,10 @@ class KmodPolicy:
 
     def discover(self) -> dict[str, KmodDevice]:
         """The devices present now, by published name."""
-        dev = self._root / "dev"
+        dev = self._dev
         found: dict[str, KmodDevice] = {}
         if self._class:
-            class_dir = self._root / "sys/class" / self._class
+            class_dir = self._sys / "class" / self._class
             entries = sorted(class_dir.iterdir()) if class_dir.is_dir() else []
             for entry in entries:
                 if self._pattern and not entry.match(self._pattern):
@@ -136,7 +150,7 @@ class KmodPolicy:
                 numa = int(numa_text)
         return KmodDevice(
             name=_label(path.name),
-            node=f"/dev/{path.relative_to(self._root / 'dev')}",
+            node=f"/dev/{path.relative_to(self._dev)}",
             host_path=path,
             kind=kind,
             major=major,
@@ -149,7 +163,7 @@ class KmodPolicy:
             "module": {"string": self._module},
             "kernelVersion": {"string": self._kernel},
         }
-        version = _read(self._root / "sys/module" / self._module / "version")
+        version = _read(self._sys / "module" / self._module / "version")
         if version:
             attributes["moduleVersion"] = {"string": version}
         if device.major is not None and device.minor is not None:

@@ -8,25 +8,40 @@ failing task, or by the SIGTERM handler - only records the reason and wakes
 released. Both ways in therefore shut down identically, and the plugin is
 never stopped from the task whose failure asked for it.
 
-``run`` decides whether DRA is on (``config.decide_dra``), starts the
-plugin, publishes the policy's devices, rescans them periodically
-(republishing on change), allows claims once the owner is synchronized,
-and waits for the shutdown request.
+``run`` decides whether DRA is on (``config.decide_dra``), serves the gRPC
+health service on ``health_port`` (``liveness``, SERVING while the driver
+runs, NOT_SERVING as it stops), starts the plugin, publishes the policy's
+devices, rescans them periodically (republishing on change), allows claims
+once the owner is synchronized, and waits for the shutdown request.
+
+``reconfigure`` applies a new configuration where it can (device discovery,
+scan interval, log level) and refuses what needs a restart: the refusal is
+logged and, with cluster access, given to the Node as a Warning Event
+(reason ``RestartRequired``), and the driver keeps running as it was.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
 import logging
 from collections.abc import Callable
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kmm.aio import tasks
 from kmm.driver import config as configuration
 from kmm.driver import kmod
-from kmm.kube import client
+from kmm.kube import client, errors, resources
 from kmm.kubeletplugin import claimcache, claims, plugins, publishing
 
-__all__ = ["Driver"]
+__all__ = ["LIVENESS", "Driver"]
+
+LIVENESS = "liveness"  # the service name the DaemonSet's gRPC probe asks for
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +70,11 @@ class Driver:
         self.committed: dict[claims.ClaimUID, claims.ClaimRef] = {}
         self.decision: configuration.Decision | None = None
         self.started = asyncio.Event()
+        self._rescan_now = asyncio.Event()
+        self._events: set[asyncio.Task[None]] = set()
+        self.health = health_aio.HealthServicer()
+        self.health_server: aio.Server | None = None
+        self.health_port: int | None = None  # bound, once serving
 
     # -- owners.Owner ----------------------------------------------------------
 
@@ -81,10 +101,67 @@ class Driver:
 
     # -- configuration -------------------------------------------------------
 
-    def reconfigure(self, new: configuration.Config) -> None:
-        """Apply a new configuration; changes that need a restart are refused."""
-        configuration.check_reconfigure(self.config, new)
+    def reconfigure(self, new: configuration.Config) -> bool:
+        """Apply a new configuration; a change that needs a restart is refused
+        (logged, and a Warning Event on the Node) and nothing is changed."""
+        try:
+            configuration.check_reconfigure(self.config, new)
+        except configuration.ConfigError as err:
+            logger.warning("configuration change refused: %s", err)
+            self._warn_node("RestartRequired", f"kmm driver {self.config.driver_name}: {err}")
+            return False
         self.config = new
+        self.policy.update(
+            device_class=new.device_class,
+            dev_pattern=new.dev_pattern,
+            poll_interval=new.poll_interval,
+        )
+        self._rescan_interval = new.poll_interval
+        logging.getLogger("kmm").setLevel(
+            logging.DEBUG if new.log_level == "debug" else logging.INFO
+        )
+        self._rescan_now.set()
+        logger.info("configuration applied")
+        return True
+
+    def _warn_node(self, reason: str, message: str) -> None:
+        if self._api is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._post_node_event(reason, message))
+        self._events.add(task)
+        task.add_done_callback(self._events.discard)
+
+    async def _post_node_event(self, reason: str, message: str) -> None:
+        assert self._api is not None
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            node = await self._api.request("GET", resources.NODES.path(name=self.config.node))
+            await self._api.request(
+                "POST",
+                resources.EVENTS.path("default"),
+                body={
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {"generateName": f"{self.config.node}."},
+                    "involvedObject": {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": self.config.node,
+                        "uid": node["metadata"]["uid"],
+                    },
+                    "reason": reason,
+                    "message": message,
+                    "type": "Warning",
+                    "source": {"component": "kmm-driver", "host": self.config.node},
+                    "firstTimestamp": now,
+                    "lastTimestamp": now,
+                    "count": 1,
+                },
+            )
+        except errors.ApiError as err:
+            logger.warning(
+                "could not record the %s Event on node %s: %s", reason, self.config.node, err
+            )
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -94,6 +171,34 @@ class Driver:
         """Run until a shutdown is requested; return its reason."""
         if install_signals is not None:
             install_signals(self.request_shutdown)
+        if self.config.health_port is not None:
+            await self._serve_health(self.config.health_port)
+        try:
+            return await self._run()
+        finally:
+            await self._stop_health()
+
+    async def _serve_health(self, port: int) -> None:
+        server = aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        try:
+            self.health_port = server.add_insecure_port(f"0.0.0.0:{port}")
+        except RuntimeError as err:
+            raise configuration.ConfigError(f"health port {port}: {err}") from err
+        await server.start()
+        self.health_server = server
+        for service in ("", LIVENESS):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        logger.info("gRPC health (%s) on port %d", LIVENESS, self.health_port)
+
+    async def _stop_health(self) -> None:
+        if self.health_server is None:
+            return
+        await self.health.enter_graceful_shutdown()
+        with contextlib.suppress(grpc.RpcError):
+            await self.health_server.stop(grace=1.0)
+
+    async def _run(self) -> str:
         self.decision = configuration.decide_dra(
             self.config.dra,
             policy_wants=self.policy.wants_dra,
@@ -116,7 +221,7 @@ class Driver:
             owner=self,
             policy=self.policy,
             claim_source=source,
-            paths=plugins.Paths.under(self.config.root, self.config.driver_name),
+            paths=self._paths(),
             api=self._api,
         )
         self.plugin = plugin
@@ -139,6 +244,16 @@ class Driver:
             await plugin.stop()
         return self.shutdown_reason or ""
 
+    def _paths(self) -> plugins.Paths:
+        standard = plugins.Paths.under(self.config.root, self.config.driver_name)
+        return plugins.Paths(
+            registrar_dir=self.config.registrar_dir or standard.registrar_dir,
+            plugin_data_dir=(self.config.plugins_dir / self.config.driver_name)
+            if self.config.plugins_dir
+            else standard.plugin_data_dir,
+            cdi_dir=self.config.cdi_dir or standard.cdi_dir,
+        )
+
     def _background_error(self, error: BaseException, message: str) -> None:
         if self.plugin is not None:
             self.plugin.handle_error(error, message)
@@ -147,7 +262,9 @@ class Driver:
 
     async def _rescan(self, plugin: plugins.Plugin, devices: list[publishing.Device]) -> None:
         while True:
-            await asyncio.sleep(self._rescan_interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._rescan_now.wait(), timeout=self._rescan_interval)
+            self._rescan_now.clear()
             current = list(self.policy.devices())
             if current != devices:
                 devices = current

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 __all__ = ["Prober", "check"]
 
@@ -76,23 +77,13 @@ async def _tcp(spec: Mapping[str, Any], container: Mapping[str, Any], timeout: f
     return True
 
 
-def _health_request(service: str) -> bytes:
-    # grpc.health.v1.HealthCheckRequest{service}: field 1, length-delimited.
-    encoded = service.encode()
-    return (b"\x0a" + bytes([len(encoded)]) + encoded) if encoded else b""
-
-
 async def _grpc(spec: Mapping[str, Any], timeout: float) -> bool:
-    target = f"127.0.0.1:{int(spec['port'])}"
-    async with aio.insecure_channel(target) as channel:
-        call = channel.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            request_serializer=lambda raw: raw,
-            response_deserializer=lambda raw: raw,
+    async with aio.insecure_channel(f"127.0.0.1:{int(spec['port'])}") as channel:
+        stub: Any = health_pb2_grpc.HealthStub(channel)  # typed for the sync API
+        answer = await stub.Check(
+            health_pb2.HealthCheckRequest(service=str(spec.get("service") or "")), timeout=timeout
         )
-        answer: bytes = await call(_health_request(str(spec.get("service") or "")), timeout=timeout)
-    # HealthCheckResponse{status = SERVING (1)}: field 1, varint.
-    return answer == b"\x08\x01"
+    return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 async def check(

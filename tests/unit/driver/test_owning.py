@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import pathlib
 import sys
@@ -14,6 +15,7 @@ from kubeletplugin.kubelet import Kubelet, devices_of
 
 from kmm.driver import config, kmod, owning
 from kmm.kube import client
+from kmm.kubelet import probes
 from kmm.kubeletplugin import claimcache, errors, plugins
 
 from .conftest import make_tree
@@ -129,13 +131,48 @@ async def test_explicit_false_wins(
     assert fake.requests == {}
 
 
-def test_reconfigure_refuses_dra_changes(root: pathlib.Path) -> None:
+def test_reconfigure_refuses_dra_changes_and_keeps_running_as_it_was(
+    root: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
     driver = make_driver(root, None, claimcache.StaticClaims())
-    new = config.Config(
-        node="node-a", driver_name=DRIVER, module="foo", root=root, dra=config.DRAConfig(True)
+    before = driver.config
+    new = dataclasses.replace(before, dra=config.DRAConfig(True), dev_pattern="foo1")
+    assert driver.reconfigure(new) is False
+    assert driver.config is before
+    assert "needs a restart" in caplog.text
+
+
+def test_reconfigure_applies_discovery_settings_at_once(root: pathlib.Path) -> None:
+    make_tree(root)
+    driver = make_driver(root, None, claimcache.StaticClaims())
+    assert sorted(driver.policy.discover()) == ["foo0", "foo1"]
+    assert driver.reconfigure(dataclasses.replace(driver.config, dev_pattern="foo1"))
+    assert sorted(driver.policy.discover()) == ["foo1"]
+
+
+async def test_the_health_service_answers_liveness_while_the_driver_runs(
+    root: pathlib.Path,
+) -> None:
+    make_tree(root)
+    cfg = dataclasses.replace(
+        make_driver(root, None, claimcache.StaticClaims()).config, health_port=0
     )
-    with pytest.raises(config.ConfigError, match="restart"):
-        driver.reconfigure(new)
+    policy = kmod.KmodPolicy(root=root, module="foo", node="node-a", device_class="foo")
+    driver = owning.Driver(cfg, policy=policy, api=None, rescan_interval=3600)
+    task = await run_until_started(driver)
+    assert driver.health_port
+    probe = {"grpc": {"port": driver.health_port, "service": owning.LIVENESS}}
+    assert await probes.check(probe, {}, _no_exec)
+    assert not await probes.check(
+        {"grpc": {"port": driver.health_port, "service": "x"}}, {}, _no_exec
+    )
+    driver.request_shutdown("test")
+    assert await asyncio.wait_for(task, timeout=10) == "test"
+    assert not await probes.check(probe, {}, _no_exec)  # gone with the driver
+
+
+async def _no_exec(argv: list[str], timeout: float) -> bool:
+    raise AssertionError("no exec probe here")
 
 
 async def test_cli_sigterm_takes_the_shutdown_path(root: pathlib.Path) -> None:
