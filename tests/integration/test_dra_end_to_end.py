@@ -12,9 +12,11 @@ with the CDI ids of its device. Then back down.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -50,7 +52,7 @@ async def driver_rbac(api: kube_client.Client, namespace: str) -> AsyncIterator[
                 )
 
 
-def _workload(name: str, node: str, template: str) -> dict[str, Any]:
+def _pod_body(name: str, node: str, template: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -70,6 +72,110 @@ def _workload(name: str, node: str, template: str) -> dict[str, Any]:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Deployed:
+    module: str  # the fake kernel module's name, unique per test
+    driver: str
+    device_class: str
+    node: emulating.EmulatedNode
+    running: Any  # the node's emulator.Emulator
+
+
+async def _slices(api: kube_client.Client, node: str, driver: str) -> list[dict[str, Any]]:
+    listing = await api.request(
+        "GET",
+        resources.RESOURCE_SLICES.path(),
+        query={"fieldSelector": f"spec.nodeName={node},spec.driver={driver}"},
+    )
+    found: list[dict[str, Any]] = listing["items"]
+    return found
+
+
+@contextlib.asynccontextmanager
+async def deployed(
+    api_client: client.ApiClient, kmm_api: kube_client.Client, namespace: str
+) -> AsyncIterator[Deployed]:
+    """An emulated node selected by a DRA Module of ``examples.dra_module``,
+    its driver pod registered and its devices published."""
+    async with emulating.emulated(kmm_api, wipe_delay=2.0) as (node, running):
+        module = f"e2e{uuid.uuid4().hex[:6]}"
+        real.fake_tree(node.root, module)
+        select = f"kmm-e2e-{module}"
+        body = examples.dra_module("demo", namespace, module_name=module, selector={select: "yes"})
+        found = Deployed(
+            module=module,
+            driver=body["spec"]["dra"]["driverName"],
+            device_class=body["spec"]["dra"]["deviceClasses"][0]["name"],
+            node=node,
+            running=running,
+        )
+        async with support.selecting(api_client, [node.name], select):
+            await dra.create(api_client, namespace, body)
+
+            async def registered() -> bool:
+                return bool(running.registry.usable(found.driver))
+
+            async def published() -> bool:
+                return bool(await _slices(kmm_api, node.name, found.driver))
+
+            await testing.eventually(
+                registered, "the driver pod's kmm driver registered", bound=180
+            )
+            await testing.eventually(published, "its devices published")
+            await dra.wait_targets(api_client, namespace, "demo", {node.name}, "driver Ready")
+            yield found
+
+
+async def _workload(kmm_api: kube_client.Client, namespace: str, on: Deployed) -> dict[str, Any]:
+    """A pod with a claim from a template for the Module's DeviceClass, Running."""
+    template = f"t-{uuid.uuid4().hex[:6]}"
+    await kmm_api.request(
+        "POST",
+        f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+        body={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": template},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "one", "exactly": {"deviceClassName": on.device_class}}
+                        ]
+                    }
+                }
+            },
+        },
+    )
+    name = f"w-{template}"
+    await kmm_api.request(
+        "POST", resources.PODS.path(namespace), body=_pod_body(name, on.node.name, template)
+    )
+
+    async def workload_running() -> bool:
+        try:
+            pod = await kmm_api.request("GET", resources.PODS.path(namespace, name))
+        except kube_errors.NotFound:
+            return False
+        return bool((pod.get("status") or {}).get("phase") == "Running")
+
+    await testing.eventually(workload_running, "the workload Running", bound=120)
+    pod: dict[str, Any] = await kmm_api.request("GET", resources.PODS.path(namespace, name))
+    return pod
+
+
+async def cordoned(api: client.ApiClient, node: str) -> None:
+    # Not restored: the emulated node goes with the test.
+    await client.CoreV1Api(api).patch_node(node, {"spec": {"unschedulable": True}})
+
+
+def _unprepared(on: Deployed) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return not emulating._claims(on.node) and not list(on.node.cdi_dir.glob(f"{on.driver}-*"))
+
+    return check
+
+
 @pytest.mark.usefixtures("manifests")
 async def test_a_dra_module_brings_a_workload_its_device_and_leaves_nothing_behind(
     sandbox: testing.RunningSandbox,
@@ -78,99 +184,85 @@ async def test_a_dra_module_brings_a_workload_its_device_and_leaves_nothing_behi
     namespace: str,
 ) -> None:
     async with (
-        emulating.emulated(kmm_api, wipe_delay=2.0) as (node, running),
         driver_rbac(kmm_api, namespace),
         support.operator_in_process(sandbox.kubeconfig) as operator,
+        deployed(api_client, kmm_api, namespace) as on,
     ):
-        module = f"e2e{uuid.uuid4().hex[:6]}"
-        real.fake_tree(node.root, module)
-        select = f"kmm-e2e-{module}"
-        body = examples.dra_module("demo", namespace, module_name=module, selector={select: "yes"})
-        driver = body["spec"]["dra"]["driverName"]
-        device_class = body["spec"]["dra"]["deviceClasses"][0]["name"]
-        async with support.selecting(api_client, [node.name], select):
-            await dra.create(api_client, namespace, body)
+        pod = await _workload(kmm_api, namespace, on)
+        (claim,) = emulating._claims(on.node)
+        (device,) = (claim.driver_state or {})[on.driver]
+        assert device.device_name.startswith(on.module)
+        assert emulating._containers(on.node)[pod["metadata"]["uid"]] == {
+            "main": list(device.cdi_device_ids or ())
+        }
+        assert len(list(on.node.cdi_dir.glob(f"{on.driver}-*.json"))) == 1
 
-            async def registered() -> bool:
-                return running.registry.usable(driver)
+        # Back down: the workload goes, its claim is unprepared; then the Module.
+        await kmm_api.request("DELETE", resources.PODS.path(namespace, pod["metadata"]["name"]))
+        await testing.eventually(_unprepared(on), "the claim unprepared, its CDI spec gone")
+        await support.delete_and_wait_clean(api_client, namespace, "demo")
+        await operator.wait_idle("the Module gone")
+        socket = on.node.kubelet_dir / "plugins_registry" / f"{on.driver}-reg.sock"
 
-            await testing.eventually(
-                registered, "the driver pod's kmm driver registered", bound=180
+        async def nothing_left() -> bool:
+            return (
+                not await dra.dra_daemonsets(api_client, namespace)
+                and not await dra.our_classes(api_client, namespace, "demo")
+                and not await dra.labelled(api_client, labels.dra_target(namespace, "demo"))
+                and not on.running.registry.usable(on.driver)
+                and not socket.exists()
+                and not await _slices(kmm_api, on.node.name, on.driver)
             )
 
-            async def published() -> bool:
-                listing = await kmm_api.request(
-                    "GET",
-                    resources.RESOURCE_SLICES.path(),
-                    query={"fieldSelector": f"spec.nodeName={node.name},spec.driver={driver}"},
-                )
-                return bool(listing["items"])
+        await testing.eventually(nothing_left, "no DaemonSet, class, label, socket or slice")
 
-            await testing.eventually(published, "its devices published")
-            await dra.wait_targets(api_client, namespace, "demo", {node.name}, "driver Ready")
 
-            template = f"t-{module}"
-            await kmm_api.request(
-                "POST",
-                f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
-                body={
-                    "apiVersion": "resource.k8s.io/v1",
-                    "kind": "ResourceClaimTemplate",
-                    "metadata": {"name": template},
-                    "spec": {
-                        "spec": {
-                            "devices": {
-                                "requests": [
-                                    {"name": "one", "exactly": {"deviceClassName": device_class}}
-                                ]
-                            }
-                        }
-                    },
-                },
-            )
-            workload = f"w-{module}"
-            await kmm_api.request(
-                "POST",
-                resources.PODS.path(namespace),
-                body=_workload(workload, node.name, template),
-            )
+@pytest.mark.usefixtures("manifests")
+async def test_cordoning_unprepares_the_evicted_workloads_claim_before_the_driver_goes(
+    sandbox: testing.RunningSandbox,
+    api_client: client.ApiClient,
+    kmm_api: kube_client.Client,
+    namespace: str,
+) -> None:
+    async with (
+        driver_rbac(kmm_api, namespace),
+        support.operator_in_process(sandbox.kubeconfig),
+        deployed(api_client, kmm_api, namespace) as on,
+    ):
+        pod = await _workload(kmm_api, namespace, on)
+        await cordoned(api_client, on.node.name)
+        target = labels.dra_target(namespace, "demo")
+        # Cordoned while the claim is in use: the driver stays.
+        await asyncio.sleep(3)
+        assert on.node.name in await dra.labelled(api_client, target)
+        assert on.running.registry.usable(on.driver)
 
-            async def workload_running() -> bool:
-                try:
-                    pod = await kmm_api.request("GET", resources.PODS.path(namespace, workload))
-                except kube_errors.NotFound:
-                    return False
-                return bool((pod.get("status") or {}).get("phase") == "Running")
+        # Evicted, as a drain does; the claim unprepared through the driver,
+        # and only then do the label and the driver pod go.
+        await kmm_api.request(
+            "POST",
+            resources.PODS.path(namespace, pod["metadata"]["name"], subresource="eviction"),
+            body={
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": pod["metadata"]["name"], "namespace": namespace},
+            },
+        )
+        await testing.eventually(_unprepared(on), "the claim unprepared, its CDI spec gone")
+        unprepares = [c for c in on.running.manager.calls if c[0] == "NodeUnprepareResources"]
+        assert len(unprepares) == 1
+        assert (
+            on.running.metrics.operations.labels(
+                "NodeUnprepareResources", on.driver, "ok"
+            )._value.get()
+            == 1
+        )
 
-            await testing.eventually(workload_running, "the workload Running", bound=120)
-            pod = await kmm_api.request("GET", resources.PODS.path(namespace, workload))
-            (claim,) = emulating._claims(node)
-            (device,) = (claim.driver_state or {})[driver]
-            assert device.device_name.startswith(module)
-            assert emulating._containers(node)[pod["metadata"]["uid"]] == {
-                "main": list(device.cdi_device_ids or ())
-            }
-            specs = sorted(node.cdi_dir.glob(f"{driver}-*.json"))
-            assert len(specs) == 1
+        async def driver_gone() -> bool:
+            return on.node.name not in await dra.labelled(
+                api_client, target
+            ) and not await dra.driver_nodes(api_client, namespace)
 
-            # Back down: the workload goes, its claim is unprepared; then the Module.
-            await kmm_api.request("DELETE", resources.PODS.path(namespace, workload))
-
-            async def unprepared() -> bool:
-                return not emulating._claims(node) and not list(node.cdi_dir.glob(f"{driver}-*"))
-
-            await testing.eventually(unprepared, "the claim unprepared, its CDI spec gone")
-            await support.delete_and_wait_clean(api_client, namespace, "demo")
-            await operator.wait_idle("the Module gone")
-
-            async def nothing_left() -> bool:
-                return (
-                    not await dra.dra_daemonsets(api_client, namespace)
-                    and not await dra.our_classes(api_client, namespace, "demo")
-                    and not await dra.labelled(api_client, labels.dra_target(namespace, "demo"))
-                    and not running.registry.usable(driver)
-                    and not (node.kubelet_dir / "plugins_registry" / f"{driver}-reg.sock").exists()
-                    and not await published()
-                )
-
-            await testing.eventually(nothing_left, "no DaemonSet, class, label, socket or slice")
+        await testing.eventually(driver_gone, "the label and the driver pod gone", bound=120)
+        assert not list(on.node.cdi_dir.iterdir())
+        await support.delete_and_wait_clean(api_client, namespace, "demo")

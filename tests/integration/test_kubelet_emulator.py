@@ -83,7 +83,16 @@ async def emulated(
     )
     stop = asyncio.Event()
     task = asyncio.ensure_future(running.run(stop))
+
+    async def registered() -> bool:
+        try:
+            await kmm_api.request("GET", resources.NODES.path(name=node.name))
+        except kube_errors.NotFound:
+            return False
+        return True
+
     try:
+        await testing.eventually(registered, "the emulated node registered")
         yield node, running
     finally:
         stop.set()

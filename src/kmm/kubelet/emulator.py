@@ -583,3 +583,9 @@ class Emulator:
             if self.streams is not None:
                 await self.streams.close()
             await self.registry.close()
+            # Stopping the processes above may have dropped plugins: their
+            # delayed wipes end with the emulator too.
+            wipes = list(self._wipes.values())
+            for task in wipes:
+                task.cancel()
+            await asyncio.gather(*wipes, return_exceptions=True)

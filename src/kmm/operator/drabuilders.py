@@ -11,7 +11,7 @@ liveness probe's), the user's ``env`` after them so a user may override one;
 privileged (a driver creates device nodes and sockets on the host). It runs
 where the module is loaded and the node is a DRA target (``.ready`` and
 ``.dra-target``, plus the device-plugin version label with a version); a
-Module without ``moduleLoader`` selects ``spec.selector`` itself. The name
+Module without ``moduleLoader`` selects ``spec.selector`` and ``.dra-target``. The name
 does not depend on ``moduleLoader``, so adding or removing it updates the one
 DaemonSet in place.
 

@@ -47,9 +47,11 @@ def pod_labels(module: modules.Module, role: Role) -> dict[str, str]:
 
 
 def node_selector(module: modules.Module, gates: Mapping[str, str] = {}) -> dict[str, str]:
-    """``spec.selector`` without a loader; else ``.ready``, ``gates`` and the version label."""
+    """``spec.selector`` and ``gates`` without a loader; else ``.ready``, ``gates``
+    and the version label. The gates hold either way: they are how the
+    operator takes a role off a node (a cordoned node loses its DRA target)."""
     if module.spec.module_loader is None:
-        return dict(module.spec.selector)
+        return {**module.spec.selector, **(gates or {})}
     namespace, name = _ids(module)
     selected = {labels.ready(namespace, name): "", **(gates or {})}
     version = _version(module)

@@ -196,7 +196,8 @@ def test_daemonset_carries_what_driver_images_expect() -> None:
 
 def test_selector_without_a_loader_and_with_a_version() -> None:
     without = drabuilders.daemonset(_module(loader=False))
-    assert without["spec"]["template"]["spec"]["nodeSelector"] == {"pick": "yes"}
+    # The target label gates a loader-less driver too: it is what cordon removes.
+    assert without["spec"]["template"]["spec"]["nodeSelector"] == {"pick": "yes", TARGET: ""}
     # The same name either way: adding or removing moduleLoader updates one DaemonSet.
     assert without["metadata"]["name"] == drabuilders.daemonset(_module())["metadata"]["name"]
     versioned = drabuilders.daemonset(_module(version="v2"))
