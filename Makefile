@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo demo-stop sandbox-binaries test lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries test lint typecheck layers unit integration protos clean
 
 all: test
 
@@ -37,6 +37,31 @@ demo: venv demo-stop
 demo-stop:
 	-@test -f $(DEMO_DIR)/operator.pid && kill $$(cat $(DEMO_DIR)/operator.pid) 2>/dev/null; rm -f $(DEMO_DIR)/operator.pid
 	-@test -x $(BIN)/kmm && $(BIN)/kmm sandbox down --dir $(DEMO_DIR) >/dev/null 2>&1; true
+
+# DRA on the sandbox: an emulated node (`kmm kubelet`, a fake kernel module
+# "kmmdemo" with two devices under its root), the operator, the example DRA
+# Module (its driver pods run kmm driver on the node) and a workload whose claim
+# the scheduler allocates; then where it was allocated and the CDI spec it got.
+DRA_DEMO_DIR ?= $(HOME)/.local/state/kmm/demo-dra
+DRA_DEMO_KUBECONFIG := $(DRA_DEMO_DIR)/kubeconfig
+
+demo-dra: venv demo-dra-stop
+	$(BIN)/kmm sandbox up --dir $(DRA_DEMO_DIR) --nodes 0
+	$(BIN)/kmm apply --kubeconfig $(DRA_DEMO_KUBECONFIG) -f deploy/crd/modules.kmm.sigs.x-k8s.io.yaml -f deploy/admission/modules.kmm.sigs.x-k8s.io.yaml
+	mkdir -p $(DRA_DEMO_DIR)/node
+	$(BIN)/kmm kubelet --kubeconfig $(DRA_DEMO_KUBECONFIG) --node kmm-dra-0 --root $(DRA_DEMO_DIR)/node --label node-role.kubernetes.io/worker= --fake-module kmmdemo=2 --metrics-port 0 >$(DRA_DEMO_DIR)/kubelet.log 2>&1 & echo $$! >$(DRA_DEMO_DIR)/kubelet.pid
+	$(BIN)/kmm operator --kubeconfig $(DRA_DEMO_KUBECONFIG) --bind-address 127.0.0.1 --metrics-port 0 --health-port 0 --no-leader-election >$(DRA_DEMO_DIR)/operator.log 2>&1 & echo $$! >$(DRA_DEMO_DIR)/operator.pid
+	$(BIN)/kmm apply --kubeconfig $(DRA_DEMO_KUBECONFIG) -f deploy/examples/dra-module.yaml
+	$(BIN)/kmm apply --kubeconfig $(DRA_DEMO_KUBECONFIG) -f deploy/examples/dra-workload.yaml
+	$(BIN)/kmm claims --kubeconfig $(DRA_DEMO_KUBECONFIG) --wait 180
+	@echo "CDI spec on the node ($(DRA_DEMO_DIR)/node/var/run/cdi):"
+	@cat $(DRA_DEMO_DIR)/node/var/run/cdi/*.json; echo
+	@echo "the workload's containers were given: $$(cat $(DRA_DEMO_DIR)/node/var/lib/kubelet/kmm-emulator/containers.json)"
+	@echo "logs: $(DRA_DEMO_DIR)/{kubelet,operator}.log, the driver's under $(DRA_DEMO_DIR)/node/var/log/pods; stop it all: make demo-dra-stop"
+
+demo-dra-stop:
+	-@for p in operator kubelet; do test -f $(DRA_DEMO_DIR)/$$p.pid && kill $$(cat $(DRA_DEMO_DIR)/$$p.pid) 2>/dev/null; rm -f $(DRA_DEMO_DIR)/$$p.pid; done; sleep 1
+	-@test -x $(BIN)/kmm && $(BIN)/kmm sandbox down --dir $(DRA_DEMO_DIR) >/dev/null 2>&1; true
 
 lint: venv
 	$(BIN)/ruff check src tests bench

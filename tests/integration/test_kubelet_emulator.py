@@ -325,7 +325,7 @@ async def test_kmm_kubelet_as_a_process_registers_its_node_and_stops_on_sigterm(
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-c", "from kmm.cli import main; main()", "kubelet",
         f"--node={name}", f"--root={directory}", f"--kubeconfig={sandbox.kubeconfig}",
-        "--kernel=6.8.0-45-generic",
+        "--kernel=6.8.0-45-generic", "--label=example.com/role=gpu", "--fake-module=fakemod=2",
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -342,6 +342,12 @@ async def test_kmm_kubelet_as_a_process_registers_its_node_and_stops_on_sigterm(
         node = await kmm_api.request("GET", resources.NODES.path(name=name))
         assert node["status"]["nodeInfo"]["kernelVersion"] == "6.8.0-45-generic"
         assert node["metadata"]["labels"]["kubernetes.io/hostname"] == name
+        assert node["metadata"]["labels"]["example.com/role"] == "gpu"
+        assert sorted(p.name for p in (directory / "sys/class/fakemod").iterdir()) == [
+            "fakemod0",
+            "fakemod1",
+        ]
+        assert (directory / "dev/fakemod1").exists()
 
         async def leased() -> bool:
             try:

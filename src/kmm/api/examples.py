@@ -11,7 +11,14 @@ from typing import Any
 
 from kmm.api import installation, modules
 
-__all__ = ["DRA_MODULE", "demo_module", "dra_module", "dra_module_objects", "module"]
+__all__ = [
+    "DRA_MODULE",
+    "demo_module",
+    "dra_module",
+    "dra_module_objects",
+    "dra_workload",
+    "module",
+]
 
 # What dra_module() offers: the devices a loaded kernel module "kmmdemo"
 # exposes as /sys/class/kmmdemo/* with /dev nodes.
@@ -157,3 +164,43 @@ def dra_module(
 def dra_module_objects(namespace: str = "default") -> list[dict[str, Any]]:
     """``deploy/examples/dra-module.yaml``: the driver's account and RBAC, then the Module."""
     return [*installation.dra_driver_rbac(namespace), dra_module(namespace=namespace)]
+
+
+def dra_workload(
+    namespace: str = "default", device_class: str = "kmm-dra-demo.kmm.io"
+) -> list[dict[str, Any]]:
+    """``deploy/examples/dra-workload.yaml``: a pod whose claim, made from a
+    template, asks for one device of the DRA Module's class."""
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-kmmdemo-device", "namespace": namespace},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "device", "exactly": {"deviceClassName": device_class}}
+                        ]
+                    }
+                }
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "kmmdemo-workload", "namespace": namespace},
+            "spec": {
+                "resourceClaims": [
+                    {"name": "device", "resourceClaimTemplateName": "one-kmmdemo-device"}
+                ],
+                "containers": [
+                    {
+                        "name": "app",
+                        "image": "registry.example/app:1",
+                        "resources": {"claims": [{"name": "device"}]},
+                    }
+                ],
+            },
+        },
+    ]

@@ -28,6 +28,7 @@ FILES: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "operator/deployment.yaml": lambda: [installation.deployment()],
     "examples/module.yaml": lambda: [examples.module()],
     "examples/dra-module.yaml": examples.dra_module_objects,
+    "examples/dra-workload.yaml": examples.dra_workload,
     "operator/examples/demo-module.yaml": lambda: [examples.demo_module()],
 }
 

@@ -24,6 +24,7 @@ _REGISTRARS = {
     "operator": "kmm.cli.operating",
     "apply": "kmm.cli.applying",
     "modules": "kmm.cli.listing",
+    "claims": "kmm.cli.claiming",
     "upgrade": "kmm.cli.upgrading",
     "status": "kmm.cli.upgrading",
     "driver": "kmm.cli.driving",

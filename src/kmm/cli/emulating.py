@@ -20,7 +20,7 @@ import typer
 from kmm.api import installation
 from kmm.cli import clients
 from kmm.kube import errors as kube_errors
-from kmm.kubelet import checkpoint, emulator, nodes
+from kmm.kubelet import checkpoint, emulator, fakedevices, nodes
 
 __all__ = ["kubelet", "register"]
 
@@ -67,6 +67,20 @@ def kubelet(
     metrics_port: Annotated[
         int, typer.Option(help="Serve /metrics on 127.0.0.1:PORT (0: a free one, logged).")
     ] = 0,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="KEY=VALUE: a label of the Node it creates (repeatable).", metavar="KEY=VALUE"
+        ),
+    ] = None,
+    fake_module: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=COUNT: lay out a loaded kernel module NAME with COUNT devices under "
+            "--root (sys/module, sys/class/NAME, dev), for drivers to find (repeatable).",
+            metavar="NAME=COUNT",
+        ),
+    ] = None,
     resource_health_status: Annotated[
         bool,
         typer.Option(
@@ -89,8 +103,15 @@ def kubelet(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    labels = _pairs(label or [], "--label")
+    for name, count in _pairs(fake_module or [], "--fake-module"):
+        if not count.isdigit():
+            raise typer.BadParameter(
+                f"{name}={count}: COUNT must be a number", param_hint="--fake-module"
+            )
+        fakedevices.lay_out(root, name, int(count))
     options = emulator.Options(
-        node=nodes.NodeSpec(name=node, kernel=kernel or platform.release()),
+        node=nodes.NodeSpec(name=node, kernel=kernel or platform.release(), labels=tuple(labels)),
         root=root.resolve(),
         wipe_delay=wipe_delay,
         retry=retry,
@@ -104,6 +125,16 @@ def kubelet(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from err
     typer.echo("kubelet emulator stopped", err=True)
+
+
+def _pairs(values: list[str], flag: str) -> list[tuple[str, str]]:
+    found = []
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{value!r} is not KEY=VALUE", param_hint=flag)
+        found.append((key, rest))
+    return found
 
 
 def register(app: typer.Typer) -> None:

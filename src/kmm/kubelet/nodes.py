@@ -46,6 +46,8 @@ class NodeSpec:
     memory: str = "32Gi"
     pods: str = "110"
     address: str = "127.0.0.1"
+    # More labels for a Node it creates (the kubelet's --node-labels).
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 def _conditions(ready: bool) -> list[dict[str, Any]]:
@@ -114,6 +116,7 @@ def node_body(spec: NodeSpec) -> dict[str, Any]:
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
                 "kmm.sigs.x-k8s.io/emulated": "true",
+                **dict(spec.labels),
             },
         },
         "spec": {},

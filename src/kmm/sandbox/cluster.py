@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from kmm.kube import client, objects
+from kmm.kube import errors as kube_errors
 from kmm.kube import kubeconfigs as kube_access
 from kmm.kube import resources as kube_resources
 from kmm.sandbox import (
@@ -294,6 +295,18 @@ async def up(
                     kwok.log,
                     processes.log_tail(kwok.log),
                 ) from err
+            # A cluster where a pod can be created: the controller-manager has
+            # made the default namespace's ServiceAccount, which admission needs.
+            try:
+                await _wait_default_account(api, options.start_timeout)
+            except TimeoutError as err:
+                raise errors.ComponentFailed(
+                    "kube-controller-manager",
+                    "did not create the default ServiceAccount of namespace default within "
+                    f"{options.start_timeout:.0f} s",
+                    controller_manager.log,
+                    processes.log_tail(controller_manager.log),
+                ) from err
         if kubelet_names:
             await _start_kubelets(
                 launcher, kubelet_names, binaries, credentials, kubeconfig_for, options
@@ -302,6 +315,17 @@ async def up(
         launcher.stop_all()
         raise
     return record
+
+
+async def _wait_default_account(api: client.Client, timeout: float) -> None:
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                await api.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")
+            except kube_errors.NotFound:
+                await asyncio.sleep(0.2)
+            else:
+                return
 
 
 async def _start_kubelets(
