@@ -24,13 +24,14 @@ import test_kubelet_emulator as emulating
 import test_kubelet_nodes as real
 import test_operator_dra as dra
 import test_operator_support as support
+import test_operator_upgrades as upgrades
 from kubernetes_asyncio import client
 
 from kmm.api import examples, installation, labels
 from kmm.cli import applying
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
-from kmm.kube import resources
+from kmm.kube import objects, resources
 from kmm.sandbox import testing
 
 manifests = support.manifests
@@ -266,3 +267,112 @@ async def test_cordoning_unprepares_the_evicted_workloads_claim_before_the_drive
         await testing.eventually(driver_gone, "the label and the driver pod gone", bound=120)
         assert not list(on.node.cdi_dir.iterdir())
         await support.delete_and_wait_clean(api_client, namespace, "demo")
+
+
+def _versioned(select: str, version: str, module: str) -> dict[str, Any]:
+    """The upgrade tests' versioned Module, its DRA driver ``kmm driver`` (the example's)."""
+    found = upgrades.body(select, version, {"driverName": f"{upgrades.NAME}.kmm.io"})
+    example = examples.dra_module(upgrades.NAME, module_name=module)["spec"]["dra"]
+    found["spec"]["dra"] = {**example, "driverName": f"{upgrades.NAME}.kmm.io"}
+    del found["spec"]["imageRepoSecret"]
+    return found
+
+
+def _driver_pods(pods: list[dict[str, Any]], node: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in pods
+        if p["spec"].get("nodeName") == node
+        and objects.labels(p).get(labels.ROLE) == "dra"
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+@pytest.mark.usefixtures("manifests")
+async def test_an_ordered_upgrade_of_a_dra_module_moves_one_node_while_the_other_serves(
+    sandbox: testing.RunningSandbox,
+    api_client: client.ApiClient,
+    kmm_api: kube_client.Client,
+    namespace: str,
+) -> None:
+    module = f"up{uuid.uuid4().hex[:6]}"
+    select = f"kmm-e2e-{module}"
+    kernel = {"kernel": "6.8.0-45-generic"}
+    async with (
+        driver_rbac(kmm_api, namespace),
+        support.operator_in_process(sandbox.kubeconfig) as operator,
+        emulating.emulated(kmm_api, node_spec=kernel) as (a, on_a),
+        emulating.emulated(kmm_api, node_spec=kernel) as (b, on_b),
+        support.selecting(api_client, [a.name, b.name], select),
+    ):
+        for node in (a, b):
+            real.fake_tree(node.root, module)
+        body = _versioned(select, "v1", module)
+        driver = body["spec"]["dra"]["driverName"]
+        device_class = body["spec"]["dra"]["deviceClasses"][0]["name"]
+        await dra.create(api_client, namespace, body)
+        for node in (a, b):
+            await upgrades.set_version(api_client, namespace, node.name, "v1")
+        await upgrades.wait_on(api_client, namespace, [a.name, b.name], "v1")
+        served = {
+            node.name: Deployed(module, driver, device_class, node, running)
+            for node, running in ((a, on_a), (b, on_b))
+        }
+        for found in served.values():
+
+            async def registered(found: Deployed = found) -> bool:
+                return bool(found.running.registry.usable(driver))
+
+            await testing.eventually(registered, f"v1 registered on {found.node.name}")
+        first_a = await _workload(kmm_api, namespace, served[a.name])
+        first_b = await _workload(kmm_api, namespace, served[b.name])
+
+        await dra.patch_spec(
+            api_client, namespace, upgrades.NAME, _versioned(select, "v2", module)["spec"]
+        )
+        # As the seed's admin does: the node's workload goes first.
+        await kmm_api.request("DELETE", resources.PODS.path(namespace, first_a["metadata"]["name"]))
+        await testing.eventually(_unprepared(served[a.name]), "a's claim unprepared by v1")
+        b_registered_throughout = True
+
+        async def watch_b() -> None:
+            nonlocal b_registered_throughout
+            while True:
+                b_registered_throughout &= bool(on_b.registry.usable(driver))
+                await asyncio.sleep(0.2)
+
+        watching = asyncio.ensure_future(watch_b())
+        try:
+            await upgrades.set_version(api_client, namespace, a.name, "v2")
+            await upgrades.wait_on(api_client, namespace, [a.name], "v2")
+
+            async def v2_serves_a() -> bool:
+                pods = (await kmm_api.request("GET", resources.PODS.path(namespace)))["items"]
+                versions = [
+                    objects.labels(p).get(labels.MODULE_VERSION) for p in _driver_pods(pods, a.name)
+                ]
+                return versions == ["v2"] and bool(on_a.registry.usable(driver))
+
+            await testing.eventually(v2_serves_a, "v2's driver registered on a", bound=180)
+            second_a = await _workload(kmm_api, namespace, served[a.name])
+            # b never stopped: its driver registered, its workload running.
+            state_b = await kmm_api.request(
+                "GET", resources.PODS.path(namespace, first_b["metadata"]["name"])
+            )
+            assert state_b["status"]["phase"] == "Running"
+        finally:
+            watching.cancel()
+        assert b_registered_throughout
+        pods = (await kmm_api.request("GET", resources.PODS.path(namespace)))["items"]
+        (v2_pod,) = _driver_pods(pods, a.name)
+        meta = v2_pod["metadata"]
+        log_dir = a.root / "var/log/pods" / f"{namespace}_{meta['name']}_{meta['uid']}"
+        said = "".join(p.read_text() for p in log_dir.rglob("*.log"))
+        (claim_status,) = second_a["status"]["resourceClaimStatuses"]
+        assert f"claim {namespace}/{claim_status['resourceClaimName']} prepared" in said
+        for pod in (second_a, first_b):
+            await kmm_api.request("DELETE", resources.PODS.path(namespace, pod["metadata"]["name"]))
+        for found in served.values():
+            await testing.eventually(_unprepared(found), f"{found.node.name} unprepared")
+        await upgrades.remove(api_client, namespace)
+        await operator.wait_idle("the Module gone")

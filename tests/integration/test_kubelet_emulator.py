@@ -73,13 +73,16 @@ class EmulatedNode:
 
 @contextlib.asynccontextmanager
 async def emulated(
-    kmm_api: kube_client.Client, **options: Any
+    kmm_api: kube_client.Client, *, node_spec: dict[str, Any] | None = None, **options: Any
 ) -> AsyncIterator[tuple[EmulatedNode, emulator.Emulator]]:
     directory = Path(tempfile.mkdtemp(prefix="ke", dir="/tmp"))  # short: sockets live here
     node = EmulatedNode(f"kmm-emulated-{uuid.uuid4().hex[:6]}", directory)
     node.root.mkdir()
     running = emulator.Emulator(
-        kmm_api, emulator.Options(node=nodes.NodeSpec(name=node.name), root=node.root, **options)
+        kmm_api,
+        emulator.Options(
+            node=nodes.NodeSpec(name=node.name, **(node_spec or {})), root=node.root, **options
+        ),
     )
     stop = asyncio.Event()
     task = asyncio.ensure_future(running.run(stop))
