@@ -94,15 +94,22 @@ async def _slices(api: kube_client.Client, node: str, driver: str) -> list[dict[
 
 @contextlib.asynccontextmanager
 async def deployed(
-    api_client: client.ApiClient, kmm_api: kube_client.Client, namespace: str
+    api_client: client.ApiClient,
+    kmm_api: kube_client.Client,
+    namespace: str,
+    change: Callable[[dict[str, Any]], None] | None = None,
+    **options: Any,
 ) -> AsyncIterator[Deployed]:
-    """An emulated node selected by a DRA Module of ``examples.dra_module``,
-    its driver pod registered and its devices published."""
-    async with emulating.emulated(kmm_api, wipe_delay=2.0) as (node, running):
+    """An emulated node selected by a DRA Module of ``examples.dra_module``
+    (``change`` may edit it first), its driver pod registered and its devices
+    published."""
+    async with emulating.emulated(kmm_api, wipe_delay=2.0, **options) as (node, running):
         module = f"e2e{uuid.uuid4().hex[:6]}"
         real.fake_tree(node.root, module)
         select = f"kmm-e2e-{module}"
         body = examples.dra_module("demo", namespace, module_name=module, selector={select: "yes"})
+        if change is not None:
+            change(body)
         found = Deployed(
             module=module,
             driver=body["spec"]["dra"]["driverName"],
@@ -376,3 +383,63 @@ async def test_an_ordered_upgrade_of_a_dra_module_moves_one_node_while_the_other
             await testing.eventually(_unprepared(found), f"{found.node.name} unprepared")
         await upgrades.remove(api_client, namespace)
         await operator.wait_idle("the Module gone")
+
+
+def _with_settings(body: dict[str, Any]) -> None:
+    """The driver reads --config from a ConfigMap volume, as a user would give it."""
+    dra_spec = body["spec"]["dra"]
+    dra_spec["volumes"].append({"name": "settings", "configMap": {"name": "driver-settings"}})
+    container = dra_spec["container"]
+    container["volumeMounts"].append(
+        {"name": "settings", "mountPath": "/etc/kmm", "readOnly": True}
+    )
+    container["args"].append("--config=/etc/kmm/driver.yaml")
+
+
+@pytest.mark.usefixtures("manifests")
+async def test_toggling_dra_enabled_in_the_drivers_configmap_is_refused_and_it_keeps_serving(
+    sandbox: testing.RunningSandbox,
+    api_client: client.ApiClient,
+    kmm_api: kube_client.Client,
+    namespace: str,
+) -> None:
+    settings = resources.Resource("", "v1", "configmaps")
+    await kmm_api.request(
+        "POST",
+        settings.path(namespace),
+        body={
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "driver-settings"},
+            "data": {"driver.yaml": "dra:\n  enabled: true\n"},
+        },
+    )
+    async with (
+        driver_rbac(kmm_api, namespace),
+        support.operator_in_process(sandbox.kubeconfig),
+        deployed(api_client, kmm_api, namespace, _with_settings, volume_refresh=1.0) as on,
+    ):
+        await kmm_api.request(
+            "PATCH",
+            settings.path(namespace, "driver-settings"),
+            body={"data": {"driver.yaml": "dra:\n  enabled: false\n"}},
+            content_type=kube_client.MERGE_PATCH,
+        )
+
+        async def warned() -> bool:
+            listing = await kmm_api.request(
+                "GET",
+                resources.EVENTS.path("default"),
+                query={
+                    "fieldSelector": f"involvedObject.name={on.node.name},reason=RestartRequired"
+                },
+            )
+            return any("dra.enabled" in e["message"] for e in listing["items"])
+
+        await testing.eventually(warned, "the RestartRequired Event on the Node")
+        # Still serving: registered, and a new workload's claim is prepared.
+        assert on.running.registry.usable(on.driver)
+        pod = await _workload(kmm_api, namespace, on)
+        await kmm_api.request("DELETE", resources.PODS.path(namespace, pod["metadata"]["name"]))
+        await testing.eventually(_unprepared(on), "unprepared")
+        await support.delete_and_wait_clean(api_client, namespace, "demo")

@@ -91,6 +91,7 @@ class Options:
     # Containers of this image run as local processes (None: none do).
     process_image: str | None = installation.IMAGE
     restart_backoff: float = 10.0  # the kubelet's initial CrashLoopBackOff
+    volume_refresh: float = 60.0  # ConfigMap and Secret volumes rewritten this often
 
     @property
     def kubelet_dir(self) -> Path:
@@ -299,6 +300,7 @@ class Emulator:
             server=self.api.access.server,
             process_image=self.options.process_image,
             backoff=self.options.restart_backoff,
+            volume_refresh=self.options.volume_refresh,
         )
 
     def _run_changed(self, uid: str) -> Callable[[], None]:

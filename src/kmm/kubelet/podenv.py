@@ -6,8 +6,12 @@ instead:
 
 - **paths**: each ``hostPath`` volume mount ``mountPath -> path`` becomes
   ``mountPath -> <root>/<path>`` (the node's host paths live under the
-  emulator's ``--root``), and the service account volume (below) maps
-  ``/var/run/secrets/kubernetes.io/serviceaccount``. An argument, an
+  emulator's ``--root``); ``configMap``, ``secret`` and ``emptyDir`` volumes
+  are directories of the pod's own (``project_volumes`` writes a ConfigMap's
+  or Secret's keys as files, ``items`` and ``optional`` honoured, and is
+  called again to refresh them, as the kubelet syncs them); the service
+  account volume (below) maps ``/var/run/secrets/kubernetes.io/serviceaccount``.
+  Other volume types are not mapped (logged). An argument, an
   environment value or the working directory that is a mount path, lies
   under one, or is ``--flag=<such a path>`` is rewritten to the mapped path
   (the longest mount path wins, as the innermost mount would);
@@ -60,6 +64,7 @@ __all__ = [
     "expand",
     "kmm_argv",
     "mounts",
+    "project_volumes",
     "write_service_account",
 ]
 
@@ -295,13 +300,71 @@ def _server_env(server: str) -> dict[str, str]:
     }
 
 
+_PROJECTED: Final = ("configMap", "secret", "emptyDir")
+
+
+def _write_if_changed(path: Path, data: bytes) -> None:
+    if path.is_file() and path.read_bytes() == data:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_bytes(data)
+    staging.replace(path)
+
+
+async def project_volumes(api: client.Client, pod: Mapping[str, Any], directory: Path) -> None:
+    """The pod's configMap, secret and emptyDir volumes as ``directory/<volume>``;
+    called again, rewrites what changed. ``ConfigError`` for a missing source
+    that is not optional."""
+    namespace = str(pod["metadata"]["namespace"])
+    sources = _Sources(api, namespace)
+    for volume in (pod.get("spec") or {}).get("volumes") or ():
+        target = directory / str(volume["name"])
+        if "emptyDir" in volume:
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        kind = "configmaps" if "configMap" in volume else "secrets" if "secret" in volume else None
+        if kind is None:
+            continue
+        ref = volume.get("configMap") or volume.get("secret") or {}
+        name = str(ref.get("name") or ref.get("secretName") or "")
+        data = await sources.data(kind, name)
+        if data is None:
+            if ref.get("optional"):
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            what = "configmap" if kind == "configmaps" else "secret"
+            raise ConfigError(f'volume {volume["name"]}: {what} "{name}" not found')
+        files = (
+            {str(i["path"]): data[str(i["key"])] for i in ref["items"] if str(i["key"]) in data}
+            if ref.get("items")
+            else data
+        )
+        for relative, text in files.items():
+            _write_if_changed(target / relative, text.encode())
+        for stale in [p for p in target.rglob("*") if p.is_file()] if target.is_dir() else []:
+            if str(stale.relative_to(target)) not in files:
+                stale.unlink()
+
+
 def mounts(
-    pod: Mapping[str, Any], container: Mapping[str, Any], root: Path, account_dir: Path | None
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    root: Path,
+    account_dir: Path | None,
+    volume_dir: Path | None = None,
 ) -> PathMap:
     volumes = {v.get("name"): v for v in (pod.get("spec") or {}).get("volumes") or ()}
     found: dict[str, Path] = {}
     for mount in container.get("volumeMounts") or ():
-        host = (volumes.get(mount.get("name")) or {}).get("hostPath")
+        volume = volumes.get(mount.get("name")) or {}
+        if volume_dir is not None and any(k in volume for k in _PROJECTED):
+            target = volume_dir / str(volume["name"])
+            if mount.get("subPath"):
+                target = target / str(mount["subPath"])
+            found[str(mount["mountPath"])] = target
+            continue
+        host = volume.get("hostPath")
         if host is None:
             continue
         target = root / str(host.get("path", "/")).lstrip("/")
@@ -322,6 +385,7 @@ async def build(
     server: str,
     account_dir: Path,
     base_env: Mapping[str, str],
+    volume_dir: Path | None = None,
 ) -> tuple[Launch, float | None]:
     """The container's launch, and the service account token's lifetime (None
     when no token is mounted). ``ConfigError`` when it cannot be configured."""
@@ -332,7 +396,9 @@ async def build(
             lifetime = await write_service_account(api, pod, account_dir)
         except errors.ApiError as err:
             raise ConfigError(f"service account token: {err.message}") from err
-    paths = mounts(pod, container, root, account_dir if lifetime is not None else None)
+    if volume_dir is not None:
+        await project_volumes(api, pod, volume_dir)
+    paths = mounts(pod, container, root, account_dir if lifetime is not None else None, volume_dir)
     env = {k: paths.value(v) for k, v in (await _environment(api, pod, container)).items()}
     command: Sequence[str] = container.get("command") or ["kmm"]
     words = [expand(str(w), env) for w in (*command, *(container.get("args") or ()))]

@@ -66,6 +66,7 @@ class Settings:
     server: str  # the API server's URL, as the processes reach it
     process_image: str | None
     backoff: float = 10.0  # the kubelet's initial CrashLoopBackOff
+    volume_refresh: float = 60.0  # how often ConfigMap and Secret volumes are rewritten
 
 
 @dataclasses.dataclass
@@ -139,6 +140,7 @@ class PodRun:
             settings.root / "var/log/pods" / f"{meta['namespace']}_{meta['name']}_{self.uid}"
         )
         self.account_dir = settings.state_dir / "pods" / self.uid / "serviceaccount"
+        self.volume_dir = settings.state_dir / "pods" / self.uid / "volumes"
         for c in (*self.init_containers, *self.containers):
             if c.runs_process and (c.spec.get("lifecycle") or {}):
                 _log.warning(
@@ -174,6 +176,18 @@ class PodRun:
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self.run())
+        if any(c.runs_process for c in (*self.init_containers, *self.containers)):
+            refreshing = asyncio.ensure_future(self._refresh_volumes())
+            self._helpers.add(refreshing)
+
+    async def _refresh_volumes(self) -> None:
+        """ConfigMap and Secret volumes follow their sources, as the kubelet's sync does."""
+        while True:
+            await asyncio.sleep(self.settings.volume_refresh)
+            try:
+                await podenv.project_volumes(self.settings.api, self.pod, self.volume_dir)
+            except Exception as err:  # any failure: the files stay as they were; retried
+                _log.warning("pod %s: volumes not refreshed: %s", self.uid, err)
 
     async def run(self) -> None:
         try:
@@ -230,6 +244,7 @@ class PodRun:
                 server=self.settings.server,
                 account_dir=self.account_dir,
                 base_env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/root"},
+                volume_dir=self.volume_dir,
             )
         except podenv.ConfigError as err:
             c.waiting = {"reason": "CreateContainerConfigError", "message": str(err)}

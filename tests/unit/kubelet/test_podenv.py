@@ -197,3 +197,48 @@ async def test_no_token_when_automount_is_off_and_a_missing_key_is_a_config_erro
             account_dir=tmp_path / "sa",
             base_env={},
         )
+
+
+async def test_configmap_secret_and_empty_dir_volumes_are_projected_and_refreshed(
+    tmp_path: Path,
+) -> None:
+    objects = {
+        "/api/v1/namespaces/ns/configmaps/settings": {"data": {"a.yaml": "one", "b": "two"}},
+        "/api/v1/namespaces/ns/secrets/creds": {"data": {"k": base64.b64encode(b"v").decode()}},
+    }
+    api = Api(objects)
+    pod = {
+        **POD,
+        "spec": {
+            **POD["spec"],
+            "volumes": [
+                {"name": "cfg", "configMap": {"name": "settings"}},
+                {
+                    "name": "picked",
+                    "configMap": {"name": "settings", "items": [{"key": "b", "path": "x/b.txt"}]},
+                },
+                {"name": "sec", "secret": {"secretName": "creds"}},
+                {"name": "gone", "configMap": {"name": "absent", "optional": True}},
+                {"name": "scratch", "emptyDir": {}},
+            ],
+        },
+    }
+    volumes = tmp_path / "volumes"
+    await podenv.project_volumes(api, pod, volumes)  # type: ignore[arg-type]
+    assert (volumes / "cfg/a.yaml").read_text() == "one"
+    assert (volumes / "picked/x/b.txt").read_text() == "two"
+    assert not (volumes / "picked/a.yaml").exists()
+    assert (volumes / "sec/k").read_text() == "v"
+    assert (volumes / "gone").is_dir()
+    assert (volumes / "scratch").is_dir()
+    paths = podenv.mounts(
+        pod, {"volumeMounts": [{"name": "cfg", "mountPath": "/etc/kmm"}]}, tmp_path, None, volumes
+    )
+    assert paths.value("--config=/etc/kmm/a.yaml") == f"--config={volumes / 'cfg/a.yaml'}"
+    objects["/api/v1/namespaces/ns/configmaps/settings"] = {"data": {"a.yaml": "changed"}}
+    await podenv.project_volumes(api, pod, volumes)  # type: ignore[arg-type]
+    assert (volumes / "cfg/a.yaml").read_text() == "changed"
+    assert not (volumes / "cfg/b").exists()  # a key gone from the ConfigMap goes from the volume
+    del objects["/api/v1/namespaces/ns/secrets/creds"]
+    with pytest.raises(podenv.ConfigError, match='secret "creds" not found'):
+        await podenv.project_volumes(api, pod, volumes)  # type: ignore[arg-type]
