@@ -41,7 +41,15 @@ def test_cli_prints_everything_in_deploy() -> None:
     kinds = [document["kind"] for document in printed]
     # Apply order: what later documents need comes first.
     assert kinds[:3] == ["Namespace", "ServiceAccount", "CustomResourceDefinition"]
-    assert kinds[-2:] == ["Module", "Module"]
+    # The examples last: every Module after the operator's Deployment, the
+    # DRA example's account before its Module, a workload after its template.
+    deployment = kinds.index("Deployment")
+    assert all(i > deployment for i, kind in enumerate(kinds) if kind == "Module")
+    names = [(d["kind"], d["metadata"]["name"]) for d in printed]
+    dra_module = names.index(("Module", "kmm-dra-demo"))
+    assert names.index(("ServiceAccount", "kmm-dra-driver")) < dra_module
+    assert names.index(("ClusterRoleBinding", "kmm-dra-driver-default")) < dra_module
+    assert kinds.index("ResourceClaimTemplate") < kinds.index("Pod")
 
 
 def _root() -> Schema:
