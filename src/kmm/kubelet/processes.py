@@ -216,6 +216,8 @@ class PodRun:
                 self.changed()
                 await asyncio.Event().wait()  # runs until stopped (cancelled)
             code = await self._run_once(c)
+            if code is None:  # not started (its configuration is missing): tried again
+                continue
             ok = code == 0
             if c.init and ok:
                 return True
@@ -234,7 +236,10 @@ class PodRun:
             c.restart_count += 1
         return False
 
-    async def _run_once(self, c: Container) -> int:
+    async def _run_once(self, c: Container) -> int | None:
+        """Start the container's process and wait for it; its exit code, or None
+        when it could not be configured (the kubelet keeps such a container
+        waiting in CreateContainerConfigError and tries again)."""
         try:
             launch, lifetime = await podenv.build(
                 self.settings.api,
@@ -250,9 +255,9 @@ class PodRun:
             c.waiting = {"reason": "CreateContainerConfigError", "message": str(err)}
             self.changed()
             await asyncio.sleep(self.settings.backoff)
-            return -1
+            return None
         if self._stopping:
-            return -1
+            return None
         log = self.log_dir / c.name / f"{c.restart_count}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -266,10 +271,9 @@ class PodRun:
                     stdin=asyncio.subprocess.DEVNULL,
                     start_new_session=True,  # its own group: stop() signals every child
                 )
-        except OSError as err:
-            c.waiting = {"reason": "RunContainerError", "message": str(err)}
+        except OSError as err:  # the runtime's StartError: it counts as an exit
+            c.terminated = {**_terminated(128, _now()), "reason": "StartError", "message": str(err)}
             self.changed()
-            await asyncio.sleep(self.settings.backoff)
             return 128
         started = c.started_at = _now()
         c.running, c.waiting = True, None

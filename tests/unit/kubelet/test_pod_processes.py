@@ -10,6 +10,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from kmm.kube import errors
 from kmm.kubelet import processes
 
 IMAGE = "kmm.example/kmm:test"
@@ -147,3 +148,43 @@ async def test_containers_of_other_images_run_without_a_process_until_stopped(
     assert run.ready
     await run.stop(30)
     assert run.stopped
+
+
+async def test_a_command_that_cannot_start_is_a_start_error_exit(tmp_path: Path) -> None:
+    run = processes.PodRun(
+        pod([{"name": "main", "image": IMAGE, "command": ["/no/such/program"]}]),
+        settings(tmp_path),
+        lambda: None,
+    )
+    await finish(run)
+    assert run.phase == "Failed"
+    (status,) = run.statuses()
+    assert status["state"]["terminated"]["exitCode"] == 128
+    assert status["state"]["terminated"]["reason"] == "StartError"
+
+
+async def test_a_missing_configmap_keeps_the_container_waiting_not_failed(tmp_path: Path) -> None:
+    class MissingConfigMap:
+        async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+            raise errors.NotFound(404, "not found", method=method, path=path)
+
+    found = processes.Settings(
+        api=MissingConfigMap(),  # type: ignore[arg-type]
+        root=tmp_path / "root",
+        state_dir=tmp_path / "state",
+        server="https://127.0.0.1:6443",
+        process_image=IMAGE,
+        backoff=0.05,
+    )
+    container = sh("main", "true")
+    container["env"] = [
+        {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "absent", "key": "k"}}}
+    ]
+    run = processes.PodRun(pod([container]), found, lambda: None)
+    run.start()
+    await asyncio.sleep(0.5)
+    assert not run.done.is_set()
+    assert run.phase == "Pending"
+    (status,) = run.statuses()
+    assert status["state"]["waiting"]["reason"] == "CreateContainerConfigError"
+    await run.stop(0)
