@@ -12,10 +12,11 @@ serves the health service without reporting any device.
 from __future__ import annotations
 
 import asyncio
-import signal
 import uuid
 from pathlib import Path
 from typing import Protocol
+
+import test_kubelet_nodes as real
 
 from kmm.cli import paths
 from kmm.sandbox import building, components
@@ -51,7 +52,7 @@ def binary() -> Path:
     return built["dra-test-driver"]
 
 
-class TestDriver:
+class TestDriver(real.LoggedProcess):
     """``dra-test-driver kubelet-plugin`` for one driver name on the node."""
 
     __test__ = False  # not a pytest class
@@ -61,7 +62,6 @@ class TestDriver:
         self.module = f"t{uuid.uuid4().hex[:6]}"
         self.name = f"{self.module}.test.k8s.io"
         self.log = node.directory / f"test-driver-{self.module}.log"
-        self.process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
         # It creates only the parent of its socket directory; its DaemonSet's
@@ -77,19 +77,6 @@ class TestDriver:
                 f"--cdi-dir={self.node.cdi_dir}",
                 stderr=log, stdout=log,
             )  # fmt: skip
-
-    async def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        await self.process.wait()
-
-    async def stop(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.terminate()
-            await self.process.wait()
-
-    def said(self, text: str) -> int:
-        return self.log.read_text().count(text) if self.log.exists() else 0
 
     def registrations(self) -> int:
         # -v=6 logs every gRPC call the plugin answered.

@@ -105,27 +105,11 @@ class Node(Protocol):
     def cdi_dir(self) -> Path: ...
 
 
-class Driver:
-    """``kmm driver`` for one driver name on the node, as a process."""
+class LoggedProcess:
+    """A driver process and its log: what both drivers of the tests share."""
 
-    def __init__(self, sandbox: Sandbox, node: Node) -> None:
-        self.sandbox, self.node = sandbox, node
-        self.module = f"m{uuid.uuid4().hex[:6]}"
-        self.name = f"{self.module}.kmm.io"
-        self.log = node.directory / f"driver-{self.module}.log"
-        self.process: asyncio.subprocess.Process | None = None
-        fake_tree(node.root, self.module)
-
-    async def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", "from kmm.cli import main; main()", "driver",
-                f"--node={self.node.name}", f"--driver-name={self.name}",
-                f"--module={self.module}", f"--device-class={self.module}",
-                f"--root={self.node.root}", f"--kubeconfig={self.sandbox.kubeconfig}",
-                "--verbose",  # its debug log names every call it is asked
-                stderr=log,
-            )  # fmt: skip
+    log: Path
+    process: asyncio.subprocess.Process | None = None
 
     async def kill(self) -> None:
         assert self.process is not None
@@ -139,6 +123,28 @@ class Driver:
 
     def said(self, text: str) -> int:
         return self.log.read_text().count(text) if self.log.exists() else 0
+
+
+class Driver(LoggedProcess):
+    """``kmm driver`` for one driver name on the node, as a process."""
+
+    def __init__(self, sandbox: Sandbox, node: Node) -> None:
+        self.sandbox, self.node = sandbox, node
+        self.module = f"m{uuid.uuid4().hex[:6]}"
+        self.name = f"{self.module}.kmm.io"
+        self.log = node.directory / f"driver-{self.module}.log"
+        fake_tree(node.root, self.module)
+
+    async def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", "from kmm.cli import main; main()", "driver",
+                f"--node={self.node.name}", f"--driver-name={self.name}",
+                f"--module={self.module}", f"--device-class={self.module}",
+                f"--root={self.node.root}", f"--kubeconfig={self.sandbox.kubeconfig}",
+                "--verbose",  # its debug log names every call it is asked
+                stderr=log,
+            )  # fmt: skip
 
     def registrations(self) -> int:
         """How often the kubelet told the driver it is registered."""

@@ -15,10 +15,8 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from kmm.cli import clients
+from kmm.cli import clients, tables
 from kmm.kube import client, errors, resources
 
 __all__ = ["claim_row", "claims", "register"]
@@ -77,15 +75,13 @@ async def _settled(api: client.Client, items: list[dict[str, Any]]) -> bool:
 
 
 async def _rows(api: client.Client, namespace: str | None, wait: float) -> list[list[str]]:
+    async def fetch() -> list[dict[str, Any]]:
+        listing = await api.request("GET", resources.RESOURCE_CLAIMS.path(namespace))
+        return list(listing.get("items", ()))
+
     async with api:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while True:
-            listing = await api.request("GET", resources.RESOURCE_CLAIMS.path(namespace))
-            items = list(listing.get("items", ()))
-            if loop.time() >= deadline or await _settled(api, items):
-                return [claim_row(c) for c in items]
-            await asyncio.sleep(1.0)
+        items = await tables.settle(fetch, lambda found: _settled(api, found), wait)
+    return [claim_row(c) for c in items]
 
 
 def claims(
@@ -100,19 +96,13 @@ def claims(
     ] = 0.0,
 ) -> None:
     """ResourceClaims: their state, the node and devices allocated, the pods holding them."""
-    table = Table("NAMESPACE", "NAME", "STATE", "NODE", "DEVICES", "RESERVED FOR")
     api = clients.api_client(kubeconfig, context)
     try:
         rows = asyncio.run(_rows(api, namespace, wait))
     except errors.KubeError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
-    for row in rows:
-        table.add_row(*row)
-    console = Console()
-    if not console.is_terminal:  # make, CI logs: no 80-column squeeze
-        console = Console(width=200)
-    console.print(table)
+    tables.show(("NAMESPACE", "NAME", "STATE", "NODE", "DEVICES", "RESERVED FOR"), rows)
 
 
 def register(app: typer.Typer) -> None:

@@ -10,12 +10,10 @@ import asyncio
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from kmm.api import conditions, labels
 from kmm.api import modules as module_api
-from kmm.cli import clients
+from kmm.cli import clients, tables
 from kmm.kube import client, errors, objects, resources
 
 __all__ = [
@@ -65,15 +63,12 @@ async def modules_table(api: client.Client, namespace: str | None) -> list[list[
 
 async def _rows(api: client.Client, namespace: str | None, wait: float) -> list[list[str]]:
     """The table; with ``wait`` > 0, once every Module is Ready (or the wait ends)."""
+
+    async def ready(rows: list[list[str]]) -> bool:
+        return bool(rows) and all(row[2].startswith("True") for row in rows)
+
     async with api:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while True:
-            rows = await modules_table(api, namespace)
-            settled = rows and all(row[2].startswith("True") for row in rows)
-            if settled or loop.time() >= deadline:
-                return rows
-            await asyncio.sleep(1.0)
+        return await tables.settle(lambda: modules_table(api, namespace), ready, wait)
 
 
 def modules(
@@ -87,19 +82,15 @@ def modules(
     ] = 0.0,
 ) -> None:
     """Modules, their Ready condition and the nodes where each module is loaded."""
-    table = Table("NAMESPACE", "NAME", "READY", "AVAILABLE/DESIRED", "LOADED ON", "DAEMONSETS")
     api = clients.api_client(kubeconfig, context)
     try:
         rows = asyncio.run(_rows(api, namespace, wait))
     except errors.KubeError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
-    for row in rows:
-        table.add_row(*row)
-    console = Console()
-    if not console.is_terminal:  # make, CI logs: no 80-column squeeze
-        console = Console(width=200)
-    console.print(table)
+    tables.show(
+        ("NAMESPACE", "NAME", "READY", "AVAILABLE/DESIRED", "LOADED ON", "DAEMONSETS"), rows
+    )
 
 
 def register(app: typer.Typer) -> None:

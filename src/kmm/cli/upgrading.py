@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kmm.api import labels
-from kmm.cli import clients
+from kmm.cli import clients, tables
 from kmm.kube import client, errors, resources
 from kmm.operator import inspecting
 
@@ -34,11 +34,6 @@ __all__ = ["register", "status", "upgrade"]
 
 class UpgradeFailed(Exception):
     """A node did not reach the version; the message names it and its step."""
-
-
-def _console() -> Console:
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
 
 
 def _split(target: str) -> tuple[str, str]:
@@ -144,7 +139,7 @@ def upgrade(
 ) -> None:
     """Move nodes to a module version, one (or --batch N) at a time, waiting for each."""
     namespace, name = _split(module)
-    console = _console()
+    console = tables.console()
     api = clients.api_client(kubeconfig, context)
 
     async def run() -> None:
@@ -195,7 +190,7 @@ def status(
             _mark(s.plugin_ready),
             s.step.description + (f" ({s.problem})" if s.problem else ""),
         )
-    _console().print(table)
+    tables.console().print(table)
 
 
 def register(app: typer.Typer) -> None:
