@@ -402,7 +402,11 @@ async def test_adding_a_module_loader_converges_to_one_dra_daemonset(
 
         await testing.eventually(running_in_tree, "in-tree drivers on both")
         (first,) = await dra_daemonsets(api_client, namespace)
-        assert first.spec.template.spec.node_selector == {select: "yes"}
+        # The selector and the DRA target: a cordoned node loses the target.
+        assert first.spec.template.spec.node_selector == {
+            select: "yes",
+            labels.dra_target(namespace, name): "",
+        }
 
         await patch_spec(
             api_client,
