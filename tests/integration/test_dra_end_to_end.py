@@ -193,7 +193,7 @@ async def test_a_dra_module_brings_a_workload_its_device_and_leaves_nothing_behi
 ) -> None:
     async with (
         driver_rbac(kmm_api, namespace),
-        support.operator_in_process(sandbox.kubeconfig) as operator,
+        support.operator_in_process(sandbox.kubeconfig),
         deployed(api_client, kmm_api, namespace) as on,
     ):
         pod = await _workload(kmm_api, namespace, on)
@@ -209,7 +209,6 @@ async def test_a_dra_module_brings_a_workload_its_device_and_leaves_nothing_behi
         await kmm_api.request("DELETE", resources.PODS.path(namespace, pod["metadata"]["name"]))
         await testing.eventually(_unprepared(on), "the claim unprepared, its CDI spec gone")
         await support.delete_and_wait_clean(api_client, namespace, "demo")
-        await operator.wait_idle("the Module gone")
         socket = on.node.kubelet_dir / "plugins_registry" / f"{on.driver}-reg.sock"
 
         async def nothing_left() -> bool:

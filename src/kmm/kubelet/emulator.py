@@ -577,9 +577,12 @@ class Emulator:
         try:
             await stop.wait()
         finally:
-            for task in [*running, *self._wipes.values()]:
+            ending = [*running, *self._wipes.values()]
+            for task in ending:
                 task.cancel()
-            await asyncio.gather(*running, *self._wipes.values(), return_exceptions=True)
+            _, stuck = await asyncio.wait(ending, timeout=10)
+            for task in stuck:
+                _log.error("task %s did not end when cancelled", task.get_name())
             # No runtime keeps these processes once the emulator is gone.
             await asyncio.gather(*(run.stop(0) for run in self.runs.values() if not run.stopped))
             if self.streams is not None:

@@ -192,12 +192,23 @@ class Registry:
             listener(driver)
 
 
+_CLOSE_TIMEOUT: Final = 2.0
+
+
+async def close_channel(channel: aio.Channel) -> None:
+    """Close a channel without waiting on it for ever: a channel to a plugin
+    killed mid-call has been seen not to finish closing."""
+    closing = asyncio.ensure_future(channel.close(None))
+    done, _ = await asyncio.wait({closing}, timeout=_CLOSE_TIMEOUT)
+    if not done:
+        _log.warning("a gRPC channel did not close within %.0f s; left to finish", _CLOSE_TIMEOUT)
+
+
 async def _stop(plugin: DRAPlugin) -> None:
     if plugin.monitor is not None:
         plugin.monitor.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await plugin.monitor
-    await plugin.channel.close(None)
+        await asyncio.wait({plugin.monitor}, timeout=_CLOSE_TIMEOUT)
+    await close_channel(plugin.channel)
 
 
 @dataclasses.dataclass
@@ -263,41 +274,48 @@ class PluginWatcher:
             await asyncio.sleep(self.poll)
 
     async def _register(self, socket: Path) -> None:
-        async with channel_to(str(socket)) as channel:
-            # The generated stubs are typed for the sync API; this is the aio one.
-            stub: Any = pluginregistration_pb2_grpc.RegistrationStub(channel)
-            info = await stub.GetInfo(
-                pluginregistration_pb2.InfoRequest(), timeout=GET_INFO_TIMEOUT
+        channel = channel_to(str(socket))
+        try:
+            async with asyncio.timeout(GET_INFO_TIMEOUT + 2 * _NOTIFY_TIMEOUT):
+                await self._register_on(channel, socket)
+        except TimeoutError as err:
+            raise OSError(f"registration through {socket} did not finish") from err
+        finally:
+            await close_channel(channel)
+
+    async def _register_on(self, channel: aio.Channel, socket: Path) -> None:
+        # The generated stubs are typed for the sync API; this is the aio one.
+        stub: Any = pluginregistration_pb2_grpc.RegistrationStub(channel)
+        info = await stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=GET_INFO_TIMEOUT)
+        if info.type != DRA_PLUGIN_TYPE:
+            message = (
+                f"RegisterPlugin error -- no handler registered for plugin type: "
+                f"{info.type} at socket {socket}"
             )
-            if info.type != DRA_PLUGIN_TYPE:
-                message = (
-                    f"RegisterPlugin error -- no handler registered for plugin type: "
-                    f"{info.type} at socket {socket}"
-                )
-                await _notify(stub, False, message)
-                raise ValueError(message)
-            endpoint = info.endpoint or str(socket)
-            try:
-                choose_service(list(info.supported_versions))
-            except ValueError as err:
-                await _notify(
-                    stub, False, f"RegisterPlugin error -- plugin validation failed with err: {err}"
-                )
-                raise
-            try:
-                self.registry.register(info.name, endpoint, socket, list(info.supported_versions))
-            except ValueError as err:
-                await _notify(
-                    stub,
-                    False,
-                    f"RegisterPlugin error -- plugin registration failed with err: {err}",
-                )
-                raise
-            try:
-                await _notify(stub, True, "")
-            except grpc.RpcError:
-                await self.registry.deregister(socket)  # registered again on the retry
-                raise
+            await _notify(stub, False, message)
+            raise ValueError(message)
+        endpoint = info.endpoint or str(socket)
+        try:
+            choose_service(list(info.supported_versions))
+        except ValueError as err:
+            await _notify(
+                stub, False, f"RegisterPlugin error -- plugin validation failed with err: {err}"
+            )
+            raise
+        try:
+            self.registry.register(info.name, endpoint, socket, list(info.supported_versions))
+        except ValueError as err:
+            await _notify(
+                stub,
+                False,
+                f"RegisterPlugin error -- plugin registration failed with err: {err}",
+            )
+            raise
+        try:
+            await _notify(stub, True, "")
+        except grpc.RpcError:
+            await self.registry.deregister(socket)  # registered again on the retry
+            raise
 
 
 async def _notify(stub: Any, ok: bool, error: str) -> None:
