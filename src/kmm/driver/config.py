@@ -91,7 +91,7 @@ class _DRAFile(pydantic.BaseModel):
 class FileSettings(pydantic.BaseModel):
     """``--config FILE``: what may be set there (unknown keys are refused)."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     dra: _DRAFile = _DRAFile()
     device_class: str | None = pydantic.Field(default=None, alias="deviceClass")

@@ -59,6 +59,7 @@ def test_the_settings_file_sets_the_tri_state_and_discovery(tmp_path: pathlib.Pa
     [
         ("dra:\n  enabled: maybe\n", "dra.enabled: Input should be a valid boolean"),
         ("devicePatern: x\n", "devicePatern: Extra inputs are not permitted"),
+        ("dev_pattern: x\n", "dev_pattern: Extra inputs are not permitted"),  # only camelCase
         ("pollInterval: 0\n", "pollInterval: Input should be greater than 0"),
         ("- a list\n", "expected a mapping"),
         ("dra: [\n", "while parsing"),
