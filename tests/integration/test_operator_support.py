@@ -124,12 +124,22 @@ class InProcess:
         return self.op.manager.ready()
 
     async def wait_idle(self, what: str) -> None:
-        """Wait until the caches synced, at least one more reconcile ran, and
-        nothing is queued or running."""
+        """Wait until the caches synced, nothing is queued or running, and
+        either one more reconcile ran or none came for a quiet while (an
+        update that changes nothing the operator reads reaches no handler,
+        so a settled operator may never reconcile again)."""
         start = self.op.counting.done
+        loop = asyncio.get_running_loop()
+        idle_since: float | None = None
 
         async def idle() -> bool:
-            return self.op.manager.ready() and self.op.counting.done > start and self.op.idle()
+            nonlocal idle_since
+            if not (self.op.manager.ready() and self.op.idle()):
+                idle_since = None
+                return False
+            if idle_since is None:
+                idle_since = loop.time()
+            return self.op.counting.done > start or loop.time() - idle_since >= 3.0
 
         await testing.eventually(idle, what)
         # Two loop turns: a handler may enqueue from an event read just now.

@@ -18,15 +18,21 @@
   credentials that can be refreshed (exec plugin, token file) is retried
   once with fresh ones. At most ``max_attempts`` attempts in all.
 - ``counter`` records every request sent (``kube.counting``).
+- At most ``requests_in_flight`` requests (answer read included) run at
+  once; watches are not counted, so no number of watches can starve them,
+  and a request waiting to be retried holds no slot.
 
 The transport is aiohttp, chosen by ``bench/bench_transport.py`` (import
 memory, requests per second on the sandbox): one pooled keep-alive session
 per client, TLS and identity from the kubeconfig. Nothing else in kmm
-imports it (import-linter).
+imports it (import-linter). Every open TLS connection costs a 128 KiB
+buffer (asyncio's SSL protocol): bounding requests in flight bounds the pool
+to that many connections plus one per watch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -110,7 +116,7 @@ class Client:
         *,
         timeout: float = 60.0,
         max_attempts: int = 5,
-        connections: int = 64,
+        requests_in_flight: int = 16,
         clock: clocks.Clock | None = None,
         user_agent: str = USER_AGENT,
     ) -> None:
@@ -118,7 +124,7 @@ class Client:
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.counter = counting.RequestCounter()
-        self._connections = connections
+        self._in_flight = asyncio.Semaphore(requests_in_flight)
         self._clock: clocks.Clock = clock or clocks.LoopClock()
         self._credentials = credentials.Credentials(access)
         self._session: aiohttp.ClientSession | None = None
@@ -165,7 +171,7 @@ class Client:
             timeout=aiohttp.ClientTimeout(total=options.get("timeout") or self.timeout),
             watching=False,
         )
-        try:
+        try:  # _attempt handed over its slot with the response
             data = await response.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
             raise errors.Unavailable(
@@ -173,6 +179,7 @@ class Client:
             ) from err
         finally:
             response.release()
+            self._in_flight.release()
         if not data:
             return Reply(response.status, None)
         if response.content_type == JSON:
@@ -303,30 +310,40 @@ class Client:
                 else json.dumps(body, separators=(",", ":")).encode()
             )
             headers["Content-Type"] = content_type
-        self.counter.record("WATCH" if watching else method, path)
+        # A request holds a slot from here until its answer is read (the
+        # caller releases it on success); a wait between retries holds none.
+        if not watching:
+            await self._in_flight.acquire()
+        handed_over = False
         try:
-            response = await session.request(
-                method,
-                self.access.server + path,
-                params=_params(query),
-                data=data,
-                headers=headers,
-                timeout=timeout,
-                proxy=self.access.proxy_url,
-                server_hostname=self.access.tls_server_name,
-            )
-        except (aiohttp.ClientError, OSError, TimeoutError) as err:
-            raise errors.Unavailable(
-                0, f"{type(err).__name__}: {err}", method=method, path=path
-            ) from err
-        if 200 <= response.status < 300:
-            return response
-        try:
-            answer = await response.read()
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            answer = b""
+            self.counter.record("WATCH" if watching else method, path)
+            try:
+                response = await session.request(
+                    method,
+                    self.access.server + path,
+                    params=_params(query),
+                    data=data,
+                    headers=headers,
+                    timeout=timeout,
+                    proxy=self.access.proxy_url,
+                    server_hostname=self.access.tls_server_name,
+                )
+            except (aiohttp.ClientError, OSError, TimeoutError) as err:
+                raise errors.Unavailable(
+                    0, f"{type(err).__name__}: {err}", method=method, path=path
+                ) from err
+            if 200 <= response.status < 300:
+                handed_over = not watching
+                return response
+            try:
+                answer = await response.read()
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                answer = b""
+            finally:
+                response.release()
         finally:
-            response.release()
+            if not watching and not handed_over:
+                self._in_flight.release()
         raise errors.from_response(
             response.status, answer, method=method, path=path, headers=response.headers
         )
@@ -339,9 +356,8 @@ class Client:
         old, self._session = self._session, None
         if old is not None:
             await old.close()
-        connector = aiohttp.TCPConnector(
-            ssl=self._ssl_context(certificate), limit=self._connections
-        )
+        # No pool limit: requests are bounded by the slots, watches hold one each.
+        connector = aiohttp.TCPConnector(ssl=self._ssl_context(certificate), limit=0)
         self._session = aiohttp.ClientSession(connector=connector)
         self._session_certificate = certificate
         return self._session

@@ -14,7 +14,7 @@ must not mutate them.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, NewType, TypeAlias
 
 __all__ = [
@@ -53,6 +53,9 @@ def split_key(key: str) -> tuple[str | None, str]:
 # Strings up to this length are interned: label keys and values, condition
 # types and reasons, kernel versions repeat across thousands of objects.
 _INTERN_MAX = 64
+# Fields that are unique per object: interning them would only grow the
+# interpreter's table of interned strings (~2 MiB for 5,000 Nodes).
+_UNIQUE_FIELDS = frozenset({"uid", "resourceVersion"})
 
 
 def compact(value: Any) -> Any:
@@ -68,6 +71,56 @@ def compact(value: Any) -> Any:
     if isinstance(value, str) and len(value) <= _INTERN_MAX:
         return sys.intern(value)
     return value
+
+
+class _SharedValues:
+    """One instance of each small JSON value seen, so equal values are stored once.
+
+    Bounded: past ``limit`` distinct values, new ones are kept as they are
+    (values worth sharing, such as kernels and taints, are few and come
+    early; a value unique to each object, a pod's node name, only fills the
+    table). Cached objects are read-only, so sharing between them is safe.
+    """
+
+    def __init__(self, limit: int = 1024, max_leaves: int = 16) -> None:
+        self._values: dict[Hashable, Any] = {}
+        self._limit = limit
+        self._max_leaves = max_leaves
+
+    def canonical(self, value: Any) -> Any:
+        key = _frozen(value, [self._max_leaves])
+        if key is None:
+            return value
+        found = self._values.get(key)
+        if found is not None:
+            return found
+        if len(self._values) < self._limit:
+            self._values[key] = value
+        return value
+
+
+def _frozen(value: Any, budget: list[int]) -> Hashable | None:
+    """A hashable form of a JSON value (types kept apart), None past the leaf budget."""
+    if isinstance(value, dict):
+        items = []
+        for k, v in value.items():
+            frozen = _frozen(v, budget)
+            if frozen is None:
+                return None
+            items.append((k, frozen))
+        return ("d", tuple(items))
+    if isinstance(value, list):
+        elements = []
+        for v in value:
+            frozen = _frozen(v, budget)
+            if frozen is None:
+                return None
+            elements.append(frozen)
+        return ("l", tuple(elements))
+    budget[0] -= 1
+    if budget[0] < 0:
+        return None
+    return (type(value).__name__, value)
 
 
 def keep_fields(*paths: str) -> Projection:
@@ -95,20 +148,30 @@ def keep_fields(*paths: str) -> Projection:
         else:
             node[parts[-1]] = None  # None = keep the whole subtree
 
+    shared = _SharedValues()
+
     def copy(source: Mapping[str, Any], shape: Mapping[str, Any]) -> RawObject:
         out: RawObject = {}
         for name, sub in shape.items():
             if name not in source:
                 continue
             value = source[name]
-            if sub is None or not isinstance(value, Mapping):
+            if name in _UNIQUE_FIELDS:
+                out[sys.intern(name)] = value
+            elif sub is None or not isinstance(value, Mapping):
                 out[sys.intern(name)] = compact(value)
             elif kept := copy(value, sub):
                 out[sys.intern(name)] = kept
         return out
 
     def project(obj: RawObject) -> RawObject:
-        return copy(obj, tree)
+        out = copy(obj, tree)
+        # metadata is per object; the rest (a Node's kernel, its taints, a
+        # DaemonSet's counts) is often equal across thousands of objects.
+        for name, value in out.items():
+            if name != "metadata":
+                out[name] = shared.canonical(value)
+        return out
 
     return project
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import test_utils, web
 from scripted import Seen, Server, Stream
 
 from kmm.kube import client, errors, kubeconfigs, resources
@@ -330,3 +331,79 @@ def test_resource_of(path: str, resource: str) -> None:
     from kmm.kube import counting
 
     assert counting.resource_of(path) == resource
+
+
+async def test_requests_in_flight_are_bounded_and_watches_do_not_count() -> None:
+    """Requests wait for a slot (answer read included); open watches take none."""
+    active, peak, release = 0, 0, asyncio.Event()
+    watching = 0
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        nonlocal active, peak, watching
+        if request.query.get("watch"):
+            watching += 1
+            response = web.StreamResponse()
+            await response.prepare(request)
+            await release.wait()
+            return response
+        active += 1
+        peak = max(peak, active)
+        try:
+            await release.wait()
+            return web.json_response({"kind": "Node"})
+        finally:
+            active -= 1
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    async with test_utils.TestServer(app) as http:
+        access = kubeconfigs.Access(server=str(http.make_url("")).rstrip("/"), source="test")
+        async with client.Client(access, requests_in_flight=2) as api:
+
+            async def drain(path: str) -> None:
+                async for _ in api.watch(path, timeout_seconds=30):
+                    pass
+
+            watches = [asyncio.create_task(drain(f"/api/v1/nodes?w={i}")) for i in range(3)]
+            gets = [
+                asyncio.create_task(api.request("GET", f"/api/v1/nodes/n{i}")) for i in range(5)
+            ]
+            for _ in range(500):  # bounded wait for the server to hold what it can get
+                if watching == 3 and active == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert (watching, active) == (3, 2)
+            await asyncio.sleep(0.05)  # a third request would have arrived by now
+            assert peak == 2
+            release.set()
+            assert [answer["kind"] for answer in await asyncio.gather(*gets)] == ["Node"] * 5
+            await asyncio.gather(*watches)
+    assert peak == 2
+
+
+async def test_a_request_waiting_to_retry_holds_no_slot(server: Server) -> None:
+    class HeldClock(InstantClock):
+        def __init__(self) -> None:
+            super().__init__()
+            self.waiting, self.go = asyncio.Event(), asyncio.Event()
+
+        async def sleep(self, seconds: float) -> None:
+            self.sleeps.append(seconds)
+            self.waiting.set()
+            await self.go.wait()
+
+    clock = HeldClock()
+    server.script(
+        (429, status(429, "TooManyRequests"), {"Retry-After": "3"}),
+        (200, {"kind": "Node", "metadata": {"name": "b"}}),
+        (200, {"kind": "Node", "metadata": {"name": "a"}}),
+    )
+    access = kubeconfigs.Access(server=server.url, source="test")
+    async with client.Client(access, clock=clock, requests_in_flight=1) as api:
+        first = asyncio.create_task(api.request("GET", "/api/v1/nodes/a"))
+        await asyncio.wait_for(clock.waiting.wait(), 10)  # throttled, waiting to retry
+        second = await asyncio.wait_for(api.request("GET", "/api/v1/nodes/b"), 10)
+        assert second["metadata"]["name"] == "b"
+        clock.go.set()
+        assert (await first)["metadata"]["name"] == "a"
+    assert clock.sleeps == [3.0]

@@ -98,21 +98,24 @@ async def test_watch_events_update_store_and_handlers(conn: wire.Connection) -> 
         wire.Watch(
             lines=[
                 event("ADDED", obj("b", "11", data={"k": "v"})),
-                event("MODIFIED", obj("a", "12")),
-                event("DELETED", obj("b", "13")),
+                event("MODIFIED", obj("a", "12", data={"k": "changed"})),
+                event("MODIFIED", obj("a", "13", data={"k": "changed"})),  # a heartbeat
+                event("DELETED", obj("b", "14")),
             ]
         )
     )
     informer, recorder = make(conn)
     async with running(informer):
-        await helpers.settle(lambda: informer.resource_version == "13")
+        await helpers.settle(lambda: informer.resource_version == "14")
     assert recorder.events == [
         ("add", "ns/a", "5"),
         ("add", "ns/b", "11"),
         ("update", "ns/a", "12"),
+        # a's "13" changed nothing but its version: stored, not handed on
         ("delete", "ns/b", "11"),  # the last state the store knew
     ]
     assert [o["metadata"]["name"] for o in informer.store.objects()] == ["a"]
+    assert informer.store.get("ns/a")["metadata"]["resourceVersion"] == "13"
 
 
 async def test_bookmark_moves_the_version_and_a_closed_watch_resumes_from_it(

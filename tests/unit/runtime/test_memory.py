@@ -1,7 +1,8 @@
 """5,000 projected Nodes must fit comfortably: measure what the store retains.
 
 tracemalloc counts allocations, not time, so the bound is deterministic for a
-given Python; the bound leaves room (about 14 MiB measured on CPython 3.11).
+given Python: 11.9 MiB measured on CPython 3.11, 14.4 MiB before equal values
+outside ``metadata`` (kernel, taints) were stored once.
 """
 
 from __future__ import annotations
@@ -92,4 +93,4 @@ def test_five_thousand_projected_nodes_stay_small() -> None:
         tracemalloc.stop()
     mib = (retained - before) / 2**20
     assert len(store) == 5000
-    assert mib < 24, f"5,000 projected nodes retain {mib:.1f} MiB"
+    assert mib < 13, f"5,000 projected nodes retain {mib:.1f} MiB"
