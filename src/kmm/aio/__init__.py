@@ -4,7 +4,8 @@ They know nothing of Kubernetes, Modules or devices. Import modules, not names:
 
 - ``tasks``: guarded background tasks (``TaskSet``, ``guard``, ``run_until``);
 - ``clocks``: the ``Clock`` seam (``LoopClock``; ``FakeClock`` for tests);
-- ``backoff``: exponential retry delays with jitter (``Backoff``).
+- ``backoff``: exponential retry delays with jitter (``Backoff``);
+- ``ratelimits``: a token bucket (``TokenBucket``), for lookups a flood must not multiply.
 """
 
 __all__: list[str] = []

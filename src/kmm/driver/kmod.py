@@ -47,6 +47,7 @@ class KmodDevice:
     major: int | None
     minor: int | None
     numa_node: int | None
+    sysfs: pathlib.Path | None = None  # its /sys/class entry, when found through one
 
 
 def _label(name: str) -> str:
@@ -92,7 +93,8 @@ class KmodPolicy:
         self._pattern = dev_pattern or (None if device_class else f"{module}*")
         self._kernel = kernel_version or self._kernel_version()
         self._poll_interval = poll_interval
-        self._known: dict[str, KmodDevice] = {}
+        self._known: dict[str, KmodDevice] = {}  # every device ever seen
+        self._present: dict[str, KmodDevice] = {}  # at the last scan
         self._holders: dict[str, claims.ClaimUID] = {}
         self._by_claim: dict[claims.ClaimUID, list[str]] = {}
         self._poke = asyncio.Event()
@@ -104,6 +106,7 @@ class KmodPolicy:
         self._class = device_class
         self._pattern = dev_pattern or (None if device_class else f"{self._module}*")
         self._poll_interval = poll_interval
+        self._present = {}  # found under the old settings
         self.poke()
 
     def _kernel_version(self) -> str:
@@ -113,6 +116,10 @@ class KmodPolicy:
 
     def discover(self) -> dict[str, KmodDevice]:
         """The devices present now, by published name."""
+        self._present = self._scan()
+        return self._present
+
+    def _scan(self) -> dict[str, KmodDevice]:
         dev = self._dev
         found: dict[str, KmodDevice] = {}
         if self._class:
@@ -156,7 +163,31 @@ class KmodPolicy:
             major=major,
             minor=minor,
             numa_node=numa,
+            sysfs=sysfs,
         )
+
+    def _present_now(self, names: Sequence[str]) -> dict[str, KmodDevice]:
+        """Those of ``names`` present now.
+
+        A prepare must not rescan every device for every claim: each device
+        the last scan saw is checked with one stat of its node, and a full
+        scan runs only for a name the last scan did not see or a node whose
+        device numbers changed (the module was reloaded).
+        """
+        if any(not self._still_there(self._present.get(name)) for name in names):
+            self.discover()
+        return {name: self._present[name] for name in names if name in self._present}
+
+    def _still_there(self, device: KmodDevice | None) -> bool:
+        if device is None:
+            return False
+        try:
+            st = os.stat(device.host_path)
+        except OSError:
+            return False
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            return (os.major(st.st_rdev), os.minor(st.st_rdev)) == (device.major, device.minor)
+        return True
 
     def _attributes(self, device: KmodDevice) -> dict[str, publishing.DeviceAttribute]:
         attributes: dict[str, publishing.DeviceAttribute] = {
@@ -181,8 +212,8 @@ class KmodPolicy:
         return [{"name": d.name, "attributes": self._attributes(d)} for d in present.values()]
 
     async def prepare(self, claim: owners.PreparingClaim) -> Sequence[owners.DeviceAllocation]:
-        present = self.discover()
         names = [result["device"] for result in claim.results]
+        present = self._present_now(names)
         if len(set(names)) != len(names):
             raise ValueError("a claim cannot hold one device twice")
         for result in claim.results:

@@ -85,12 +85,11 @@ class Driver:
     async def claim_allocated(self, claim: claims.ClaimRef) -> None:
         # kmod devices need no state beyond the policy's and the checkpoint;
         # the hook is where a richer owner would push the change to containers.
+        # (The plugin logs what each call prepared and released.)
         self.committed[claim.uid] = claim
-        logger.info("claim %s/%s prepared", claim.namespace, claim.name)
 
     async def claim_released(self, claim: claims.ClaimRef) -> None:
         self.committed.pop(claim.uid, None)
-        logger.info("claim %s/%s released", claim.namespace, claim.name)
 
     def request_shutdown(self, reason: str) -> None:
         """Ask ``run`` to shut down; returns at once (never stops anything itself)."""

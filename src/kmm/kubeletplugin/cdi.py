@@ -13,6 +13,12 @@ from outside and must never become a path component unchecked. Files are
 written atomically (``files.write_atomically``) with the minimum
 ``cdiVersion`` their content needs, so older runtimes accept them.
 
+Specs are not fsynced: the checkpoint holds every prepared claim's edits, and
+the plugin checks a prepared claim's spec against them (``is_current``) and
+rewrites it when a crash or a reboot lost or tore it; on a real node the
+directory is on a tmpfs anyway. ``remove_others`` clears specs whose claim
+the checkpoint no longer holds (an unprepare cut short after its commit).
+
 The spec content (``ContainerEdits``) comes from the policy; this module does
 not know what a device is.
 """
@@ -202,22 +208,43 @@ class SpecDir:
         spec: dict[str, Any] = {"kind": f"{self.vendor}/{self.cls}", "devices": devices}
         return {"cdiVersion": minimum_version(spec), **spec}
 
+    def content(self, uid: claims.ClaimUID, edits: Sequence[ContainerEdits]) -> bytes:
+        return json.dumps(self.render(uid, edits), indent=2, sort_keys=True).encode()
+
     def write(self, uid: claims.ClaimUID, edits: Sequence[ContainerEdits]) -> list[str]:
         """Write the claim's spec atomically and return its qualified device ids."""
         path = self.path_of(uid)
-        data = json.dumps(self.render(uid, edits), indent=2, sort_keys=True).encode()
-        files.ensure_dir(self.root, mode=0o755)
+        data = self.content(uid, edits)
         try:
-            files.write_atomically(path, data, mode=0o644)
+            files.ensure_dir(self.root, mode=0o755)
+            files.write_atomically(path, data, mode=0o644, sync=files.Sync.NONE)
         except OSError as err:
             raise errors.CDIError(f"cannot write CDI spec {path}: {err}") from err
         return self.device_ids(uid, len(edits))
 
-    def exists(self, uid: claims.ClaimUID) -> bool:
-        return self.path_of(uid).exists()
+    def is_current(self, uid: claims.ClaimUID, edits: Sequence[ContainerEdits]) -> bool:
+        """Whether the claim's spec file holds exactly what ``write`` would write."""
+        try:
+            return self.path_of(uid).read_bytes() == self.content(uid, edits)
+        except OSError:
+            return False
 
     def remove(self, uid: claims.ClaimUID) -> bool:
+        return files.remove(self.path_of(uid), durable=False)
+
+    def remove_others(self, keep: Iterable[str]) -> list[pathlib.Path]:
+        """Remove this vendor's claim specs whose UID is not in ``keep``; the removed."""
+        kept = set(keep)
+        prefix = f"{self.vendor}-{self.cls}_"
+        removed = []
         try:
-            return files.remove(self.path_of(uid))
+            entries = list(self.root.iterdir())
         except FileNotFoundError:
-            return False
+            return []
+        for path in entries:
+            name = path.name
+            if not (name.startswith(prefix) and name.endswith(".json")):
+                continue
+            if name[len(prefix) : -len(".json")] not in kept and files.remove(path, durable=False):
+                removed.append(path)
+        return removed

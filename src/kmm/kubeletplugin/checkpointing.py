@@ -4,8 +4,10 @@ File layout (JSON)::
 
     {"version": 1, "checksum": <CRC-32 of data's UTF-8 bytes>, "data": "<JSON>"}
 
-with ``data`` = ``{"claims": {uid: ClaimRecord}}``. Keeping the payload as a
-string makes the checksum independent of key order or whitespace.
+with ``data`` = ``{"bootID": "<the node's boot>", "claims": {uid: ClaimRecord}}``
+(``bootID`` absent in files written before it was kept). Keeping the
+payload as a string makes the checksum independent of key order or
+whitespace.
 
 Two phases: a claim is recorded ``PrepareStarted`` before the policy and the
 CDI spec are touched, and ``PrepareCompleted`` with its devices (and the CDI
@@ -13,6 +15,11 @@ edits, so a spec lost to a reboot of ``/var/run`` can be rebuilt without the
 policy) once they are done. A crash in between leaves ``PrepareStarted``:
 the next prepare of that claim redoes the work (the policy's ``prepare`` is
 idempotent per claim) and an unprepare cleans it up.
+
+``boot_id`` says which boot of the node wrote the file: after a reboot
+nothing prepared before it is in use any more (the plugin prepares such
+claims again when the kubelet asks), and a record whose unprepare a power
+loss undid must not hold its devices forever.
 
 A checkpoint that cannot be parsed, has the wrong checksum or an unknown
 version raises ``CheckpointCorruptedError`` naming the file and the problem.
@@ -113,26 +120,26 @@ class Checkpoint:
     def __init__(self, directory: pathlib.Path) -> None:
         self.path = directory / FILE_NAME
         self.claims: dict[claims.ClaimUID, ClaimRecord] = {}
+        self.boot_id: str | None = None
         self.writes = 0
+        # Each record's JSON, kept while the record is the same object:
+        # a save re-encodes only the claims that changed since the last.
+        self._encoded: dict[claims.ClaimUID, tuple[ClaimRecord, str]] = {}
 
     def load(self) -> None:
         """Read the file; a missing file is an empty checkpoint."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
-            self.claims = {}
+            self.claims, self.boot_id = {}, None
             return
         except OSError as err:
             raise errors.CheckpointError(f"cannot read checkpoint {self.path}: {err}") from err
-        self.claims = _decode(self.path, raw)
+        self.claims, self.boot_id = _decode(self.path, raw)
 
-    def save(self) -> None:
-        """Write the in-memory state atomically."""
-        data = json.dumps(
-            {"claims": {uid: record.to_dict() for uid, record in sorted(self.claims.items())}},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+    def save(self, sync: files.Sync = files.Sync.ENTRY) -> None:
+        """Write the in-memory state atomically (``sync``: what a power loss keeps)."""
+        data = self._encode()
         envelope = {
             "version": VERSION,
             "checksum": zlib.crc32(data.encode()),
@@ -140,13 +147,31 @@ class Checkpoint:
         }
         try:
             files.ensure_dir(self.path.parent)
-            files.write_atomically(self.path, json.dumps(envelope).encode())
+            files.write_atomically(self.path, json.dumps(envelope).encode(), sync=sync)
         except OSError as err:
             raise errors.CheckpointError(f"cannot write checkpoint {self.path}: {err}") from err
         self.writes += 1
 
+    def _encode(self) -> str:
+        """``{"claims": {...}}`` as ``json.dumps(sort_keys=True)`` compact would write it."""
+        parts = []
+        encoded: dict[claims.ClaimUID, tuple[ClaimRecord, str]] = {}
+        for uid, record in sorted(self.claims.items()):
+            cached = self._encoded.get(uid)
+            if cached is None or cached[0] is not record:
+                text = json.dumps(record.to_dict(), sort_keys=True, separators=(",", ":"))
+                cached = (record, text)
+            encoded[uid] = cached
+            parts.append(f"{json.dumps(uid)}:{cached[1]}")
+        self._encoded = encoded
+        # Keys in sorted order, as json.dumps(sort_keys=True) puts them.
+        boot = "" if self.boot_id is None else f'"bootID":{json.dumps(self.boot_id)},'
+        return "{" + boot + '"claims":{' + ",".join(parts) + "}}"
 
-def _decode(path: pathlib.Path, raw: bytes) -> dict[claims.ClaimUID, ClaimRecord]:
+
+def _decode(
+    path: pathlib.Path, raw: bytes
+) -> tuple[dict[claims.ClaimUID, ClaimRecord], str | None]:
     try:
         envelope = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as err:
@@ -169,9 +194,13 @@ def _decode(path: pathlib.Path, raw: bytes) -> dict[claims.ClaimUID, ClaimRecord
         )
     try:
         payload = json.loads(data)
-        return {
+        boot_id = payload.get("bootID")
+        if boot_id is not None and not isinstance(boot_id, str):
+            raise TypeError(f"bootID {boot_id!r} is not a string")
+        records = {
             claims.ClaimUID(uid): ClaimRecord.from_dict(record)
             for uid, record in payload["claims"].items()
         }
+        return records, boot_id
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise errors.CheckpointCorruptedError(path, f"malformed content ({err!r})") from err

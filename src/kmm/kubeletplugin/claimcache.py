@@ -9,6 +9,14 @@ allocated in our copy (the kubelet may ask right after the scheduler's
 write, before our watch has delivered it). Go's kubeletplugin helper GETs
 every claim on every call; a warm cache here makes zero API calls.
 
+Misses share one token bucket (``lookups``: 10 a second, 20 at once, by
+default), and the misses of one kubelet call share one ``LookupBudget`` of
+waiting (the plugin gives each call one second): a miss that would wait past
+it is answered at once with a ``ClaimError`` the kubelet retries. So a call
+naming thousands of claims nobody has seen costs the API server at most
+burst + rate x budget GETs and the kubelet a bounded wait (the plugin looks
+claims up one at a time, before it takes its lock).
+
 ``StaticClaims`` is the in-memory implementation for tests and for users'
 own tests; both satisfy the ``ClaimSource`` protocol the plugin uses.
 """
@@ -16,18 +24,27 @@ own tests; both satisfy the ``ClaimSource`` protocol the plugin uses.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import math
 from collections.abc import Iterable
 from typing import Protocol
 
-from kmm.aio import backoff, tasks
+from kmm.aio import backoff, ratelimits, tasks
 from kmm.kube import client, listwatch, objects, reflecting, resources
 from kmm.kube import errors as kube_errors
 from kmm.kubeletplugin import claims, errors
 
-__all__ = ["ClaimCache", "ClaimSource", "StaticClaims"]
+__all__ = ["ClaimCache", "ClaimSource", "LookupBudget", "StaticClaims"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class LookupBudget:
+    """How long the lookups of one kubelet call may still wait for API tokens, in all."""
+
+    seconds: float
 
 
 class ClaimSource(Protocol):
@@ -37,8 +54,11 @@ class ClaimSource(Protocol):
 
     async def stop(self) -> None: ...
 
-    async def get(self, ref: claims.ClaimRef) -> claims.ResourceClaim:
-        """The claim, or ``ClaimNotFoundError`` if it is gone or has another UID."""
+    async def get(
+        self, ref: claims.ClaimRef, *, budget: LookupBudget | None = None
+    ) -> claims.ResourceClaim:
+        """The claim, or ``ClaimNotFoundError`` if it is gone or has another UID;
+        a lookup the API server is asked for waits no longer than ``budget``."""
         ...
 
 
@@ -64,7 +84,9 @@ class StaticClaims:
     async def stop(self) -> None:
         return None
 
-    async def get(self, ref: claims.ClaimRef) -> claims.ResourceClaim:
+    async def get(
+        self, ref: claims.ClaimRef, *, budget: LookupBudget | None = None
+    ) -> claims.ResourceClaim:
         self.gets += 1
         claim = self._claims.get((ref.namespace, ref.name))
         if claim is None or claims.ref_of(claim).uid != ref.uid:
@@ -90,9 +112,11 @@ class ClaimCache:
         *,
         on_error: tasks.ErrorHandler,
         delays: backoff.Backoff | None = None,
+        lookups: ratelimits.TokenBucket | None = None,
     ) -> None:
         self._api = api
         self._on_error = on_error
+        self._lookups = lookups or ratelimits.TokenBucket(rate=10.0, burst=20)
         self._claims: dict[tuple[str, str], claims.ResourceClaim] = {}
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -127,11 +151,23 @@ class ClaimCache:
     def cached(self, namespace: str, name: str) -> claims.ResourceClaim | None:
         return self._claims.get((namespace, name))
 
-    async def get(self, ref: claims.ClaimRef) -> claims.ResourceClaim:
+    async def get(
+        self, ref: claims.ClaimRef, *, budget: LookupBudget | None = None
+    ) -> claims.ResourceClaim:
         claim = self._claims.get((ref.namespace, ref.name))
         if claim is not None and claims.ref_of(claim).uid == ref.uid and claims.is_allocated(claim):
             return claim
         self.misses += 1
+        wait = self._lookups.reserve(max_wait=math.inf if budget is None else budget.seconds)
+        if wait is None:
+            raise errors.ClaimError(
+                f"claim {ref.namespace}/{ref.name} ({ref.uid}) is not in the cache, and lookups"
+                f" are throttled (at most {self._lookups.rate:g} a second): retry later"
+            )
+        if budget is not None:
+            budget.seconds -= wait
+        if wait > 0:
+            await self._lookups.sleep(wait)
         try:
             fresh: claims.ResourceClaim = await self._api.request(
                 "GET", resources.RESOURCE_CLAIMS.path(ref.namespace, ref.name)

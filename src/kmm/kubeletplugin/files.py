@@ -1,18 +1,36 @@
 """Atomic file writes and owner-only directories for files kept on a node.
 
 Every file the plugin writes (CDI specs, the checkpoint) goes through
-``write_atomically``: a temporary file in the same directory, fsync, rename,
-fsync of the directory. A reader (the container runtime, our own restart)
-sees the old content or the new one, never a torn file.
+``write_atomically``: a temporary file in the same directory, renamed over
+the target, so a reader (the container runtime, our own restart) sees the old
+content or the new one, never a torn file, even if the process is killed.
+A killed process needs nothing more: its writes are in the page cache.
+
+A power loss or a kernel crash needs fsyncs, and how many depends on what
+must survive it (``Sync``): ``CONTENT`` fsyncs the data before the rename,
+so the file is never torn or empty afterwards, though the rename itself may
+be undone (the previous version comes back); ``ENTRY`` also fsyncs the
+directory, so the new version survives; ``NONE`` is for files rebuilt from
+others, or kept on a tmpfs (``/var/run/cdi`` on a real node), where an fsync
+does nothing. Which write needs which is ``plugins``'s to say.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import pathlib
 
-__all__ = ["ensure_dir", "remove", "write_atomically"]
+__all__ = ["Sync", "ensure_dir", "fsync_dir", "remove", "write_atomically"]
+
+
+class Sync(enum.Enum):
+    """What of a replaced file must survive a power loss."""
+
+    NONE = "none"  # readers see old or new; after a power loss, anything
+    CONTENT = "content"  # never torn: the old or the new version, whole
+    ENTRY = "entry"  # the new version, whole
 
 
 def ensure_dir(path: pathlib.Path, mode: int = 0o700) -> None:
@@ -20,35 +38,43 @@ def ensure_dir(path: pathlib.Path, mode: int = 0o700) -> None:
     path.mkdir(mode=mode, parents=True, exist_ok=True)
 
 
-def write_atomically(path: pathlib.Path, data: bytes, *, mode: int = 0o600) -> None:
+def write_atomically(
+    path: pathlib.Path, data: bytes, *, mode: int = 0o600, sync: Sync = Sync.ENTRY
+) -> None:
     """Replace ``path`` with ``data`` so that readers never see a partial file."""
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        with os.fdopen(fd, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if sync is not Sync.NONE:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
-    _fsync_dir(path.parent)
+    if sync is Sync.ENTRY:
+        fsync_dir(path.parent)
 
 
-def remove(path: pathlib.Path) -> bool:
-    """Remove ``path`` if it exists and make that durable; say whether it existed."""
+def remove(path: pathlib.Path, *, durable: bool = True) -> bool:
+    """Remove ``path`` if it exists (durably unless told otherwise); say whether it existed."""
     try:
         path.unlink()
     except FileNotFoundError:
         return False
-    _fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
     return True
 
 
-def _fsync_dir(path: pathlib.Path) -> None:
-    # The rename is only durable once the directory entry is on disk.
+def fsync_dir(path: pathlib.Path) -> None:
+    """Make the directory's entries (renames, removals) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

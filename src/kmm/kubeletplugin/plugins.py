@@ -15,13 +15,33 @@ that holds it (seed 001, "Stop() stops the plugin before taking the lock").
 
 Prepare, per call: refuse everything until ``allow_claims``; validate each
 claim reference (a bad UID or name fails that claim alone); answer claims
-already prepared from the checkpoint (rebuilding a lost CDI spec); record
-the rest as started (one checkpoint write), let the policy prepare each,
-write their CDI specs (in parallel worker threads: separate files), commit
-each through ``owner.claim_allocated``, and record them completed (a second
-write). A failing claim is undone and answered with its error; the others
-are unaffected. File I/O runs in worker threads so health streams and the
-publisher keep running during a large prepare.
+already prepared from the checkpoint (rewriting a CDI spec a reboot or a
+crash lost or tore); record the rest as started (one checkpoint write), let
+the policy prepare each, write their CDI specs, commit each through
+``owner.claim_allocated``, and record them completed (a second write). A
+failing claim is undone and answered with its error; the others are
+unaffected. Unprepare releases each claim, commits the checkpoint once,
+then removes the specs.
+
+What is fsynced (``files.Sync``), per call whatever the number of claims:
+three fsyncs for a prepare, one for an unprepare. A killed process loses
+nothing without them; they are for a power loss or a kernel crash, after
+which the node reboots and every container is gone:
+- "started": data and directory (two). It must survive before the policy
+  touches anything, so that the claim is known and an unprepare cleans up.
+- "completed" and an unprepare's commit: data only (one), so the file is
+  never torn; the rename may be undone by a power loss. An undone
+  "completed" leaves "started", and the kubelet prepares again after the
+  reboot; an undone unprepare would leave a claim holding its devices, but
+  the checkpoint records the boot it was written in (``boot_id``), and
+  after a reboot no claim prepared before it is given back to the policy:
+  each is prepared again when the kubelet asks for it.
+- CDI specs: none. A prepared claim's spec is checked against the
+  checkpoint's edits at its next prepare (which the kubelet sends before a
+  container starts again) and rewritten if torn or lost; a spec whose claim
+  the checkpoint does not hold is removed at start.
+File I/O runs in worker threads, two hand-offs per prepare and one per
+unprepare, so health streams and the publisher keep running meanwhile.
 """
 
 from __future__ import annotations
@@ -46,7 +66,7 @@ from kmm.kubeletplugin import (
     serving,
 )
 
-__all__ = ["Paths", "Plugin", "PrepareResult", "driver_name"]
+__all__ = ["Paths", "Plugin", "PrepareResult", "current_boot_id", "driver_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +74,8 @@ V1 = "v1.DRAPlugin"
 V1BETA1 = "v1beta1.DRAPlugin"
 HEALTH = "v1alpha1.DRAResourceHealth"
 KUBELET_TIMEOUT = 45.0
+# How long the API lookups of one call may wait, in all (claimcache).
+LOOKUP_BUDGET = 1.0
 
 
 def driver_name(policy_name: str) -> claims.DriverName:
@@ -109,6 +131,7 @@ class Plugin:
         api: client.Client | None = None,
         stop_grace: float = KUBELET_TIMEOUT,
         crash_point: Callable[[str], None] | None = None,
+        boot_id: str | None = None,
     ) -> None:
         cdi.validate_vendor(driver)
         self.driver = claims.DriverName(driver)
@@ -118,6 +141,7 @@ class Plugin:
         self._policy = policy
         self._claims = claim_source
         self._stop_grace = stop_grace
+        self._boot_id = boot_id if boot_id is not None else current_boot_id()
         # Test seam: called at named points so a test can kill the process there.
         self._crash_point = crash_point or (lambda _point: None)
         self._specs = cdi.SpecDir(paths.cdi_dir, vendor=driver)
@@ -149,6 +173,9 @@ class Plugin:
             if self._started:
                 return
             self.checkpoint.load()
+            self._forget_previous_boot()
+            for orphan in self._specs.remove_others(self.checkpoint.claims):
+                logger.info("removed CDI spec %s: its claim is not prepared", orphan)
             self._policy.restore(
                 {
                     uid: record.devices
@@ -186,6 +213,22 @@ class Plugin:
                 )
             self._started = True
             logger.info("DRA plugin %s started on node %s", self.driver, self.node)
+
+    def _forget_previous_boot(self) -> None:
+        """After a reboot, claims prepared before it are prepared again when asked."""
+        previous, self.checkpoint.boot_id = self.checkpoint.boot_id, self._boot_id
+        if previous is None or previous == self._boot_id:
+            return
+        records = self.checkpoint.claims
+        before = [uid for uid, record in records.items() if record.state == checkpointing.COMPLETED]
+        for uid in before:
+            records[uid] = dataclasses.replace(records[uid], state=checkpointing.STARTED)
+        if before:
+            logger.info(
+                "the node rebooted since the checkpoint was written: %d prepared claims "
+                "are prepared again when the kubelet asks",
+                len(before),
+            )
 
     async def stop(self) -> None:
         """Unregister and stop serving; waits for requests in flight.
@@ -282,17 +325,15 @@ class Plugin:
                 answers[ref.uid] = PrepareResult(error=str(err))
             else:
                 valid.append(ref)
-        fetched = await asyncio.gather(
-            *(self._claims.get(ref) for ref in valid), return_exceptions=True
-        )
+        # One at a time: a cached claim costs no task, and the claims a cache
+        # misses are looked up one after another, within one budget of waiting.
         found: list[claims.ResourceClaim] = []
-        for ref, claim in zip(valid, fetched, strict=True):
-            if isinstance(claim, BaseException):
-                if not isinstance(claim, Exception):
-                    raise claim
-                answers[ref.uid] = PrepareResult(error=f"cannot get claim: {claim}")
-            else:
-                found.append(claim)
+        budget = claimcache.LookupBudget(LOOKUP_BUDGET)
+        for ref in valid:
+            try:
+                found.append(await self._claims.get(ref, budget=budget))
+            except Exception as err:
+                answers[ref.uid] = PrepareResult(error=f"cannot get claim: {err}")
         answers.update(await self.prepare_resource_claims(found))
         return answers
 
@@ -332,35 +373,19 @@ class Plugin:
                     namespace=ref.namespace, name=ref.name, state=checkpointing.STARTED
                 )
             try:
-                await asyncio.to_thread(self.checkpoint.save)
+                await asyncio.to_thread(self.checkpoint.save, files.Sync.ENTRY)
             except errors.CheckpointError as err:
                 for claim in todo:
                     uid = claims.ref_of(claim).uid
                     del self.checkpoint.claims[uid]
                     answers[uid] = PrepareResult(error=str(err))
                 return answers
-            staged: list[tuple[claims.ClaimRef, list[owners.DeviceAllocation]]] = []
+            staged: list[tuple[claims.ClaimRef, checkpointing.ClaimRecord]] = []
             for claim in todo:
                 ref = claims.ref_of(claim)
                 try:
-                    staged.append((ref, await self._allocate(ref, claim)))
-                except Exception as err:
-                    await self._fail(answers, ref, err)
-            # The CDI specs are independent files: written in parallel threads,
-            # their fsyncs share journal commits and the event loop stays free.
-            written = await asyncio.gather(
-                *(asyncio.to_thread(self._write_spec, ref.uid, allocs) for ref, allocs in staged),
-                return_exceptions=True,
-            )
-            done: list[claims.ClaimRef] = []
-            for (ref, allocations), ids in zip(staged, written, strict=True):
-                if isinstance(ids, BaseException):
-                    if not isinstance(ids, Exception):
-                        raise ids
-                    await self._fail(answers, ref, ids)
-                    continue
-                self._crash_point("cdi-written")
-                try:
+                    allocations = await self._allocate(ref, claim)
+                    ids = self._specs.device_ids(ref.uid, len(allocations))
                     await self._owner.claim_allocated(ref)
                 except Exception as err:
                     await self._fail(answers, ref, err)
@@ -370,26 +395,37 @@ class Plugin:
                         request_names=a.request_names,
                         pool_name=a.pool_name,
                         device_name=a.device_name,
-                        cdi_device_ids=(ids[i],),
+                        cdi_device_ids=(cdi_id,),
                         edits=a.edits,
                     )
-                    for i, a in enumerate(allocations)
+                    for a, cdi_id in zip(allocations, ids, strict=True)
                 )
-                self.checkpoint.claims[ref.uid] = checkpointing.ClaimRecord(
-                    namespace=ref.namespace,
-                    name=ref.name,
-                    state=checkpointing.COMPLETED,
-                    devices=devices,
+                staged.append(
+                    (
+                        ref,
+                        checkpointing.ClaimRecord(
+                            namespace=ref.namespace,
+                            name=ref.name,
+                            state=checkpointing.COMPLETED,
+                            devices=devices,
+                        ),
+                    )
                 )
-                answers[ref.uid] = PrepareResult(devices=devices)
-                done.append(ref)
-            self._crash_point("before-checkpoint-completed")
-            try:
-                await asyncio.to_thread(self.checkpoint.save)
-            except errors.CheckpointError as err:
-                # The file still says "started"; a retry redoes these claims.
-                for ref in done:
-                    answers[ref.uid] = PrepareResult(error=str(err))
+            if not staged:
+                return answers
+            # One hand-off for the specs and the "completed" commit.
+            failed, commit_error = await asyncio.to_thread(self._complete, staged)
+            prepared: list[claims.ClaimRef] = []
+            for ref, record in staged:
+                if ref.uid in failed:
+                    await self._fail(answers, ref, failed[ref.uid], committed=True)
+                elif commit_error is not None:
+                    # The file still says "started"; a retry redoes these claims.
+                    answers[ref.uid] = PrepareResult(error=str(commit_error))
+                else:
+                    answers[ref.uid] = PrepareResult(devices=record.devices)
+                    prepared.append(ref)
+            _log_claims(prepared, "prepared")
         return answers
 
     async def _allocate(
@@ -410,35 +446,65 @@ class Plugin:
             )
         return allocations
 
-    def _write_spec(
-        self, uid: claims.ClaimUID, allocations: Sequence[owners.DeviceAllocation]
-    ) -> list[str]:
-        if not allocations:
-            return []
-        return self._specs.write(uid, [a.edits for a in allocations])
+    def _complete(
+        self, staged: Sequence[tuple[claims.ClaimRef, checkpointing.ClaimRecord]]
+    ) -> tuple[dict[str, Exception], errors.CheckpointError | None]:
+        """Write each claim's spec, then record those written as completed.
+
+        Runs in a worker thread under the owner's lock. Returns the claims
+        whose spec failed (still "started", for the caller to undo) and the
+        commit's error, if any.
+        """
+        failed: dict[str, Exception] = {}
+        for ref, record in staged:
+            try:
+                if record.devices:
+                    self._specs.write(ref.uid, [device.edits for device in record.devices])
+            except Exception as err:
+                failed[ref.uid] = err
+        self._crash_point("cdi-written")
+        for ref, record in staged:
+            if ref.uid not in failed:
+                self.checkpoint.claims[ref.uid] = record
+        self._crash_point("before-checkpoint-completed")
+        try:
+            self.checkpoint.save(files.Sync.CONTENT)
+        except errors.CheckpointError as err:
+            return failed, err
+        return failed, None
 
     async def _fail(
-        self, answers: dict[str, PrepareResult], ref: claims.ClaimRef, err: Exception
+        self,
+        answers: dict[str, PrepareResult],
+        ref: claims.ClaimRef,
+        err: Exception,
+        *,
+        committed: bool = False,
     ) -> None:
         logger.warning("preparing claim %s/%s failed: %s", ref.namespace, ref.name, err)
         answers[ref.uid] = PrepareResult(error=str(err) or type(err).__name__)
-        await self._undo(ref.uid)
+        await self._undo(ref, committed=committed)
 
     def _answer_prepared(
         self, uid: claims.ClaimUID, record: checkpointing.ClaimRecord
     ) -> PrepareResult:
-        # A reboot empties /var/run/cdi while the checkpoint survives: rebuild.
-        if record.devices and not self._specs.exists(uid):
-            self._specs.write(uid, [device.edits for device in record.devices])
+        # A reboot empties /var/run/cdi while the checkpoint survives, and a
+        # spec is not fsynced (module docstring): rebuild what is not intact.
+        edits = [device.edits for device in record.devices]
+        if edits and not self._specs.is_current(uid, edits):
+            self._specs.write(uid, edits)
         return PrepareResult(devices=record.devices)
 
-    async def _undo(self, uid: claims.ClaimUID) -> None:
+    async def _undo(self, ref: claims.ClaimRef, *, committed: bool) -> None:
+        """Take back a failed claim's prepare (and the owner's commit, if it was made)."""
         try:
-            await self._policy.unprepare(uid)
-            self._specs.remove(uid)
+            await self._policy.unprepare(ref.uid)
+            self._specs.remove(ref.uid)
+            if committed:
+                await self._owner.claim_released(ref)
         except Exception as err:
-            logger.error("undoing claim %s failed: %s", uid, err)
-        self.checkpoint.claims.pop(uid, None)
+            logger.error("undoing claim %s failed: %s", ref.uid, err)
+        self.checkpoint.claims.pop(ref.uid, None)
 
     async def unprepare_resource_claims(
         self, refs: Sequence[claims.ClaimRef]
@@ -446,33 +512,68 @@ class Plugin:
         """Release each claim on its own; an unknown claim succeeds."""
         results: dict[str, Exception | None] = {}
         async with self._owner.lock:
-            changed = False
+            released: list[claims.ClaimUID] = []
+            held: list[claims.ClaimRef] = []
             for ref in refs:
                 try:
                     claims.validate_ref(ref)
-                    if ref.uid not in self.checkpoint.claims:
-                        self._specs.remove(ref.uid)
-                        results[ref.uid] = None
-                        continue
-                    await self._policy.unprepare(ref.uid)
-                    self._specs.remove(ref.uid)
-                    await self._owner.claim_released(ref)
-                    del self.checkpoint.claims[ref.uid]
-                    changed = True
+                    if ref.uid in self.checkpoint.claims:
+                        await self._policy.unprepare(ref.uid)
+                        await self._owner.claim_released(ref)
+                        del self.checkpoint.claims[ref.uid]
+                        held.append(ref)
+                    # An unknown claim succeeds; a spec left by a crash still goes.
+                    released.append(ref.uid)
                     results[ref.uid] = None
                 except Exception as err:
                     results[ref.uid] = err
-            if changed:
-                try:
-                    await asyncio.to_thread(self.checkpoint.save)
-                except errors.CheckpointError as err:
-                    for uid, error in results.items():
-                        if error is None:
-                            results[uid] = err
+            if held:
+                failed = await asyncio.to_thread(self._commit_release, released, save=True)
+            else:  # nothing to commit: a spec left by a crash, at most, to unlink
+                failed = self._commit_release(released, save=False)
+            results.update(failed)
+            _log_claims([ref for ref in held if ref.uid not in failed], "released")
         return results
+
+    def _commit_release(
+        self, released: Sequence[claims.ClaimUID], *, save: bool
+    ) -> dict[str, Exception]:
+        """Save the checkpoint without the released claims, then remove their specs.
+
+        Specs go after the commit: a crash between leaves a spec without a
+        claim, which the next start removes; the other order could leave a
+        prepared claim without its spec and nothing to say so.
+        """
+        failed: dict[str, Exception] = {}
+        try:
+            if save:
+                self.checkpoint.save(files.Sync.CONTENT)
+        except errors.CheckpointError as err:
+            return {uid: err for uid in released}
+        for uid in released:
+            try:
+                self._specs.remove(uid)
+            except (OSError, errors.PluginError) as err:
+                failed[uid] = err
+        return failed
 
     def prepared(self) -> Mapping[claims.ClaimUID, checkpointing.ClaimRecord]:
         return dict(self.checkpoint.claims)
+
+
+def _log_claims(refs: Sequence[claims.ClaimRef], done: str) -> None:
+    # One line per call, not per claim: a line costs as much as a claim's work.
+    if refs:
+        noun = "claim" if len(refs) == 1 else "claims"
+        logger.info("%s %s %s", noun, " ".join(f"{r.namespace}/{r.name}" for r in refs), done)
+
+
+def current_boot_id() -> str:
+    """This boot of the node (host-wide, also inside a container); "" if unknown."""
+    try:
+        return pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _not_allowed() -> str:

@@ -106,6 +106,10 @@ def _refs(request_claims: Sequence[Any]) -> list[claims.ClaimRef]:
     ]
 
 
+def _names(refs: Sequence[claims.ClaimRef]) -> str:
+    return " ".join(f"{r.namespace}/{r.name}" for r in refs)
+
+
 class _DRA:
     """One servicer for both DRA versions: v1 and v1beta1 declare the same
     messages (v1beta1 lacks ``share_id``, which we never set), so only the
@@ -117,7 +121,8 @@ class _DRA:
 
     async def NodePrepareResources(self, request: Any, context: Context) -> Any:
         refs = _refs(request.claims)
-        logger.debug("NodePrepareResources: %s", " ".join(f"{r.namespace}/{r.name}" for r in refs))
+        if logger.isEnabledFor(logging.DEBUG):  # the list costs more than the call's bookkeeping
+            logger.debug("NodePrepareResources: %s", _names(refs))
         answers = await self._handler.node_prepare(refs)
         response = self._messages.NodePrepareResourcesResponse()
         for uid, answer in answers.items():
@@ -134,9 +139,8 @@ class _DRA:
 
     async def NodeUnprepareResources(self, request: Any, context: Context) -> Any:
         refs = _refs(request.claims)
-        logger.debug(
-            "NodeUnprepareResources: %s", " ".join(f"{r.namespace}/{r.name}" for r in refs)
-        )
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("NodeUnprepareResources: %s", _names(refs))
         answers = await self._handler.node_unprepare(refs)
         response = self._messages.NodeUnprepareResourcesResponse()
         for uid, error in answers.items():

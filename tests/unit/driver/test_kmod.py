@@ -87,6 +87,34 @@ async def test_missing_device_and_foreign_pool_fail(root: pathlib.Path) -> None:
         await p.prepare(other)
 
 
+async def test_prepare_probes_its_devices_and_scans_only_for_a_new_one(
+    root: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_tree(root, count=8)
+    p = policy(root)
+    assert len(p.devices()) == 8
+    scans = 0
+    scan = p._scan
+
+    def counted() -> dict[str, kmod.KmodDevice]:
+        nonlocal scans
+        scans += 1
+        return scan()
+
+    monkeypatch.setattr(p, "_scan", counted)
+    for i in range(4):
+        await p.prepare(preparing(f"u{i}", f"foo{i}"))
+    assert scans == 0  # each prepare looked at its own device only
+    (root / "dev/foo5").unlink()  # gone since the last scan: probed, not trusted
+    with pytest.raises(ValueError, match="foo5 is not present"):
+        await p.prepare(preparing("u5", "foo5"))
+    assert scans == 1  # a device that is not where it was: the scan decides
+    make_tree(root, count=9)  # foo8 appears (and foo5 is back)
+    (allocation,) = await p.prepare(preparing("u8", "foo8"))
+    assert allocation.device_name == "foo8"
+    assert scans == 2
+
+
 def test_restore_relearns_holders(root: pathlib.Path) -> None:
     make_tree(root)
     p = policy(root)

@@ -35,6 +35,48 @@ def test_round_trip(tmp_path: pathlib.Path) -> None:
     assert [p.name for p in again.path.parent.iterdir()] == [checkpointing.FILE_NAME]
 
 
+def test_saves_reencode_only_changed_records_and_write_the_same_bytes(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = checkpointing.Checkpoint(tmp_path)
+    encoded: list[str] = []
+    to_dict = checkpointing.ClaimRecord.to_dict
+
+    def counted(self: checkpointing.ClaimRecord) -> dict[str, object]:
+        encoded.append(self.name)
+        return to_dict(self)
+
+    monkeypatch.setattr(checkpointing.ClaimRecord, "to_dict", counted)
+
+    def reference() -> str:
+        # The format as written before records were cached: one json.dumps.
+        payload: dict[str, object] = {
+            "claims": {u: to_dict(r) for u, r in checkpoint.claims.items()}
+        }
+        if checkpoint.boot_id is not None:
+            payload["bootID"] = checkpoint.boot_id
+        return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+
+    for i in range(3):
+        uid = claims.ClaimUID(f"u-{i}\u00e9")  # escaped as json.dumps escapes it
+        checkpoint.claims[uid] = checkpointing.ClaimRecord("ns", f"c{i}", checkpointing.STARTED)
+    checkpoint.save()
+    assert json.loads(checkpoint.path.read_text())["data"] == reference()
+    assert sorted(encoded) == ["c0", "c1", "c2"]
+    encoded.clear()
+    checkpoint.claims[claims.ClaimUID("u-1\u00e9")] = record(checkpointing.COMPLETED)
+    del checkpoint.claims[claims.ClaimUID("u-2\u00e9")]
+    checkpoint.save()
+    assert encoded == ["c"]  # only the record that changed
+    assert json.loads(checkpoint.path.read_text())["data"] == reference()
+    checkpoint.boot_id = "0b5e\u00e9"
+    checkpoint.save()
+    assert json.loads(checkpoint.path.read_text())["data"] == reference()
+    again = checkpointing.Checkpoint(tmp_path)
+    again.load()
+    assert (again.boot_id, again.claims) == (checkpoint.boot_id, checkpoint.claims)
+
+
 def test_missing_file_is_empty(tmp_path: pathlib.Path) -> None:
     checkpoint = checkpointing.Checkpoint(tmp_path)
     checkpoint.load()

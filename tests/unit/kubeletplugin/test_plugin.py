@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from kmm.aio import ratelimits
 from kmm.kube import client
 from kmm.kubeletplugin import checkpointing, claimcache, claims, errors, plugins, serving
 
@@ -119,6 +120,198 @@ async def test_prepare_is_idempotent_and_rebuilds_a_lost_cdi_spec(harness: Harne
     assert spec_path.read_bytes() == content
     assert harness.policy.prepare_calls == 1
     assert len(harness.owner.allocated) == 1
+
+
+async def test_a_torn_cdi_spec_is_rewritten_at_the_next_prepare(harness: Harness) -> None:
+    # Specs are not fsynced: after a power loss one may be empty or cut short.
+    claim = harness.add("c")
+    uid = claim["metadata"]["uid"]
+    await harness.kubelet.prepare(claim)
+    spec_path = harness.paths.cdi_dir / f"{fakes.DRIVER}-claim_{uid}.json"
+    content = spec_path.read_bytes()
+    spec_path.write_bytes(content[: len(content) // 2])
+    assert (await harness.kubelet.prepare(claim))[uid].error == ""
+    assert spec_path.read_bytes() == content
+    assert harness.policy.prepare_calls == 1
+
+
+@pytest.mark.parametrize("batch", [1, 32])
+async def test_fsyncs_per_call_do_not_grow_with_the_batch(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, batch: int
+) -> None:
+    """Three fsyncs per prepare, one per unprepare (the plugins docstring says why)."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    batch_claims = [harness.add(f"c{i}") for i in range(batch)]
+    answers = await harness.kubelet.prepare(*batch_claims)
+    assert all(answer.error == "" for answer in answers.values())
+    data_dir = str(harness.paths.plugin_data_dir)
+    checkpoint_tmp = f"{data_dir}/.{checkpointing.FILE_NAME}.tmp"
+    # "started": data and directory; "completed": data; no CDI spec.
+    assert synced == [checkpoint_tmp, data_dir, checkpoint_tmp]
+    synced.clear()
+    assert set((await harness.kubelet.unprepare(*batch_claims)).values()) == {""}
+    assert synced == [checkpoint_tmp]
+    assert list(harness.paths.cdi_dir.iterdir()) == []
+
+
+async def test_specs_without_a_prepared_claim_are_removed_at_start(root: pathlib.Path) -> None:
+    # An unprepare cut short after its checkpoint commit leaves its spec behind.
+    cdi_dir = plugins.Paths.under(root, fakes.DRIVER).cdi_dir
+    cdi_dir.mkdir(parents=True)
+    orphan = cdi_dir / f"{fakes.DRIVER}-claim_0000-gone.json"
+    orphan.write_text("{}")
+    foreign = cdi_dir / "other.example.com-claim_0000-gone.json"
+    foreign.write_text("{}")
+    source = claimcache.StaticClaims()
+    first = make_plugin(root, source=source)
+    await first.start()
+    first.allow_claims()
+    claim = fakes.make_claim("kept")
+    source.put(claim)
+    uid = claim["metadata"]["uid"]
+    try:
+        async with Kubelet(first.paths.registration_socket(fakes.DRIVER)) as kubelet:
+            assert (await kubelet.prepare(claim))[uid].error == ""
+    finally:
+        await first.stop()
+    kept = cdi_dir / f"{fakes.DRIVER}-claim_{uid}.json"
+    assert not orphan.exists()
+    assert foreign.exists()  # another driver's
+    orphan.write_text("{}")
+    again = make_plugin(root, source=source)
+    await again.start()
+    await again.stop()
+    assert sorted(p.name for p in cdi_dir.iterdir()) == sorted([kept.name, foreign.name])
+
+
+async def test_a_spec_that_cannot_be_written_fails_its_claim_alone(harness: Harness) -> None:
+    good, bad = harness.add("good"), harness.add("bad")
+    bad_uid = bad["metadata"]["uid"]
+    spec = harness.paths.cdi_dir / f"{fakes.DRIVER}-claim_{bad_uid}.json"
+    blocker = spec.with_name(f".{spec.name}.tmp")
+    blocker.mkdir(parents=True)  # the temporary file cannot be created
+    answers = await harness.kubelet.prepare(good, bad)
+    assert answers[good["metadata"]["uid"]].error == ""
+    assert f"cannot write CDI spec {spec}" in answers[bad_uid].error
+    assert set(harness.plugin.prepared()) == {good["metadata"]["uid"]}
+    assert [r.uid for r in harness.owner.released] == [bad_uid]  # its commit taken back
+    assert bad_uid not in harness.policy.prepared
+    saved = checkpointing.Checkpoint(harness.paths.plugin_data_dir)
+    saved.load()
+    assert saved.claims[good["metadata"]["uid"]].state == checkpointing.COMPLETED
+    # On disk still "started": a restart before the retry cleans it up.
+    assert saved.claims[bad_uid].state == checkpointing.STARTED
+    blocker.rmdir()  # space is back: the retry succeeds
+    assert (await harness.kubelet.prepare(bad))[bad_uid].error == ""
+    assert spec.exists()
+    saved.load()
+    assert saved.claims[bad_uid].state == checkpointing.COMPLETED
+
+
+async def test_after_a_reboot_claims_prepared_before_it_are_prepared_again(
+    root: pathlib.Path,
+) -> None:
+    """A power loss may undo an unprepare's commit: a claim from before the
+    reboot must not keep its devices from the policy (nor be trusted as done)."""
+    source, policy = claimcache.StaticClaims(), fakes.FakePolicy()
+    kept, released = fakes.make_claim("kept"), fakes.make_claim("released")
+    for claim in (kept, released):
+        source.put(claim)
+    first = plugins.Plugin(
+        fakes.DRIVER, node=fakes.NODE, owner=fakes.FakeOwner(), policy=policy,
+        claim_source=source, paths=plugins.Paths.under(root, fakes.DRIVER), boot_id="boot-1",
+    )  # fmt: skip
+    await first.start()
+    first.allow_claims()
+    try:
+        async with Kubelet(first.paths.registration_socket(fakes.DRIVER)) as kubelet:
+            answers = await kubelet.prepare(kept, released)
+    finally:
+        await first.stop()
+    assert {a.error for a in answers.values()} == {""}
+
+    def restarted(boot: str) -> tuple[plugins.Plugin, fakes.FakePolicy]:
+        fresh = fakes.FakePolicy()
+        return plugins.Plugin(
+            fakes.DRIVER, node=fakes.NODE, owner=fakes.FakeOwner(), policy=fresh,
+            claim_source=source, paths=plugins.Paths.under(root, fakes.DRIVER), boot_id=boot,
+        ), fresh  # fmt: skip
+
+    same_boot, policy = restarted("boot-1")  # a restart of the process only
+    await same_boot.start()
+    await same_boot.stop()
+    assert sorted(policy.restored) == sorted(c["metadata"]["uid"] for c in (kept, released))
+
+    rebooted, policy = restarted("boot-2")
+    await rebooted.start()
+    rebooted.allow_claims()
+    try:
+        assert policy.restored == {}  # nothing is held for claims from before
+        uid = kept["metadata"]["uid"]
+        assert rebooted.prepared()[uid].state == checkpointing.STARTED
+        async with Kubelet(rebooted.paths.registration_socket(fakes.DRIVER)) as kubelet:
+            again = (await kubelet.prepare(kept))[uid]
+        assert again.error == ""
+        assert devices_of(again) == devices_of(answers[uid])
+        assert policy.prepare_calls == 1  # prepared again, the same devices
+        assert rebooted.prepared()[uid].state == checkpointing.COMPLETED
+    finally:
+        await rebooted.stop()
+    saved = checkpointing.Checkpoint(rebooted.paths.plugin_data_dir)
+    saved.load()
+    assert saved.boot_id == "boot-2"
+
+
+class InstantClock:
+    """Sleeps move time at once: the bucket's arithmetic, without the waiting."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+
+    def now(self) -> float:
+        return self.time
+
+    def call_at(self, when: float, callback: object) -> object:
+        raise NotImplementedError
+
+    async def sleep(self, seconds: float) -> None:
+        self.time += seconds
+        await asyncio.sleep(0)
+
+
+async def test_a_flood_of_unknown_claims_costs_a_bounded_number_of_gets(
+    root: pathlib.Path, api: client.Client, fake_api: fakeapi.FakeAPI
+) -> None:
+    bucket = ratelimits.TokenBucket(rate=10.0, burst=20, clock=InstantClock())  # type: ignore[arg-type]
+    cache = claimcache.ClaimCache(api, on_error=lambda e, m: None, lookups=bucket)
+    known = fakes.make_claim("known")
+    fake_api.put_claim(known)
+    plugin = make_plugin(root, source=cache)
+    await plugin.start()
+    plugin.allow_claims()
+    strangers = [
+        claims.ClaimRef("default", f"n{i}", claims.ClaimUID(f"0000-{i:05d}")) for i in range(1000)
+    ]
+    try:
+        async with Kubelet(plugin.paths.registration_socket(fakes.DRIVER)) as kubelet:
+            answers = await kubelet.prepare(known, *strangers)
+    finally:
+        await plugin.stop()
+    assert len(answers) == 1001  # every claim answered
+    assert answers[known["metadata"]["uid"]].error == ""
+    # The cache's list, then the burst, then one GET a tenth of a second for
+    # the one second the call's lookups may wait: not one GET per claim.
+    assert fake_api.requests["GET"] == 1 + 20 + 10
+    messages = [answers[r.uid].error for r in strangers]
+    assert sum("not found" in m for m in messages) == 30
+    assert sum("lookups are throttled (at most 10 a second)" in m for m in messages) == 970
 
 
 async def test_unprepare_of_unknown_claim_succeeds(harness: Harness) -> None:
