@@ -24,7 +24,8 @@ Run: ``.venv/bin/python bench/bench_prepare.py [--rounds 200] [--big-rounds 40] 
    fsync of the directory (in the same filesystem as the drivers' files).
 
 Printed: p50 and p99 per driver, call and batch size; kmm's ratio to the
-floor (prepare) and to the test driver (both calls).
+floor (prepare) and to the test driver (both calls); each driver's CPU time
+per call over the timed rounds (its process, all threads).
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ from kmm.sandbox import building, cluster, components
 DEVICES = 32
 NAMESPACE = "bench"
 MODULE = "benchdev"
+
+
+def cpu_seconds(process: asyncio.subprocess.Process | None) -> float:
+    """User + system CPU a driver process has used (``/proc/PID/stat``)."""
+    assert process is not None
+    fields = pathlib.Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -288,6 +296,7 @@ async def main(args: argparse.Namespace) -> None:
         floor_times: dict[int, list[float]] = {}
         floor_dir = base / "floor"
         floor_dir.mkdir()
+        cpu_before = {d.label: cpu_seconds(d.process) for d in drivers}
         for index, size in enumerate(sizes, start=1):
             # Who goes first alternates too: a call right after another may find caches warm.
             for driver in drivers if index % 2 else drivers[::-1]:
@@ -302,6 +311,10 @@ async def main(args: argparse.Namespace) -> None:
             # The floor in the same round, so that drift on a shared machine hits all three.
             floor_times.setdefault(size, []).append(floor_round(floor_dir, size, *samples[size]))
         print_results(base, drivers, floor_times)
+        calls = 2 * len(sizes)
+        for driver in drivers:
+            used = cpu_seconds(driver.process) - cpu_before[driver.label]
+            print(f"{driver.label}: {used / calls * 1e3:.2f} ms of CPU per call ({calls} calls)")
     finally:
         for driver in drivers:
             await driver.stop()

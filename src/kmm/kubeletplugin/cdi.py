@@ -216,8 +216,7 @@ class SpecDir:
         path = self.path_of(uid)
         data = self.content(uid, edits)
         try:
-            files.ensure_dir(self.root, mode=0o755)
-            files.write_atomically(path, data, mode=0o644, sync=files.Sync.NONE)
+            files.write_atomically(path, data, mode=0o644, sync=files.Sync.NONE, parent_mode=0o755)
         except OSError as err:
             raise errors.CDIError(f"cannot write CDI spec {path}: {err}") from err
         return self.device_ids(uid, len(edits))

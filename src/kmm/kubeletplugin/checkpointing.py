@@ -146,8 +146,9 @@ class Checkpoint:
             "data": data,
         }
         try:
-            files.ensure_dir(self.path.parent)
-            files.write_atomically(self.path, json.dumps(envelope).encode(), sync=sync)
+            files.write_atomically(
+                self.path, json.dumps(envelope).encode(), sync=sync, parent_mode=0o700
+            )
         except OSError as err:
             raise errors.CheckpointError(f"cannot write checkpoint {self.path}: {err}") from err
         self.writes += 1

@@ -39,11 +39,27 @@ def ensure_dir(path: pathlib.Path, mode: int = 0o700) -> None:
 
 
 def write_atomically(
-    path: pathlib.Path, data: bytes, *, mode: int = 0o600, sync: Sync = Sync.ENTRY
+    path: pathlib.Path,
+    data: bytes,
+    *,
+    mode: int = 0o600,
+    sync: Sync = Sync.ENTRY,
+    parent_mode: int | None = None,
 ) -> None:
-    """Replace ``path`` with ``data`` so that readers never see a partial file."""
+    """Replace ``path`` with ``data`` so that readers never see a partial file.
+
+    With ``parent_mode``, a missing directory is made (with that mode) when
+    the write finds it gone: checked on failure, not with a ``mkdir`` per write.
+    """
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    try:
+        fd = os.open(tmp, flags, mode)
+    except FileNotFoundError:
+        if parent_mode is None:
+            raise
+        ensure_dir(path.parent, parent_mode)  # first use, or wiped (a reboot of /var/run)
+        fd = os.open(tmp, flags, mode)
     try:
         try:
             view = memoryview(data)

@@ -40,8 +40,12 @@ which the node reboots and every container is gone:
   checkpoint's edits at its next prepare (which the kubelet sends before a
   container starts again) and rewritten if torn or lost; a spec whose claim
   the checkpoint does not hold is removed at start.
-File I/O runs in worker threads, two hand-offs per prepare and one per
-unprepare, so health streams and the publisher keep running meanwhile.
+File I/O runs on the event loop, not in worker threads: a call blocks the
+loop for its three fsyncs at most (under a millisecond each on a healthy
+disk), while a hand-off to a thread and back cost as much as the write it
+moved (0.85 ms against 0.73 ms, measured on the 2-core test machine under
+load), twice per prepare. A disk that stalls stalls the plugin's loop, and
+its gRPC liveness check with it, which is what a kubelet should learn.
 """
 
 from __future__ import annotations
@@ -373,7 +377,7 @@ class Plugin:
                     namespace=ref.namespace, name=ref.name, state=checkpointing.STARTED
                 )
             try:
-                await asyncio.to_thread(self.checkpoint.save, files.Sync.ENTRY)
+                self.checkpoint.save(files.Sync.ENTRY)
             except errors.CheckpointError as err:
                 for claim in todo:
                     uid = claims.ref_of(claim).uid
@@ -413,8 +417,7 @@ class Plugin:
                 )
             if not staged:
                 return answers
-            # One hand-off for the specs and the "completed" commit.
-            failed, commit_error = await asyncio.to_thread(self._complete, staged)
+            failed, commit_error = self._complete(staged)
             prepared: list[claims.ClaimRef] = []
             for ref, record in staged:
                 if ref.uid in failed:
@@ -451,9 +454,8 @@ class Plugin:
     ) -> tuple[dict[str, Exception], errors.CheckpointError | None]:
         """Write each claim's spec, then record those written as completed.
 
-        Runs in a worker thread under the owner's lock. Returns the claims
-        whose spec failed (still "started", for the caller to undo) and the
-        commit's error, if any.
+        Runs under the owner's lock. Returns the claims whose spec failed
+        (still "started", for the caller to undo) and the commit's error, if any.
         """
         failed: dict[str, Exception] = {}
         for ref, record in staged:
@@ -527,10 +529,7 @@ class Plugin:
                     results[ref.uid] = None
                 except Exception as err:
                     results[ref.uid] = err
-            if held:
-                failed = await asyncio.to_thread(self._commit_release, released, save=True)
-            else:  # nothing to commit: a spec left by a crash, at most, to unlink
-                failed = self._commit_release(released, save=False)
+            failed = self._commit_release(released, save=bool(held))
             results.update(failed)
             _log_claims([ref for ref in held if ref.uid not in failed], "released")
         return results
