@@ -44,13 +44,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testing.Runnin
     )
     record = asyncio.run(cluster.up(options))
     try:
-        yield testing.RunningSandbox(
-            directory=directory,
-            kubeconfig=record.kubeconfig,
-            server=record.server,
-            node_names=record.node_names,
-            kernels=KERNELS,
-        )
+        yield testing.RunningSandbox.of(record, KERNELS)
     finally:
         with contextlib.suppress(Exception):
             cluster.down(directory)

@@ -48,13 +48,7 @@ def faulty() -> Iterator[testing.RunningSandbox]:
     )
     record = asyncio.run(cluster.up(options))
     try:
-        yield testing.RunningSandbox(
-            directory=directory,
-            kubeconfig=record.kubeconfig,
-            server=record.server,
-            node_names=record.node_names,
-            kernels=options.kernels,
-        )
+        yield testing.RunningSandbox.of(record, options.kernels)
     finally:
         cluster.down(directory)
         left = lifecycle.processes_mentioning(directory)

@@ -28,6 +28,7 @@ class Settings:
     health_port: int = 8081
     host: str = "0.0.0.0"
     workers: int = 4
+    resync_period: float = wiring.DEFAULT_RESYNC_PERIOD
 
 
 async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> None:
@@ -43,6 +44,8 @@ async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> No
         metrics=registry.controllers,
         workers=settings.workers,
         instance=settings.identity,
+        resync_period=settings.resync_period,
+        handler_errors=registry,
     )
     holder.append(operator)
 

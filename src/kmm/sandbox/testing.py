@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from kmm.sandbox import processes, restarting
+from kmm.sandbox import processes, restarting, state
 
 __all__ = ["RunningSandbox", "eventually"]
 
@@ -29,6 +29,17 @@ class RunningSandbox:
     server: str
     node_names: list[str]
     kernels: tuple[str, ...]
+
+    @classmethod
+    def of(cls, record: state.SandboxState, kernels: tuple[str, ...]) -> RunningSandbox:
+        """The sandbox ``cluster.up`` just started, whose nodes run ``kernels``."""
+        return cls(
+            directory=record.directory,
+            kubeconfig=record.kubeconfig,
+            server=record.server,
+            node_names=record.node_names,
+            kernels=kernels,
+        )
 
     def stop(self, component: str) -> bool:
         """Stop ``component`` (``etcd``, ``kube-apiserver``, ``scheduler`` ...);
