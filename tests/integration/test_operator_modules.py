@@ -75,6 +75,7 @@ async def test_three_kernels_three_daemonsets_pods_and_ready_labels(
             assert pod.node_selector == {select: "yes", labels.KERNEL_VERSION_FULL: kernel}
             assert pod.priority_class_name == "system-node-critical"
             assert container.security_context.capabilities.add == ["SYS_MODULE"]
+            assert container.security_context.capabilities.drop == ["ALL"]
             assert (
                 "modprobe -v -d /opt kmm_test debug=1"
                 in container.lifecycle.post_start._exec.command[-1]
