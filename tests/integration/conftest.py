@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -65,11 +64,5 @@ async def kmm_api(sandbox: testing.RunningSandbox) -> AsyncIterator[kube_client.
 
 @pytest.fixture
 async def namespace(api_client: client.ApiClient) -> AsyncIterator[str]:
-    name = f"test-{uuid.uuid4().hex[:10]}"
-    core = client.CoreV1Api(api_client)
-    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    try:
+    async with support.own_namespace(api_client) as name:
         yield name
-    finally:
-        with contextlib.suppress(client.ApiException):
-            await core.delete_namespace(name)

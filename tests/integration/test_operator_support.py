@@ -16,6 +16,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,19 @@ async def operator_in_process(
         finally:
             stop.set()
             await task
+
+
+@contextlib.asynccontextmanager
+async def own_namespace(api: client.ApiClient, prefix: str = "test") -> AsyncIterator[str]:
+    """A namespace of the block's own, deleted afterwards."""
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    core = client.CoreV1Api(api)
+    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException):
+            await core.delete_namespace(name)
 
 
 @contextlib.asynccontextmanager

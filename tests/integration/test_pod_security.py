@@ -24,7 +24,7 @@ from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
 from kmm.operator import devicepluginbuilders, drabuilders, loaderbuilders
-from kmm.sandbox import testing
+from kmm.sandbox import cluster, testing
 
 DEPLOYMENTS = resources.Resource("apps", "v1", "deployments")
 _APP_SELECTOR = "app.kubernetes.io/name=kmm-operator"
@@ -69,17 +69,7 @@ async def _namespace_at(api: kube_client.Client, level: str) -> AsyncIterator[st
     }
     await api.request("POST", resources.NAMESPACES.path(), body=body)
     try:
-
-        async def account_made() -> bool:
-            try:
-                await api.request(
-                    "GET", resources.SERVICE_ACCOUNTS.path(namespace=name, name="default")
-                )
-            except kube_errors.NotFound:
-                return False
-            return True
-
-        await testing.eventually(account_made, f"default ServiceAccount of {name}")
+        await cluster.wait_default_account(api, name, timeout=90)
         yield name
     finally:
         await api.request("DELETE", resources.NAMESPACES.path(name=name))

@@ -123,16 +123,7 @@ async def test_each_component_stopped_and_started_keeps_the_data(
         },
     }
 
-    async def account_made() -> bool:
-        try:
-            await admin.request(
-                "GET", resources.SERVICE_ACCOUNTS.path(namespace=namespace, name="default")
-            )
-        except kube_errors.NotFound:
-            return False
-        return True
-
-    await testing.eventually(account_made, "default ServiceAccount after the restarts")
+    await cluster.wait_default_account(admin, namespace, timeout=90)
     await admin.request("POST", resources.PODS.path(namespace=namespace), body=pod)
 
     async def running() -> bool:

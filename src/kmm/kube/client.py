@@ -18,6 +18,10 @@
   credentials that can be refreshed (exec plugin, token file) is retried
   once with fresh ones. At most ``max_attempts`` attempts in all.
 - ``counter`` records every request sent (``kube.counting``).
+- ``answering`` says whether the server answered the last request that
+  came back: False after one refused, cut off or answered 5xx, True after
+  any other answer (a 404 or 429 is the server speaking). Readiness probes
+  read it: a process whose informers cannot reach the server is not ready.
 
 The transport is aiohttp, chosen by ``bench/bench_transport.py`` (import
 memory, requests per second on the sandbox): one pooled keep-alive session
@@ -118,6 +122,7 @@ class Client:
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.counter = counting.RequestCounter()
+        self.answering = True  # nothing has failed yet
         self._connections = connections
         self._clock: clocks.Clock = clock or clocks.LoopClock()
         self._credentials = credentials.Credentials(access)
@@ -316,9 +321,11 @@ class Client:
                 server_hostname=self.access.tls_server_name,
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            self.answering = False
             raise errors.Unavailable(
                 0, f"{type(err).__name__}: {err}", method=method, path=path
             ) from err
+        self.answering = response.status < 500
         if 200 <= response.status < 300:
             return response
         try:

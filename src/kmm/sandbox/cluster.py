@@ -48,6 +48,7 @@ __all__ = [
     "node_table",
     "status",
     "up",
+    "wait_default_account",
 ]
 
 DEFAULT_KERNELS = ("6.8.0-45-generic",)
@@ -340,7 +341,7 @@ async def up(
             # A cluster where a pod can be created: the controller-manager has
             # made the default namespace's ServiceAccount, which admission needs.
             try:
-                await _wait_default_account(api, options.start_timeout)
+                await wait_default_account(api, timeout=options.start_timeout)
             except TimeoutError as err:
                 raise errors.ComponentFailed(
                     "kube-controller-manager",
@@ -359,11 +360,17 @@ async def up(
     return record
 
 
-async def _wait_default_account(api: client.Client, timeout: float) -> None:
+async def wait_default_account(
+    api: client.Client, namespace: str = "default", *, timeout: float
+) -> None:
+    """Wait until the controller-manager made ``namespace``'s default
+    ServiceAccount (a pod can be created there from then on); TimeoutError
+    after ``timeout`` seconds."""
+    path = kube_resources.SERVICE_ACCOUNTS.path(namespace=namespace, name="default")
     async with asyncio.timeout(timeout):
         while True:
             try:
-                await api.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")
+                await api.request("GET", path)
             except kube_errors.NotFound:
                 await asyncio.sleep(0.2)
             else:
