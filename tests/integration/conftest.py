@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -44,13 +43,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testing.Runnin
     )
     record = asyncio.run(cluster.up(options))
     try:
-        yield testing.RunningSandbox(
-            directory=directory,
-            kubeconfig=record.kubeconfig,
-            server=record.server,
-            node_names=record.node_names,
-            kernels=KERNELS,
-        )
+        yield testing.RunningSandbox.of(record, KERNELS)
     finally:
         with contextlib.suppress(Exception):
             cluster.down(directory)
@@ -71,11 +64,5 @@ async def kmm_api(sandbox: testing.RunningSandbox) -> AsyncIterator[kube_client.
 
 @pytest.fixture
 async def namespace(api_client: client.ApiClient) -> AsyncIterator[str]:
-    name = f"test-{uuid.uuid4().hex[:10]}"
-    core = client.CoreV1Api(api_client)
-    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    try:
+    async with support.own_namespace(api_client) as name:
         yield name
-    finally:
-        with contextlib.suppress(client.ApiException):
-            await core.delete_namespace(name)

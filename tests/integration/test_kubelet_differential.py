@@ -28,7 +28,7 @@ from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import resources
 from kmm.kubelet import checkpoint, emulator, nodes
-from kmm.sandbox import cluster, kubeletnodes, testing
+from kmm.sandbox import cluster, kubeletnodes, restarting, testing
 
 NAMESPACE = real.NAMESPACE
 
@@ -257,7 +257,7 @@ async def test_a_failing_prepare_and_a_kubelet_restart_look_the_same_on_both(
         kubelet_node = cluster.kubelet_node(both.directory, f"{kubeletnodes.NODE_PREFIX}0")
 
         async def restart_kubelet() -> None:
-            await cluster.restart(both.directory, f"kubelet/{kubelet_node.name}")
+            await restarting.restart(both.directory, f"kubelet/{kubelet_node.name}")
 
         async with emulated_node(api) as (emulated_one, running):
             results = []

@@ -32,7 +32,7 @@ from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.sandbox import cluster, kubeletnodes, testing
+from kmm.sandbox import cluster, kubeletnodes, restarting, testing
 
 NODE = f"{kubeletnodes.NODE_PREFIX}0"
 
@@ -474,7 +474,7 @@ async def test_restarts_of_the_kubelet_and_of_the_driver_keep_running_pods(
         registered = driver.said("registered with the kubelet")
         spec_before = [p.read_text() for p in _cdi_specs(node, driver)]
 
-        await cluster.restart(kubelet_sandbox.directory, f"kubelet/{NODE}")
+        await restarting.restart(kubelet_sandbox.directory, f"kubelet/{NODE}")
 
         async def registered_again() -> bool:
             return driver.said("registered with the kubelet") > registered

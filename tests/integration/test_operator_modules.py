@@ -22,23 +22,6 @@ def _kernel(sandbox: testing.RunningSandbox, index: int) -> str:
     return kernels.node_kernel(sandbox.kernels[index % len(sandbox.kernels)])
 
 
-async def _converged(
-    api: client.ApiClient, namespace: str, name: str, expected_ready: set[str]
-) -> bool:
-    module = await support.get_module(api, namespace, name)
-    ready = support.condition(module, "Ready")
-    if ready is None or ready["status"] != "True":
-        return False
-    loader = (module or {}).get("status", {}).get("moduleLoader") or {}
-    if loader.get("availableNumber") != len(expected_ready):
-        return False
-    if loader.get("desiredNumber") != len(expected_ready):
-        return False
-    key = labels.ready(namespace, name)
-    have = {n for n, lbl in (await support.node_labels(api)).items() if key in lbl}
-    return have == expected_ready
-
-
 async def test_three_kernels_three_daemonsets_pods_and_ready_labels(
     sandbox: testing.RunningSandbox, manifests: None, api_client: client.ApiClient, namespace: str
 ) -> None:
@@ -58,7 +41,8 @@ async def test_three_kernels_three_daemonsets_pods_and_ready_labels(
             support.module_body(name, {select: "yes"}),
         )
         await testing.eventually(
-            lambda: _converged(api_client, namespace, name, set(chosen)), "module loaded on 3 nodes"
+            lambda: support.converged(api_client, namespace, name, set(chosen)),
+            "module loaded on 3 nodes",
         )
         daemonsets = await support.loader_daemonsets(api_client, namespace)
         assert len(daemonsets) == 3
@@ -91,6 +75,7 @@ async def test_three_kernels_three_daemonsets_pods_and_ready_labels(
             assert pod.node_selector == {select: "yes", labels.KERNEL_VERSION_FULL: kernel}
             assert pod.priority_class_name == "system-node-critical"
             assert container.security_context.capabilities.add == ["SYS_MODULE"]
+            assert container.security_context.capabilities.drop == ["ALL"]
             assert (
                 "modprobe -v -d /opt kmm_test debug=1"
                 in container.lifecycle.post_start._exec.command[-1]
@@ -145,7 +130,8 @@ async def test_image_change_selector_change_kernel_change_and_delete(
                 modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body
             )
             await testing.eventually(
-                lambda: _converged(api_client, namespace, name, set(chosen)), "loaded on 3 nodes"
+                lambda: support.converged(api_client, namespace, name, set(chosen)),
+                "loaded on 3 nodes",
             )
             before = _by_kernel(await support.loader_daemonsets(api_client, namespace))
 
@@ -172,7 +158,7 @@ async def test_image_change_selector_change_kernel_change_and_delete(
                     len(now) == 3
                     and ds is not None
                     and ds.spec.template.spec.containers[0].image == "example.com/new/x:v2"
-                    and await _converged(api_client, namespace, name, set(chosen))
+                    and await support.converged(api_client, namespace, name, set(chosen))
                 )
 
             await testing.eventually(image_moved, "6.1 DaemonSet on the new image")
@@ -189,9 +175,10 @@ async def test_image_change_selector_change_kernel_change_and_delete(
 
             async def el9_gone() -> bool:
                 now = _by_kernel(await support.loader_daemonsets(api_client, namespace))
-                return set(now) == {"6.8.0-45-generic", "6.1.0-27-amd64"} and await _converged(
-                    api_client, namespace, name, set(chosen[:2])
-                )
+                return set(now) == {
+                    "6.8.0-45-generic",
+                    "6.1.0-27-amd64",
+                } and await support.converged(api_client, namespace, name, set(chosen[:2]))
 
             await testing.eventually(el9_gone, "el9 DaemonSet deleted, its .ready label gone")
 
@@ -214,7 +201,7 @@ async def test_image_change_selector_change_kernel_change_and_delete(
                 return placed == {
                     chosen[0]: "6.8.0-45-generic",
                     moved: "6.8.0-45-generic",
-                } and await _converged(api_client, namespace, name, set(chosen[:2]))
+                } and await support.converged(api_client, namespace, name, set(chosen[:2]))
 
             await testing.eventually(kernel_moved, "node moved to the 6.8 DaemonSet")
             labels_now = await support.node_labels(api_client)
@@ -243,7 +230,8 @@ async def test_noop_resync_and_restart_make_zero_writes(
                 support.module_body(name, {select: "yes"}),
             )
             await testing.eventually(
-                lambda: _converged(api_client, namespace, name, set(chosen)), "loaded on 4 nodes"
+                lambda: support.converged(api_client, namespace, name, set(chosen)),
+                "loaded on 4 nodes",
             )
             await first.wait_idle("converged")
             assert first.counter.total_writes > 0
@@ -289,7 +277,7 @@ async def test_kernel_that_cannot_expand_is_degraded_others_still_load(
                 return (
                     degraded is not None
                     and degraded["status"] == "True"
-                    and await _converged(api_client, namespace, name, {chosen[0]})
+                    and await support.converged(api_client, namespace, name, {chosen[0]})
                 )
 
             await testing.eventually(settled, "degraded for 'weird', loaded elsewhere")
@@ -331,7 +319,8 @@ async def test_a_fresh_converge_patches_each_node_exactly_twice(
                 support.module_body("fresh", {select: "yes"}),
             )
             await testing.eventually(
-                lambda: _converged(api_client, namespace, "fresh", set(names)), "fresh converged"
+                lambda: support.converged(api_client, namespace, "fresh", set(names)),
+                "fresh converged",
             )
             await running.wait_idle("settled")
             assert running.counter.writes_to("nodes") == 2 * count

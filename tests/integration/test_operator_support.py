@@ -16,6 +16,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -154,10 +155,12 @@ async def operator_in_process(
     *,
     impersonate: str | None = None,
     election: wiring.Election | None = None,
+    **settings: Any,
 ) -> AsyncIterator[InProcess]:
+    """``settings`` go to ``wiring.Operator`` (resync_period, handler_errors ...)."""
     access = dataclasses.replace(kubeconfigs.load(kubeconfig), impersonate=impersonate)
     async with kube_client.Client(access) as api:
-        op = wiring.Operator(api, workers=2, election=election)
+        op = wiring.Operator(api, workers=2, election=election, **settings)
         stop = asyncio.Event()
         task = asyncio.ensure_future(op.run(stop))
         try:
@@ -165,6 +168,19 @@ async def operator_in_process(
         finally:
             stop.set()
             await task
+
+
+@contextlib.asynccontextmanager
+async def own_namespace(api: client.ApiClient, prefix: str = "test") -> AsyncIterator[str]:
+    """A namespace of the block's own, deleted afterwards."""
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    core = client.CoreV1Api(api)
+    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException):
+            await core.delete_namespace(name)
 
 
 @contextlib.asynccontextmanager
@@ -231,3 +247,22 @@ async def delete_and_wait_clean(api: client.ApiClient, namespace: str, name: str
         return not any(key in lbl for lbl in (await node_labels(api)).values())
 
     await testing.eventually(clean, "module, its DaemonSets and its labels gone")
+
+
+async def converged(
+    api: client.ApiClient, namespace: str, name: str, expected_ready: set[str]
+) -> bool:
+    """Ready, every loader pod available, and the ``.ready`` label on exactly
+    ``expected_ready``."""
+    module = await get_module(api, namespace, name)
+    ready = condition(module, "Ready")
+    if ready is None or ready["status"] != "True":
+        return False
+    loader = (module or {}).get("status", {}).get("moduleLoader") or {}
+    if loader.get("availableNumber") != len(expected_ready):
+        return False
+    if loader.get("desiredNumber") != len(expected_ready):
+        return False
+    key = labels.ready(namespace, name)
+    have = {n for n, lbl in (await node_labels(api)).items() if key in lbl}
+    return have == expected_ready

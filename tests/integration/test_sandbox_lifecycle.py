@@ -24,7 +24,7 @@ def _alive(pid: int) -> bool:
     return status[status.rindex(")") + 2] != "Z"
 
 
-def _processes_mentioning(directory: Path) -> list[int]:
+def processes_mentioning(directory: Path) -> list[int]:
     """Live pids whose command line names ``directory`` (every component's does)."""
     found = []
     for entry in Path("/proc").iterdir():
@@ -74,7 +74,7 @@ async def test_down_leaves_no_process_and_a_running_dir_is_refused(tmp_path: Pat
             "kube-scheduler",
             "kwok",
         }
-        assert set(_processes_mentioning(directory.resolve())) == pids
+        assert set(processes_mentioning(directory.resolve())) == pids
         # Every component listens, and only on 127.0.0.1 (0100007F in /proc/net/tcp).
         addresses = _listening_addresses(pids)
         assert len(addresses) >= len(pids)
@@ -86,7 +86,7 @@ async def test_down_leaves_no_process_and_a_running_dir_is_refused(tmp_path: Pat
     finally:
         stopped = cluster.down(directory)
     assert {process.pid for process in stopped} == pids
-    assert _processes_mentioning(directory.resolve()) == []
+    assert processes_mentioning(directory.resolve()) == []
     assert not any(_alive(pid) for pid in pids)
 
 
@@ -130,7 +130,7 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
             check=False,
         )
     assert down.returncode == 0, down.stderr
-    assert _processes_mentioning(directory.resolve()) == []
+    assert processes_mentioning(directory.resolve()) == []
     again = subprocess.run(
         [kmm, "sandbox", "status", "--dir", str(tmp_path / "nothing-here")],
         env=env,

@@ -53,6 +53,14 @@ def operator(
         str | None, typer.Option(help="Lease holder identity; default: $POD_NAME, else host_pid.")
     ] = None,
     workers: Annotated[int, typer.Option(help="Modules reconciled at once.")] = 4,
+    resync_period: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between requeues of every Module, which heal a lost event "
+            "(a converged Module costs no write).",
+            min=0.001,
+        ),
+    ] = wiring.DEFAULT_RESYNC_PERIOD,
 ) -> None:
     """Run the Module operator: loader and device-plugin DaemonSets, node labels, status."""
     jsonlogs.configure()
@@ -67,6 +75,7 @@ def operator(
         health_port=health_port,
         host=bind_address,
         workers=workers,
+        resync_period=resync_period,
     )
     api = clients.api_client(kubeconfig, context)
     try:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -13,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TimeE
 from rich.table import Table
 
 from kmm.cli import paths
-from kmm.sandbox import building, cluster, components, errors
+from kmm.sandbox import building, cluster, components, errors, processes, restarting
 
 app = typer.Typer(
     help="Run a local Kubernetes control plane with fake nodes.", no_args_is_help=True
@@ -102,6 +103,29 @@ def up(
             "resource.k8s.io/v1=false for a cluster without DRA."
         ),
     ] = None,
+    etcd_compaction_interval: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds between the compactions the API server asks of etcd (default: its "
+            "5 minutes); a short one makes old resourceVersions answer 410 Gone.",
+            show_default=False,
+        ),
+    ] = None,
+    max_requests_inflight: Annotated[
+        int | None,
+        typer.Option(
+            help="API server limit on read requests in flight; past it, 429 with Retry-After. "
+            "Either limit turns API Priority and Fairness off. The admin is never throttled.",
+            show_default=False,
+        ),
+    ] = None,
+    max_mutating_requests_inflight: Annotated[
+        int | None,
+        typer.Option(
+            help="API server limit on writes in flight; past it, 429 with Retry-After.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and KWOK with fake nodes."""
     target = directory or paths.sandbox_dir()
@@ -113,6 +137,9 @@ def up(
         apiserver_port=port,
         runtime_config=tuple(runtime_config or ()),
         kubelet_nodes=kubelet_nodes,
+        etcd_compaction_interval=etcd_compaction_interval,
+        max_requests_inflight=max_requests_inflight,
+        max_mutating_requests_inflight=max_mutating_requests_inflight,
     )
     started = time.monotonic()
     with _progress() as progress:
@@ -171,22 +198,53 @@ def down(directory: DirOption = None) -> None:
     _console.print(f"Stopped: {names}")
 
 
+ComponentArgument = Annotated[
+    str,
+    typer.Argument(
+        help="As `status` names it: etcd, kube-apiserver, kube-controller-manager (or "
+        "controller-manager), kube-scheduler (or scheduler), kwok, kubelet/kmm-kubelet-0 ..."
+    ),
+]
+
+
 @app.command()
-def restart(
-    component: Annotated[
-        str, typer.Argument(help="As `status` names it: kube-apiserver, kubelet/kmm-kubelet-0 ...")
-    ],
-    directory: DirOption = None,
-) -> None:
+def stop(component: ComponentArgument, directory: DirOption = None) -> None:
+    """Stop one component, keeping its data, port and log for `start`."""
+    target = directory or paths.sandbox_dir()
+    try:
+        was_running = restarting.stop(target, component)
+    except (errors.SandboxError, ValueError) as err:
+        raise _fail(err) from err
+    _console.print(f"Stopped {component}" if was_running else f"{component} was not running")
+
+
+@app.command()
+def start(component: ComponentArgument, directory: DirOption = None) -> None:
+    """Start a stopped component again on its data (its log continues)."""
+    target = directory or paths.sandbox_dir()
+    _run_start(restarting.start, target, component, "Started")
+
+
+@app.command()
+def restart(component: ComponentArgument, directory: DirOption = None) -> None:
     """Stop one component and start it again with its data (its log continues)."""
     target = directory or paths.sandbox_dir()
+    _run_start(restarting.restart, target, component, "Restarted")
+
+
+def _run_start(
+    how: Callable[[Path, str], Coroutine[Any, Any, processes.Process]],
+    target: Path,
+    component: str,
+    verb: str,
+) -> None:
     started = time.monotonic()
     try:
-        process = asyncio.run(cluster.restart(target, component))
+        process = asyncio.run(how(target, component))
     except (errors.SandboxError, ValueError) as err:
         raise _fail(err) from err
     _console.print(
-        f"Restarted {process.name} (pid {process.pid}); healthy after "
+        f"{verb} {process.name} (pid {process.pid}); healthy after "
         f"{time.monotonic() - started:.1f} s"
     )
 

@@ -21,6 +21,10 @@
 - At most ``requests_in_flight`` requests (answer read included) run at
   once; watches are not counted, so no number of watches can starve them,
   and a request waiting to be retried holds no slot.
+- ``answering`` says whether the server answered the last request that
+  came back: False after one refused, cut off or answered 5xx, True after
+  any other answer (a 404 or 429 is the server speaking). Readiness probes
+  read it: a process whose informers cannot reach the server is not ready.
 
 The transport is aiohttp, chosen by ``bench/bench_transport.py`` (import
 memory, requests per second on the sandbox): one pooled keep-alive session
@@ -124,6 +128,7 @@ class Client:
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.counter = counting.RequestCounter()
+        self.answering = True  # nothing has failed yet
         self._in_flight = asyncio.Semaphore(requests_in_flight)
         self._clock: clocks.Clock = clock or clocks.LoopClock()
         self._credentials = credentials.Credentials(access)
@@ -329,9 +334,11 @@ class Client:
                     server_hostname=self.access.tls_server_name,
                 )
             except (aiohttp.ClientError, OSError, TimeoutError) as err:
+                self.answering = False
                 raise errors.Unavailable(
                     0, f"{type(err).__name__}: {err}", method=method, path=path
                 ) from err
+            self.answering = response.status < 500
             if 200 <= response.status < 300:
                 handed_over = not watching
                 return response

@@ -132,8 +132,11 @@ def daemonset(module: modules.Module, target: kernels.Target) -> RawObject:
         "image": target.image,
         # The container only holds the module files; the hooks do the work.
         "command": ["sleep", "infinity"],
+        # modprobe needs root and SYS_MODULE (DESIGN §5), and the firmware
+        # copy writes a root-owned host directory; nothing else: the
+        # runtime's default capabilities are dropped.
         "securityContext": {
-            "capabilities": {"add": ["SYS_MODULE"]},
+            "capabilities": {"drop": ["ALL"], "add": ["SYS_MODULE"]},
             "runAsUser": 0,
         },
         "lifecycle": {

@@ -5,8 +5,11 @@ Controller metrics come from ``runtime.controllers.PrometheusMetrics``
 ``kmm_api_writes_total{verb,resource}``, read at scrape time from the
 request counter of the operator's API client (``kube.counting``; so a
 test or an admin can see that only the leader writes, and that a converged
-cluster costs none), ``kmm_leader`` (1 while this replica leads), and the
-cached object counts per informer.
+cluster costs none), ``kmm_leader`` (1 while this replica leads), the
+cached object counts per informer, and
+``kmm_handler_errors_total{informer,method}``: event-handler calls that
+raised (each an event lost to the queue until the resync heals it), so a
+failing mapping is seen on a dashboard rather than only in a log line.
 """
 
 from __future__ import annotations
@@ -64,6 +67,16 @@ class OperatorMetrics:
         self.registry = prometheus_client.CollectorRegistry()
         self.controllers = controllers.PrometheusMetrics(self.registry)
         self.registry.register(_Collector(counter, leading, cached))
+        self._handler_errors = prometheus_client.Counter(
+            "kmm_handler_errors_total",
+            "Informer event-handler calls that raised (the event waits for the resync).",
+            ["informer", "method"],
+            registry=self.registry,
+        )
+
+    def handler_failed(self, informer: str, method: str) -> None:
+        """``runtime.informers.HandlerErrors``: one handler call raised."""
+        self._handler_errors.labels(informer, method).inc()
 
     def render(self) -> bytes:
         data: bytes = prometheus_client.generate_latest(self.registry)

@@ -1,7 +1,10 @@
 """The operator process: API client in, Operator + HTTP endpoints, until stopped.
 
 ``run`` exposes the client's write counts as ``kmm_api_writes_total``, serves ``/healthz`` ``/readyz`` ``/metrics``, and
-runs the manager. It returns when ``stop`` is set and raises
+runs the manager. ``/readyz`` is 200 once the caches synced and while the API
+server answers (``kube.client.Client.answering``): during an API server
+outage the operator's retries fail and it reports not ready until one of
+them is answered again. It returns when ``stop`` is set and raises
 ``runtime.manager.LeadershipLost`` when the lease is lost (the process should
 exit and be restarted, as client-go's do).
 """
@@ -28,6 +31,7 @@ class Settings:
     health_port: int = 8081
     host: str = "0.0.0.0"
     workers: int = 4
+    resync_period: float = wiring.DEFAULT_RESYNC_PERIOD
 
 
 async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> None:
@@ -43,6 +47,8 @@ async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> No
         metrics=registry.controllers,
         workers=settings.workers,
         instance=settings.identity,
+        resync_period=settings.resync_period,
+        handler_errors=registry,
     )
     holder.append(operator)
 
@@ -50,8 +56,11 @@ async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> No
         return 200, b"ok\n", _TEXT
 
     def readyz() -> tuple[int, bytes, str]:
-        synced = operator.manager.ready()
-        return (200, b"ok\n", _TEXT) if synced else (503, b"caches not synced\n", _TEXT)
+        if not operator.manager.ready():
+            return 503, b"caches not synced\n", _TEXT
+        if not api.answering:
+            return 503, b"the API server does not answer\n", _TEXT
+        return 200, b"ok\n", _TEXT
 
     def scrape() -> tuple[int, bytes, str]:
         return 200, registry.render(), "text/plain; version=0.0.4; charset=utf-8"

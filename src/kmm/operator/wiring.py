@@ -11,6 +11,12 @@ HTTP endpoints and the process lifecycle around it.
 (DeviceClasses and ResourceClaims). Only then are those two informers
 started; without it DRA Modules report ``ResourceAPIUnavailable`` and
 everything else works (a watch on an absent resource would fail forever).
+
+Healing: a ``runtime.resyncing.Resync`` on the leader requeues every cached
+Module each ``resync_period`` seconds, and every handler call that raises is
+logged and told to ``handler_errors`` (the operator's metrics). The
+``wrap_handler`` seam sees each handler that enqueues Modules as it is
+registered, so a test can make one fail and watch the resync heal it.
 """
 
 from __future__ import annotations
@@ -26,9 +32,24 @@ from kmm.aio import backoff
 from kmm.api import modules
 from kmm.kube import client, errors, listwatch, objects, resources
 from kmm.operator import caches, reconciler, writing
-from kmm.runtime import controllers, handlers, informers, leaderelection, manager, stores
+from kmm.runtime import (
+    controllers,
+    handlers,
+    informers,
+    leaderelection,
+    manager,
+    resyncing,
+    stores,
+)
 
-__all__ = ["Counting", "Election", "Operator", "serves_resource_api"]
+__all__ = [
+    "DEFAULT_RESYNC_PERIOD",
+    "Counting",
+    "Election",
+    "HandlerWrapper",
+    "Operator",
+    "serves_resource_api",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -38,6 +59,14 @@ _log = logging.getLogger(__name__)
 # Nodes from ~15 to ~6 MiB (bench/bench_operator.py) for 180 more list
 # requests at start.
 LIST_PAGE = 25
+# controller-runtime's SyncPeriod is 10 hours; ours is short because a
+# converged Module's reconcile makes no API write, and a lost event should
+# not wait that long.
+DEFAULT_RESYNC_PERIOD = 600.0
+
+#: Given the informer's name and a handler the operator registers on it
+#: (one that enqueues Modules), returns the handler to register instead.
+HandlerWrapper = Callable[[str, informers.Handler], informers.Handler]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,12 +144,16 @@ class Operator:
         metrics: controllers.Metrics | None = None,
         workers: int = 4,
         instance: str = "kmm-operator",
+        resync_period: float = DEFAULT_RESYNC_PERIOD,
+        handler_errors: informers.HandlerErrors | None = None,
+        wrap_handler: HandlerWrapper | None = None,
     ) -> None:
         self.pending = writing.Pending()
         self.writer = writing.Writer(api, pending=self.pending)
         self.modules = informers.Informer(
             "modules",
             listwatch.ApiListWatch(api, writing.MODULES, kind=modules.KIND),
+            handler_errors=handler_errors,
             indexers={
                 caches.SELECTOR_INDEX: caches.module_selector_index,
                 caches.DRIVER_INDEX: caches.module_driver_index,
@@ -130,6 +163,7 @@ class Operator:
         self.daemonsets = informers.Informer(
             "daemonsets",
             listwatch.ApiListWatch(api, resources.DAEMONSETS, kind="DaemonSet"),
+            handler_errors=handler_errors,
             label_selector=caches.OWNED_SELECTOR,
             projection=stores.keep_fields(*caches.DAEMONSET_FIELDS),
             indexers={caches.MODULE_INDEX: caches.object_module_index},
@@ -137,6 +171,7 @@ class Operator:
         self.pods = informers.Informer(
             "pods",
             listwatch.ApiListWatch(api, resources.PODS, kind="Pod"),
+            handler_errors=handler_errors,
             label_selector=caches.OWNED_SELECTOR,
             projection=stores.keep_fields(*caches.POD_FIELDS),
             indexers={caches.MODULE_INDEX: caches.object_module_index},
@@ -145,6 +180,7 @@ class Operator:
         self.nodes = informers.Informer(
             "nodes",
             listwatch.ApiListWatch(api, resources.NODES, kind="Node"),
+            handler_errors=handler_errors,
             projection=stores.keep_fields(*caches.NODE_FIELDS),
             indexers={caches.MODULE_INDEX: caches.node_module_index},
             page_size=LIST_PAGE,
@@ -152,12 +188,14 @@ class Operator:
         self.device_classes = informers.Informer(
             "deviceclasses",
             listwatch.ApiListWatch(api, resources.DEVICE_CLASSES, kind="DeviceClass"),
+            handler_errors=handler_errors,
             projection=stores.keep_fields(*caches.DEVICE_CLASS_FIELDS),
             indexers={caches.MODULE_INDEX: caches.object_module_index},
         )
         self.claims = informers.Informer(
             "resourceclaims",
             listwatch.ApiListWatch(api, resources.RESOURCE_CLAIMS, kind="ResourceClaim"),
+            handler_errors=handler_errors,
             projection=stores.keep_fields(*caches.CLAIM_FIELDS),
             indexers={caches.DRIVER_INDEX: caches.claim_driver_index},
             page_size=LIST_PAGE,
@@ -178,6 +216,10 @@ class Operator:
         )
         enqueue = self.controller.enqueue
         modules_store = self.modules.store
+        wrap = wrap_handler or (lambda _name, handler: handler)
+
+        def requeueing(informer: informers.Informer, handler: informers.Handler) -> None:
+            informer.add_handler(wrap(informer.name, handler))
 
         def owner(obj: stores.RawObject) -> list[str]:
             key = caches.module_of_object(obj)
@@ -185,26 +227,32 @@ class Operator:
 
         # Pending first: a reconcile the event triggers must see it cleared.
         self.modules.add_handler(_seen(self.pending))
-        self.modules.add_handler(handlers.enqueue_object(enqueue))
+        requeueing(self.modules, handlers.enqueue_object(enqueue))
         self.daemonsets.add_handler(_seen(self.pending))
-        self.daemonsets.add_handler(handlers.enqueue_mapped(enqueue, owner))
-        self.pods.add_handler(handlers.enqueue_mapped(enqueue, owner))
+        requeueing(self.daemonsets, handlers.enqueue_mapped(enqueue, owner))
+        requeueing(self.pods, handlers.enqueue_mapped(enqueue, owner))
         self.nodes.add_handler(_seen(self.pending))
-        self.nodes.add_handler(
+        requeueing(
+            self.nodes,
             handlers.enqueue_mapped(
                 enqueue, lambda node: caches.modules_of_node(node, modules_store)
-            )
+            ),
         )
         self.device_classes.add_handler(_seen(self.pending, writing.class_key))
-        self.device_classes.add_handler(
+        requeueing(
+            self.device_classes,
             handlers.enqueue_mapped(
                 enqueue, lambda dc: caches.modules_of_device_class(dc, modules_store)
-            )
+            ),
         )
-        self.claims.add_handler(
+        requeueing(
+            self.claims,
             handlers.enqueue_mapped(
                 enqueue, lambda claim: caches.modules_of_claim(claim, modules_store)
-            )
+            ),
+        )
+        self.resyncer = resyncing.Resync(
+            "resync/modules", modules_store.list_keys, enqueue, period=resync_period
         )
 
         self.elector: leaderelection.LeaderElector | None = None
@@ -222,6 +270,7 @@ class Operator:
         for informer in (self.modules, self.daemonsets, self.pods, self.nodes):
             self.manager.add_informer(informer)
         self.manager.add_controller(self.controller)
+        self.manager.add(self.resyncer, leader_only=True)
 
     def leading(self) -> bool:
         if self.elector is None:
@@ -248,9 +297,8 @@ class Operator:
         return len(queue) == 0 and queue.delayed == 0 and self.counting.in_flight == 0
 
     def resync(self) -> None:
-        """Enqueue every Module, as a periodic resync would."""
-        for key in self.modules.store.list_keys():
-            self.controller.enqueue(key)
+        """Enqueue every Module now: one round of the periodic resync."""
+        self.resyncer.resync()
 
     async def run(self, stop: asyncio.Event) -> None:
         served = await serves_resource_api(self.api, stop)
@@ -270,4 +318,5 @@ class Operator:
             "cached": self.cached(),
             "leading": self.leading(),
             "reconciles": self.counting.done,
+            "resyncs": self.resyncer.resyncs,
         }

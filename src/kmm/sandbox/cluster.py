@@ -7,7 +7,7 @@ every process in the sandbox directory as soon as it is launched, so ``down``
 can stop a start that was interrupted half-way (and write back the sysctls
 the kubelets change). Every ``up`` starts an empty cluster: the data,
 certificates and logs of the directory's previous run are replaced.
-``restart`` stops one component and starts it again on its data.
+``restarting`` stops and starts one component of a running sandbox on its data.
 """
 
 from __future__ import annotations
@@ -43,11 +43,12 @@ __all__ = [
     "Options",
     "api_client",
     "down",
+    "health_access",
     "kubelet_node",
     "node_table",
-    "restart",
     "status",
     "up",
+    "wait_default_account",
 ]
 
 DEFAULT_KERNELS = ("6.8.0-45-generic",)
@@ -77,6 +78,57 @@ class Options:
     runtime_config: tuple[str, ...] = ()
     # Nodes served by real kubelets on a fake container runtime (kubeletnodes).
     kubelet_nodes: int = 0
+    # Seconds between the compactions the API server asks of etcd (its
+    # --etcd-compaction-interval; None keeps its 5 minutes). A short one makes
+    # a resourceVersion older than two intervals answer 410 Gone.
+    etcd_compaction_interval: float | None = None
+    # The API server's --max-requests-inflight / --max-mutating-requests-inflight
+    # (None keeps its defaults). Setting either turns API Priority and Fairness
+    # off, so the limit is the plain in-flight filter: a request past it is
+    # answered 429 with Retry-After at once instead of waiting in an APF queue.
+    # Members of system:masters (the sandbox's admin) are never throttled.
+    max_requests_inflight: int | None = None
+    max_mutating_requests_inflight: int | None = None
+
+    def apiserver_flags(self) -> list[str]:
+        """The kube-apiserver flags these options add."""
+        flags = []
+        if self.runtime_config:
+            flags.append(f"--runtime-config={','.join(self.runtime_config)}")
+        if self.etcd_compaction_interval is not None:
+            # Go durations take a unit; milliseconds keep sub-second values.
+            flags.append(
+                f"--etcd-compaction-interval={round(self.etcd_compaction_interval * 1000)}ms"
+            )
+        limits = (
+            ("max-requests-inflight", self.max_requests_inflight),
+            ("max-mutating-requests-inflight", self.max_mutating_requests_inflight),
+        )
+        for flag, value in limits:
+            if value is not None:
+                flags.append(f"--{flag}={value}")
+        if any(value is not None for _, value in limits):
+            flags.append("--enable-priority-and-fairness=false")
+        return flags
+
+    def check(self) -> None:
+        """ValueError naming the flag of the first option out of range."""
+        if self.nodes < 0:
+            raise ValueError("--nodes must be 0 or more")
+        if self.kubelet_nodes < 0:
+            raise ValueError("--kubelet-nodes must be 0 or more")
+        if not self.kernels:
+            raise ValueError("at least one --kernel is needed")
+        if self.etcd_compaction_interval is not None and not self.etcd_compaction_interval > 0:
+            raise ValueError("--etcd-compaction-interval must be more than 0 seconds")
+        for flag, value in (
+            ("--max-requests-inflight", self.max_requests_inflight),
+            ("--max-mutating-requests-inflight", self.max_mutating_requests_inflight),
+        ):
+            # 0 would lift the limit altogether once APF is off: not what a
+            # user asking for a low limit means.
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} must be 1 or more")
 
 
 class _Launcher:
@@ -140,10 +192,7 @@ async def up(
 ) -> state.SandboxState:
     """Start a sandbox; return once every fake node is Ready."""
     directory = options.directory.resolve()
-    if options.nodes < 0:
-        raise ValueError("--nodes must be 0 or more")
-    if options.kubelet_nodes < 0:
-        raise ValueError("--kubelet-nodes must be 0 or more")
+    options.check()
     if options.kubelet_nodes:
         kubeletnodes.check_directory(directory)
         if any(entry.startswith("resource.k8s.io/") for entry in options.runtime_config):
@@ -151,8 +200,6 @@ async def up(
                 "--kubelet-nodes needs resource.k8s.io served: the Node authorizer and "
                 "the kubelet's DRA manager watch it"
             )
-    if not options.kernels:
-        raise ValueError("at least one --kernel is needed")
     _refuse_if_running(directory)
     if options.apiserver_port:
         ports.require_free(options.apiserver_port, what="kube-apiserver")
@@ -214,11 +261,7 @@ async def up(
                 api_port,
                 node_authorizer=bool(kubelet_names),
             )
-            + (
-                [f"--runtime-config={','.join(options.runtime_config)}"]
-                if options.runtime_config
-                else []
-            ),
+            + options.apiserver_flags(),
             health_url=f"{server}/readyz",
         )
         await health.wait_healthy(
@@ -298,7 +341,7 @@ async def up(
             # A cluster where a pod can be created: the controller-manager has
             # made the default namespace's ServiceAccount, which admission needs.
             try:
-                await _wait_default_account(api, options.start_timeout)
+                await wait_default_account(api, timeout=options.start_timeout)
             except TimeoutError as err:
                 raise errors.ComponentFailed(
                     "kube-controller-manager",
@@ -317,11 +360,17 @@ async def up(
     return record
 
 
-async def _wait_default_account(api: client.Client, timeout: float) -> None:
+async def wait_default_account(
+    api: client.Client, namespace: str = "default", *, timeout: float
+) -> None:
+    """Wait until the controller-manager made ``namespace``'s default
+    ServiceAccount (a pod can be created there from then on); TimeoutError
+    after ``timeout`` seconds."""
+    path = kube_resources.SERVICE_ACCOUNTS.path(namespace=namespace, name="default")
     async with asyncio.timeout(timeout):
         while True:
             try:
-                await api.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")
+                await api.request("GET", path)
             except kube_errors.NotFound:
                 await asyncio.sleep(0.2)
             else:
@@ -394,28 +443,15 @@ async def _start_kubelets(
             ) from err
 
 
-async def restart(directory: Path, component: str, *, timeout: float = 180.0) -> processes.Process:
-    """Stop one component (``kube-apiserver``, ``kubelet/<node>`` ...) and start
-    it again with the same command line and log, keeping its data; return
-    once it is healthy again."""
-    record = status(directory)
-    found = [i for i, p in enumerate(record.launched) if p.name == component]
-    if not found:
-        names = ", ".join(p.name for p in record.launched)
-        raise errors.NotRunning(f"the sandbox in {directory} has no {component}; it has {names}")
-    index = found[0]
-    process = record.launched[index]
-    process.stop()
-    again = processes.launch(
-        process.name, list(process.argv), log=process.log, health_url=process.health_url
-    )
-    record.launched[index] = again
-    state.save(record)
-    access = _insecure(again.health_url) if again.health_url.startswith("https") else None
-    if component == "kube-apiserver":
-        access = _admin(pki.Pki(record.directory / "pki"), record.server)
-    await health.wait_healthy(again, timeout=timeout, access=access)
-    return again
+def health_access(record: state.SandboxState, process: processes.Process) -> kube_access.Access:
+    """How to ask ``process``'s health endpoint: the admin certificate for the
+    API server, no verification for the self-signed controller-manager and
+    scheduler, plain HTTP (the URL's own) for etcd and KWOK."""
+    if process.name == "kube-apiserver":
+        return _admin(pki.Pki(record.directory / "pki"), record.server)
+    if process.health_url.startswith("https"):
+        return _insecure(process.health_url)
+    return kube_access.Access(server=health.server_of(process.health_url), source=process.name)
 
 
 def kubelet_node(directory: Path, name: str) -> kubeletnodes.KubeletNode:

@@ -1,16 +1,23 @@
 """Helpers for tests that run against a sandbox: ours, and users' own.
 
 ``RunningSandbox`` is what a test needs to know about a started sandbox, and
-``eventually`` waits for a cluster to converge. Its bound only turns a hang
-into a failure with a message; it asserts nothing about speed.
+how to inject a control-plane fault into it: ``stop`` / ``start`` /
+``restart`` one component (``restarting``), or ``stopped`` for a block during
+which it is down and after which it runs again, whatever the block raised
+(a shared sandbox must not stay broken for the next test). ``eventually``
+waits for a cluster to converge. Its bound only turns a hang into a failure
+with a message; it asserts nothing about speed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+
+from kmm.sandbox import processes, restarting, state
 
 __all__ = ["RunningSandbox", "eventually"]
 
@@ -22,6 +29,40 @@ class RunningSandbox:
     server: str
     node_names: list[str]
     kernels: tuple[str, ...]
+
+    @classmethod
+    def of(cls, record: state.SandboxState, kernels: tuple[str, ...]) -> RunningSandbox:
+        """The sandbox ``cluster.up`` just started, whose nodes run ``kernels``."""
+        return cls(
+            directory=record.directory,
+            kubeconfig=record.kubeconfig,
+            server=record.server,
+            node_names=record.node_names,
+            kernels=kernels,
+        )
+
+    def stop(self, component: str) -> bool:
+        """Stop ``component`` (``etcd``, ``kube-apiserver``, ``scheduler`` ...);
+        False if it was not running."""
+        return restarting.stop(self.directory, component)
+
+    async def start(self, component: str, *, timeout: float = 180.0) -> processes.Process:
+        """Start a stopped component on its data; return once it is healthy."""
+        return await restarting.start(self.directory, component, timeout=timeout)
+
+    async def restart(self, component: str, *, timeout: float = 180.0) -> processes.Process:
+        return await restarting.restart(self.directory, component, timeout=timeout)
+
+    @contextlib.asynccontextmanager
+    async def stopped(self, component: str, *, timeout: float = 180.0) -> AsyncIterator[None]:
+        """``component`` is down for the block and running again after it."""
+        self.stop(component)
+        try:
+            yield
+        finally:
+            # The block may have started it itself.
+            if not restarting.running(self.directory, component):
+                await self.start(component, timeout=timeout)
 
 
 async def eventually(

@@ -7,6 +7,7 @@ it reads each answer, nothing of Kubernetes' semantics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,28 @@ async def test_no_answer_at_all_is_unavailable_status_zero() -> None:
     assert raised.value.status == 0
     assert raised.value.retriable
     assert len(clock.sleeps) == 1
+    assert api.answering is False
+
+
+async def test_answering_follows_the_last_answer(server: Server) -> None:
+    server.script(
+        (500, b"oops"),
+        (404, NOT_FOUND),
+        (503, status(503, "ServiceUnavailable")),
+        (429, status(429, "TooManyRequests")),
+        (200, {"ok": True}),
+    )
+    seen = []
+    async with client.Client(
+        kubeconfigs.Access(server=server.url, source="test"), max_attempts=1
+    ) as api:
+        assert api.answering is True
+        for _ in range(5):
+            with contextlib.suppress(errors.ApiError):
+                await api.request("GET", "/api/v1/nodes/x")
+            seen.append(api.answering)
+    # A 404 or a 429 is the server speaking; a 5xx is not an answer to work from.
+    assert seen == [False, True, False, True, True]
 
 
 async def test_unauthorized_with_a_rotated_token_file_is_retried_once(

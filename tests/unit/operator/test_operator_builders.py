@@ -48,7 +48,7 @@ def test_loader_daemonset_per_pair(kernel: str, image: str) -> None:
     assert pod["priorityClassName"] == "system-node-critical"
     container = pod["containers"][0]
     assert container["image"] == image
-    assert container["securityContext"]["capabilities"]["add"] == ["SYS_MODULE"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_MODULE"]}
     assert container["lifecycle"]["postStart"]["exec"]["command"] == [
         "/bin/sh",
         "-c",

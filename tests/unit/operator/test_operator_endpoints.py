@@ -27,6 +27,16 @@ def test_metrics_render_writes_leader_and_cache_sizes() -> None:
     assert 'controller_runtime_reconcile_total{controller="module",result="success"} 1.0' in text
 
 
+def test_handler_errors_are_counted_per_informer_and_method() -> None:
+    registry = metrics.OperatorMetrics(counting.RequestCounter(), leading=lambda: True, cached=dict)
+    for _ in range(2):
+        registry.handler_failed("nodes", "on_update")
+    registry.handler_failed("pods", "on_add")
+    text = registry.render().decode()
+    assert 'kmm_handler_errors_total{informer="nodes",method="on_update"} 2.0' in text
+    assert 'kmm_handler_errors_total{informer="pods",method="on_add"} 1.0' in text
+
+
 async def test_server_serves_routes_until_stopped() -> None:
     ready = [False]
     routes: httpserving.Routes = {

@@ -236,19 +236,37 @@ async def test_custom_resources_cluster_scoped(conn: wire.Connection) -> None:
     assert server.watch_requests()[0].query["allowWatchBookmarks"] == "true"
 
 
-async def test_handler_failure_does_not_stop_the_informer(conn: wire.Connection) -> None:
+class Failures:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def handler_failed(self, informer: str, method: str) -> None:
+        self.calls.append((informer, method))
+
+
+async def test_handler_failure_does_not_stop_the_informer_and_is_counted(
+    conn: wire.Connection,
+) -> None:
     server = conn.server
     server.lists.append((200, page([obj("a", "1")], "2")))
-    server.watches.append(wire.Watch(lines=[event("ADDED", obj("b", "3"))]))
-    informer, recorder = make(conn)
+    server.watches.append(
+        wire.Watch(
+            lines=[event("ADDED", obj("b", "3")), event("MODIFIED", obj("b", "4", data={"k": "v"}))]
+        )
+    )
+    failures = Failures()
+    informer, recorder = make(conn, handler_errors=failures)
 
     def explode(_: stores.RawObject) -> None:
         raise RuntimeError("handler bug")
 
     informer._handlers.insert(0, informers.FuncHandler(add=explode))
     async with running(informer):
-        await helpers.settle(lambda: informer.resource_version == "3")
-    assert [e[1] for e in recorder.events] == ["ns/a", "ns/b"]
+        await helpers.settle(lambda: informer.resource_version == "4")
+    assert [e[1] for e in recorder.events] == ["ns/a", "ns/b", "ns/b"]
+    # Both adds (from the list and from the watch) failed; the update had no
+    # failing handler. Every failure is told, none is dropped.
+    assert failures.calls == [("cm", "on_add"), ("cm", "on_add")]
 
 
 async def test_a_watch_closed_without_events_backs_off_instead_of_spinning(

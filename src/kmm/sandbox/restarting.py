@@ -1,0 +1,82 @@
+"""Stop, start and restart one component of a running sandbox, keeping its data.
+
+For faults on demand: an API server or etcd that goes away and comes back,
+the way a control-plane upgrade or a crash does. A component is started
+again from its recorded command line, port and log (which continues), so
+etcd comes back on its data directory with every object, and the API server
+on the same address clients already hold. ``restart`` is ``stop`` then
+``start``: one code path for the three.
+
+Names are those ``kmm sandbox status`` shows (``kube-apiserver``,
+``kubelet/<node>`` ...); ``controller-manager`` and ``scheduler`` are
+accepted for ``kube-controller-manager`` and ``kube-scheduler``. The record
+on disk is rewritten on every start, so ``down`` always stops the live
+process and never a pid that has gone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kmm.sandbox import cluster, errors, health, processes, state
+
+__all__ = ["ALIASES", "restart", "running", "start", "stop"]
+
+ALIASES = {
+    "controller-manager": "kube-controller-manager",
+    "scheduler": "kube-scheduler",
+    "apiserver": "kube-apiserver",
+}
+
+
+def _find(record: state.SandboxState, component: str) -> int:
+    name = ALIASES.get(component, component)
+    for index, process in enumerate(record.launched):
+        if process.name == name:
+            return index
+    names = ", ".join(p.name for p in record.launched)
+    raise errors.NotRunning(f"the sandbox in {record.directory} has no {component}; it has {names}")
+
+
+def running(directory: Path, component: str) -> bool:
+    record = cluster.status(directory)
+    return record.launched[_find(record, component)].alive()
+
+
+def stop(directory: Path, component: str) -> bool:
+    """Stop one component (SIGTERM, then SIGKILL after a grace); False if it
+    was not running. Its data, port and record stay for ``start``."""
+    record = cluster.status(directory)
+    process = record.launched[_find(record, component)]
+    was_running = process.alive()
+    process.stop()
+    return was_running
+
+
+async def start(directory: Path, component: str, *, timeout: float = 180.0) -> processes.Process:
+    """Start a stopped component again as it was launched; return once healthy.
+
+    Refuses (``SandboxInUse``) a component that is running: a second copy
+    would fight the first for its port and data.
+    """
+    record = cluster.status(directory)
+    index = _find(record, component)
+    process = record.launched[index]
+    if process.alive():
+        raise errors.SandboxInUse(
+            f"{process.name} is already running (pid {process.pid}); "
+            f"stop it first, or use `kmm sandbox restart {component}`"
+        )
+    again = processes.launch(
+        process.name, list(process.argv), log=process.log, health_url=process.health_url
+    )
+    record.launched[index] = again
+    state.save(record)
+    await health.wait_healthy(again, timeout=timeout, access=cluster.health_access(record, again))
+    return again
+
+
+async def restart(directory: Path, component: str, *, timeout: float = 180.0) -> processes.Process:
+    """``stop`` then ``start``: the component comes back on its data."""
+    stop(directory, component)
+    return await start(directory, component, timeout=timeout)

@@ -1,0 +1,75 @@
+"""Who gets which privilege, field by field: the operator's own pod none
+(Pod Security Standard ``restricted``, plus a read-only root filesystem), the
+loader root with SYS_MODULE only, the device plugin and DRA driver
+privileged (KMM's, so existing images run). No pod shares a host namespace.
+tests/integration/test_pod_security.py has the API server judge the same pods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import operator_fixtures as fixtures
+import pytest
+
+from kmm.api import examples, installation, kernels, validation
+from kmm.operator import devicepluginbuilders, drabuilders, loaderbuilders
+
+_HOST_NAMESPACES = {"hostNetwork", "hostPID", "hostIPC"}
+
+
+def _pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def test_the_operator_pod_is_restricted() -> None:
+    spec = _pod_spec(installation.deployment())
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert [c["securityContext"] for c in spec["containers"]] == [
+        {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+    ]
+    assert not (_HOST_NAMESPACES | {"volumes", "initContainers"}) & set(spec)
+
+
+def _loader() -> dict[str, Any]:
+    module = fixtures.module()
+    target = kernels.target(module, "6.8.0-45-generic")
+    assert target is not None
+    return loaderbuilders.daemonset(module, target)
+
+
+def _device_plugin() -> dict[str, Any]:
+    raw = fixtures.module_raw(devicePlugin={"container": {"image": "r.io/plugin:1"}})
+    return devicepluginbuilders.daemonset(validation.parse_module(raw))
+
+
+def _dra() -> dict[str, Any]:
+    return drabuilders.daemonset(validation.parse_module(examples.dra_module()))
+
+
+@pytest.mark.parametrize(
+    ("build", "security"),
+    [
+        (_loader, {"capabilities": {"drop": ["ALL"], "add": ["SYS_MODULE"]}, "runAsUser": 0}),
+        (_device_plugin, {"privileged": True}),
+        (_dra, {"privileged": True}),
+    ],
+)
+def test_module_pods_get_their_privilege_and_nothing_more(
+    build: Any, security: dict[str, Any]
+) -> None:
+    spec = _pod_spec(build())
+    assert [c["securityContext"] for c in spec["containers"]] == [security]
+    assert "securityContext" not in spec
+    assert not _HOST_NAMESPACES & set(spec)
+    for init in spec.get("initContainers") or ():
+        assert "securityContext" not in init

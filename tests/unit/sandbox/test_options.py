@@ -1,0 +1,51 @@
+"""What the fault options add to the API server's command line, and what they refuse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kmm.sandbox import cluster
+
+
+def _options(**fields: object) -> cluster.Options:
+    return cluster.Options(directory=Path("/nowhere"), cache_dir=Path("/nowhere"), **fields)  # type: ignore[arg-type]
+
+
+def test_defaults_add_no_flag() -> None:
+    assert _options().apiserver_flags() == []
+
+
+def test_compaction_interval_in_milliseconds() -> None:
+    assert _options(etcd_compaction_interval=0.5).apiserver_flags() == [
+        "--etcd-compaction-interval=500ms"
+    ]
+
+
+def test_an_inflight_limit_turns_priority_and_fairness_off() -> None:
+    assert _options(max_requests_inflight=3).apiserver_flags() == [
+        "--max-requests-inflight=3",
+        "--enable-priority-and-fairness=false",
+    ]
+    assert _options(
+        max_mutating_requests_inflight=1, runtime_config=("resource.k8s.io/v1=false",)
+    ).apiserver_flags() == [
+        "--runtime-config=resource.k8s.io/v1=false",
+        "--max-mutating-requests-inflight=1",
+        "--enable-priority-and-fairness=false",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "flag"),
+    [
+        ({"etcd_compaction_interval": 0.0}, "--etcd-compaction-interval"),
+        ({"max_requests_inflight": 0}, "--max-requests-inflight"),
+        ({"max_mutating_requests_inflight": -1}, "--max-mutating-requests-inflight"),
+        ({"nodes": -1}, "--nodes"),
+    ],
+)
+def test_out_of_range_options_are_refused_by_flag(fields: dict[str, object], flag: str) -> None:
+    with pytest.raises(ValueError, match=flag):
+        _options(**fields).check()
