@@ -120,7 +120,7 @@ class Client:
         *,
         timeout: float = 60.0,
         max_attempts: int = 5,
-        requests_in_flight: int = 16,
+        requests_in_flight: int = 8,
         clock: clocks.Clock | None = None,
         user_agent: str = USER_AGENT,
     ) -> None:
