@@ -15,8 +15,11 @@ from pathlib import Path
 
 __all__ = [
     "ALL",
+    "CLIENTS",
     "DRA_TEST_DRIVER",
     "ETCD",
+    "HELM",
+    "KUBECTL",
     "KUBELET",
     "KUBERNETES",
     "KWOK",
@@ -48,6 +51,9 @@ class GoTool:
     # Packages whose Kubernetes version variables the build sets (-X) from
     # the required module's version and origin; empty for non-Kubernetes tools.
     version_packages: tuple[str, ...] = ()
+    # A Go string variable the build sets (-X) to the pinned version, for
+    # tools that stamp only their version (Helm's ``internal/version``).
+    version_variable: str = ""
 
     @property
     def version(self) -> str:
@@ -116,6 +122,16 @@ DRA_TEST_DRIVER = GoTool(
     packages=(("dra-test-driver", "k8s.io/kubernetes/test/e2e/dra/test-driver"),),
     version_packages=KUBERNETES_VERSION_PACKAGES,
 )
+# Not part of a sandbox: the kubectl of the same pin, inside the supported
+# version skew whatever kubectl the machine has (kubectl is supported within
+# one minor version of the API server).
+KUBECTL = GoTool(
+    name="kubectl",
+    directory=tools_dir() / "kubernetes",
+    required_module="k8s.io/kubernetes",
+    packages=(("kubectl", "k8s.io/kubernetes/cmd/kubectl"),),
+    version_packages=KUBERNETES_VERSION_PACKAGES,
+)
 ETCD = GoTool(
     name="etcd",
     directory=tools_dir() / "etcd",
@@ -129,6 +145,18 @@ KWOK = GoTool(
     packages=(("kwok", "sigs.k8s.io/kwok/cmd/kwok"),),
 )
 
+# Helm, which the chart under deploy/helm is linted, rendered and installed
+# with; its own module, since its client libraries follow Helm, not the pin.
+HELM = GoTool(
+    name="helm",
+    directory=tools_dir() / "helm",
+    required_module="helm.sh/helm/v3",
+    packages=(("helm", "helm.sh/helm/v3/cmd/helm"),),
+    version_variable="helm.sh/helm/v3/internal/version.version",
+)
+
 ALL = (ETCD, KUBERNETES, KWOK)
+# The clients a user drives a sandbox with, built by `kmm sandbox build`.
+CLIENTS = (KUBECTL, HELM)
 # Programs kmm is tested against, built like the sandbox's binaries.
 PEERS = (DRA_TEST_DRIVER,)
