@@ -11,8 +11,9 @@
 #   3. `buildah commit` writes the archive, tagged with IMAGE.
 # Reproducible: SOURCE_DATE_EPOCH is the commit's time; mmdebstrap makes the
 # same tarball from the same package versions, pip byte-compiles with hashes
-# instead of timestamps under it, and --timestamp gives every file and the
-# image config that time. What still moves: a new Debian package version or
+# instead of timestamps under it, and --timestamp gives every file of the
+# second layer and the image config that time (the base layer has a fixed
+# time of its own). What still moves: a new Debian package version or
 # a dependency version range resolved anew (see the README).
 # Needs root, mmdebstrap and buildah (`make image-tools` installs them).
 set -euo pipefail
@@ -54,9 +55,8 @@ SOURCES=(
     "deb $MIRROR $SUITE-updates main"
     "deb $MIRROR-security $SUITE-security main"
 )
-# Its own fixed time, not the commit's, so a new commit reuses it; commit
-# --timestamp below gives every file the commit's time anyway. Delete the
-# cache entry to take Debian's updates.
+# Its own fixed time, not the commit's, so a new commit reuses it (and its
+# layer, below). Delete the cache entry to take Debian's updates.
 BASE_EPOCH=1735689600
 KEY=$(printf '%s\n' "${MMDEBSTRAP[@]}" "${SOURCES[@]}" "$BASE_EPOCH" | sha256sum | cut -c1-12)
 BASE=$CACHE/base-$SUITE-$KEY.tar
@@ -79,7 +79,9 @@ WHEEL=$(basename "$(ls "$WORK"/wheels/kmm-*.whl)")
 
 base=$("${BUILDAH[@]}" from --quiet scratch)
 "${BUILDAH[@]}" add --quiet "$base" "$BASE" / >/dev/null
-"${BUILDAH[@]}" commit --quiet --timestamp "$SOURCE_DATE_EPOCH" --rm "$base" kmm-base >/dev/null
+# The base layer keeps the base's own time: the same layer for every commit,
+# which a registry then stores and a node pulls once.
+"${BUILDAH[@]}" commit --quiet --timestamp "$BASE_EPOCH" --rm "$base" kmm-base >/dev/null
 
 app=$("${BUILDAH[@]}" from --quiet kmm-base)
 RUN=("${BUILDAH[@]}" run --isolation chroot --env "SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH" "$app" --)
