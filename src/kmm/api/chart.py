@@ -65,13 +65,15 @@ class _Holes:
             text, count = pattern.subn(
                 functools.partial(_block, expression=expression, omit_empty=omit_empty), text
             )
-            assert count == 1, f"block {token} ({expression}) is not a mapping value"
+            if count != 1:
+                raise ValueError(f"block {token} ({expression}) is not a mapping's value")
         for token, expression in self._values.items():
             # A function, not a replacement string: the expression is taken as is.
             text, count = re.subn(
                 rf"'{token}'|{token}", functools.partial(_as_is, expression), text
             )
-            assert count == 1, f"value {token} ({expression}) placed {count} times"
+            if count != 1:
+                raise ValueError(f"value {token} ({expression}) placed {count} times")
         # Every hole goes in the document it was made for: the next starts afresh.
         self._values.clear()
         self._blocks.clear()
