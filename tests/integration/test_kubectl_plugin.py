@@ -104,3 +104,14 @@ async def test_kubectl_kmm_modules_shows_a_converged_module(
         code, usage = await _kubectl(kubectl, tmp_path, sandbox.kubeconfig, "kmm", "no-such")
         assert code == 2, usage
         assert "Usage: kubectl kmm" in usage
+
+        # Deleted while the operator runs, so its finalizer is released: the
+        # operator watches every namespace, and later tests count Modules.
+        await client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
+            modules.GROUP, modules.VERSION, namespace, modules.PLURAL, name
+        )
+
+        async def gone() -> bool:
+            return await support.get_module(api_client, namespace, name) is None
+
+        await testing.eventually(gone, "Module deleted")

@@ -15,7 +15,6 @@ from pathlib import Path
 
 __all__ = [
     "ALL",
-    "CLIENTS",
     "DRA_TEST_DRIVER",
     "ETCD",
     "HELM",
@@ -156,7 +155,5 @@ HELM = GoTool(
 )
 
 ALL = (ETCD, KUBERNETES, KWOK)
-# The clients a user drives a sandbox with, built by `kmm sandbox build`.
-CLIENTS = (KUBECTL, HELM)
 # Programs kmm is tested against, built like the sandbox's binaries.
 PEERS = (DRA_TEST_DRIVER,)
