@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries test lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries image image-tools deploy test lint typecheck layers unit integration protos clean
 
 all: test
 
@@ -79,13 +79,29 @@ unit: venv
 integration: venv
 	$(BIN)/pytest tests/integration
 
-# The sandbox binaries (control plane, kubelet, fake runtime) are built once
-# per version (10-15 min cold; the kubelet adds ~6 min of it) before
-# pytest starts, so no test's time limit includes compiling Kubernetes.
+# The sandbox binaries (control plane, kubelet, fake runtime, kubectl, helm)
+# are built once per version (10-15 min cold; the kubelet adds ~6 min of it,
+# kubectl ~3 and helm ~7) before pytest starts, so no test's time limit
+# includes compiling Kubernetes.
 sandbox-binaries: venv
 	$(BIN)/kmm sandbox build
 
-test: lint typecheck layers sandbox-binaries
+# What `make image` (and its test) builds with, from Debian's packages; as root,
+# as on CI, and only when one is missing.
+IMAGE_TOOLS := mmdebstrap buildah
+image-tools:
+	@for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+
+# kmm's image as an OCI archive, build/kmm-image.tar (README "The image").
+image: venv image-tools
+	scripts/build_image.sh
+
+# deploy/ (manifests and the Helm chart) written anew from kmm.api.
+deploy: venv
+	$(BIN)/python scripts/render_deploy.py
+
+test: lint typecheck layers sandbox-binaries image-tools
 	$(BIN)/pytest
 
 protos: venv

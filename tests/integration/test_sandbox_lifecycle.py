@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kmm.cli import paths
-from kmm.sandbox import cluster, errors, state
+from kmm.sandbox import building, cluster, components, errors, state
 
 
 def _alive(pid: int) -> bool:
@@ -107,6 +107,25 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         assert up.returncode == 0, up.stderr
         assert "2 node(s) Ready" in up.stdout
         assert f"export KUBECONFIG={directory.resolve() / 'kubeconfig'}" in up.stdout
+        # The kubectl line works as printed: its PATH finds the pinned
+        # kubectl and the kubectl-kmm plugin, whatever else is installed.
+        (hint,) = [line for line in up.stdout.splitlines() if "export PATH=" in line]
+        path = hint.split("export PATH=", 1)[1].split(";", 1)[0].replace("$PATH", "/usr/bin:/bin")
+        kubectl_env = dict(env, PATH=path, KUBECONFIG=str(directory / "kubeconfig"))
+        nodes = subprocess.run(
+            ["kubectl", "get", "nodes", "--output", "name"],
+            env=kubectl_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert nodes.returncode == 0, nodes.stderr
+        assert len(nodes.stdout.split()) == 2
+        assert shutil.which("kubectl", path=path) == str(
+            building.binary_dir(paths.cache_dir(), components.KUBECTL) / "kubectl"
+        )
+        assert shutil.which("kubectl-kmm", path=path) is not None
         shown = subprocess.run(
             [kmm, "sandbox", "status", "--dir", str(directory)],
             env=dict(env, COLUMNS="200"),
@@ -165,6 +184,8 @@ def test_cli_build_reports_every_binary_from_the_cache() -> None:
         "kubelet",
         "kmm-fake-cri",
         "dra-test-driver",  # a peer: what kmm kubelet is checked with
+        "kubectl",  # the clients: kubectl of the pinned release, and helm
+        "helm",
     }
     for path in lines.values():
         assert os.access(path, os.X_OK), path

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from importlib import metadata
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from kmm import cli
@@ -51,3 +54,20 @@ def test_a_command_loaded_alone_is_still_a_subcommand() -> None:
     result = CliRunner().invoke(cli.build("manifests"), ["manifests"])
     assert result.exit_code == 0, result.output
     assert "CustomResourceDefinition" in result.output
+
+
+def test_kubectl_plugin_is_installed_as_kubectl_kmm() -> None:
+    # kubectl finds plugins by executable name: the package must install it.
+    (script,) = metadata.entry_points(group="console_scripts", name="kubectl-kmm")
+    assert script.value == "kmm.cli:kubectl_plugin"
+    assert (Path(sys.executable).parent / "kubectl-kmm").is_file()
+
+
+def test_kubectl_plugin_names_itself_as_typed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["kubectl-kmm", "modules", "--help"])
+    with pytest.raises(SystemExit) as exited:
+        cli.kubectl_plugin()
+    assert exited.value.code == 0
+    assert "Usage: kubectl kmm modules [OPTIONS]" in capsys.readouterr().out

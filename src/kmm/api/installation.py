@@ -15,19 +15,26 @@ from kmm.api import modules
 
 __all__ = [
     "DRA_DRIVER_ACCOUNT",
+    "HEALTH_PORT",
     "IMAGE",
+    "METRICS_PORT",
     "NAMESPACE",
     "SERVICE_ACCOUNT",
     "cluster_rbac",
     "deployment",
     "dra_driver_rbac",
     "leader_election_rbac",
+    "metrics_service",
     "namespace_and_account",
+    "service_monitor",
 ]
 
 NAMESPACE = "kmm-system"
 SERVICE_ACCOUNT = "kmm-operator"
 _APP = {"app.kubernetes.io/name": "kmm-operator"}
+_METRICS = {**_APP, "app.kubernetes.io/component": "metrics"}
+METRICS_PORT = 8080
+HEALTH_PORT = 8081
 # kmm's own image: the operator runs it, and so do the DRA driver pods of
 # kmm-driven Modules; `kmm kubelet` runs its containers as local processes.
 IMAGE = "ghcr.io/kmm/kmm:0.1.0"
@@ -196,7 +203,10 @@ def deployment() -> dict[str, Any]:
                             "name": "operator",
                             "image": IMAGE,
                             "command": ["kmm", "operator"],
-                            "args": ["--metrics-port=8080", "--health-port=8081"],
+                            "args": [
+                                f"--metrics-port={METRICS_PORT}",
+                                f"--health-port={HEALTH_PORT}",
+                            ],
                             "env": [
                                 {
                                     "name": f"POD_{part.upper()}",
@@ -205,8 +215,8 @@ def deployment() -> dict[str, Any]:
                                 for part in ("name", "namespace")
                             ],
                             "ports": [
-                                {"name": "metrics", "containerPort": 8080},
-                                {"name": "health", "containerPort": 8081},
+                                {"name": "metrics", "containerPort": METRICS_PORT},
+                                {"name": "health", "containerPort": HEALTH_PORT},
                             ],
                             "livenessProbe": {
                                 "httpGet": {"path": "/healthz", "port": "health"},
@@ -229,5 +239,33 @@ def deployment() -> dict[str, Any]:
                     ],
                 },
             },
+        },
+    }
+
+
+def metrics_service(namespace: str = NAMESPACE) -> dict[str, Any]:
+    """The operator's ``/metrics`` as a Service: what a ServiceMonitor selects.
+    Every replica serves it, the standbys too (their leader-election gauge)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "kmm-operator-metrics", "namespace": namespace, "labels": _METRICS},
+        "spec": {
+            "selector": dict(_APP),
+            "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
+        },
+    }
+
+
+def service_monitor(namespace: str = NAMESPACE, interval: str = "30s") -> dict[str, Any]:
+    """A Prometheus Operator ServiceMonitor (monitoring.coreos.com/v1) for
+    ``metrics_service``, as KMM's own bundle ships one."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {"name": "kmm-operator", "namespace": namespace, "labels": dict(_METRICS)},
+        "spec": {
+            "selector": {"matchLabels": dict(_METRICS)},
+            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": interval}],
         },
     }

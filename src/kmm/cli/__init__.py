@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-__all__ = ["build", "main"]
+__all__ = ["build", "kubectl_plugin", "main"]
 
 # Top-level command -> the module that registers it.
 _REGISTRARS = {
@@ -68,3 +68,11 @@ def __getattr__(name: str) -> Any:
 def main() -> None:
     """Console entry point."""
     build(sys.argv[1] if len(sys.argv) > 1 else None)()
+
+
+def kubectl_plugin() -> None:
+    """``kubectl-kmm``: the same commands as a kubectl plugin (``kubectl kmm
+    modules``). kubectl finds it on PATH by name and runs it with the words
+    after ``kmm`` and its own environment ($KUBECONFIG); usage and errors
+    name it as the user typed it."""
+    build(sys.argv[1] if len(sys.argv) > 1 else None)(prog_name="kubectl kmm")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sysconfig
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -155,7 +156,19 @@ def up(
     )
     # soft_wrap: these lines are meant to be copied into a shell whole.
     _console.print(f"Use it with:  export KUBECONFIG={record.kubeconfig}", soft_wrap=True)
+    _console.print(_kubectl_hint(), soft_wrap=True)
     _console.print(f"Stop it with: kmm sandbox down --dir {record.directory}", soft_wrap=True)
+
+
+def _kubectl_hint() -> str:
+    """How to reach the kubectl ``up`` built, and the kubectl-kmm plugin
+    installed beside this kmm, from a shell."""
+    kubectl = building.binary_dir(paths.cache_dir(), components.KUBECTL)
+    plugin = Path(sysconfig.get_path("scripts"))
+    return (
+        f"kubectl {components.KUBECTL.version}, this cluster's own: "
+        f"export PATH={kubectl}:{plugin}:$PATH; then e.g. kubectl get nodes, kubectl kmm modules"
+    )
 
 
 @app.command()
@@ -166,12 +179,16 @@ def build(
     peers: Annotated[
         bool, typer.Option(help="Also the programs kmm is tested against (the DRA test driver).")
     ] = True,
+    clients: Annotated[
+        bool, typer.Option(help="Also helm (kubectl is always built: `up` offers it).")
+    ] = True,
 ) -> None:
     """Build the sandbox binaries into the cache now (up does it when needed)."""
     tools = (
-        components.ALL
+        cluster.TOOLS
         + ((components.KUBELET,) if kubelet else ())
         + (components.PEERS if peers else ())
+        + ((components.HELM,) if clients else ())
     )
     with _progress() as progress:
         try:

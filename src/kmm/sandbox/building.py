@@ -81,7 +81,10 @@ async def _version_ldflags(tool: components.GoTool) -> list[str]:
     """``-ldflags`` stamping the Kubernetes version variables as the Kubernetes
     build does (gitVersion, gitMajor, gitMinor, gitCommit, gitTreeState,
     buildDate), from the pinned module's version and the origin the module
-    proxy records for it; without them /version says ``v0.0.0-master``."""
+    proxy records for it; without them /version says ``v0.0.0-master``.
+    A tool with a single version variable gets just that one."""
+    if tool.version_variable:
+        return ["-ldflags", f"-X {tool.version_variable}={tool.version}"]
     if not tool.version_packages:
         return []
     version = tool.version

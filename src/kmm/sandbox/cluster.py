@@ -40,6 +40,7 @@ from kmm.sandbox import (
 __all__ = [
     "DEFAULT_KERNELS",
     "KUBELET_NODE_LABEL",
+    "TOOLS",
     "Options",
     "api_client",
     "down",
@@ -59,6 +60,9 @@ _SCHEDULER = pki.ClientIdentity("scheduler", "system:kube-scheduler")
 _KWOK = pki.ClientIdentity("kwok", "kwok-controller", ("system:masters",))
 
 _SERVICE_CIDR = "10.96.0.0/12"
+# What every ``up`` builds: the control plane and the kubectl of its release,
+# which ``up`` offers because a machine's own may be outside the version skew.
+TOOLS = (*components.ALL, components.KUBECTL)
 # Kubelet nodes carry this label (KWOK's nodes do not).
 KUBELET_NODE_LABEL = "kmm.sandbox/kubelet"
 
@@ -204,7 +208,7 @@ async def up(
     if options.apiserver_port:
         ports.require_free(options.apiserver_port, what="kube-apiserver")
 
-    tools = components.ALL + ((components.KUBELET,) if options.kubelet_nodes else ())
+    tools = TOOLS + ((components.KUBELET,) if options.kubelet_nodes else ())
     binaries = await building.ensure_built(options.cache_dir, tools, progress=progress)
     directory.mkdir(parents=True, exist_ok=True)
     _reset(directory)

@@ -17,6 +17,8 @@ __all__ = [
     "ALL",
     "DRA_TEST_DRIVER",
     "ETCD",
+    "HELM",
+    "KUBECTL",
     "KUBELET",
     "KUBERNETES",
     "KWOK",
@@ -48,6 +50,9 @@ class GoTool:
     # Packages whose Kubernetes version variables the build sets (-X) from
     # the required module's version and origin; empty for non-Kubernetes tools.
     version_packages: tuple[str, ...] = ()
+    # A Go string variable the build sets (-X) to the pinned version, for
+    # tools that stamp only their version (Helm's ``internal/version``).
+    version_variable: str = ""
 
     @property
     def version(self) -> str:
@@ -116,6 +121,16 @@ DRA_TEST_DRIVER = GoTool(
     packages=(("dra-test-driver", "k8s.io/kubernetes/test/e2e/dra/test-driver"),),
     version_packages=KUBERNETES_VERSION_PACKAGES,
 )
+# Not part of a sandbox: the kubectl of the same pin, inside the supported
+# version skew whatever kubectl the machine has (kubectl is supported within
+# one minor version of the API server).
+KUBECTL = GoTool(
+    name="kubectl",
+    directory=tools_dir() / "kubernetes",
+    required_module="k8s.io/kubernetes",
+    packages=(("kubectl", "k8s.io/kubernetes/cmd/kubectl"),),
+    version_packages=KUBERNETES_VERSION_PACKAGES,
+)
 ETCD = GoTool(
     name="etcd",
     directory=tools_dir() / "etcd",
@@ -127,6 +142,16 @@ KWOK = GoTool(
     directory=tools_dir() / "kwok",
     required_module="sigs.k8s.io/kwok",
     packages=(("kwok", "sigs.k8s.io/kwok/cmd/kwok"),),
+)
+
+# Helm, which the chart under deploy/helm is linted, rendered and installed
+# with; its own module, since its client libraries follow Helm, not the pin.
+HELM = GoTool(
+    name="helm",
+    directory=tools_dir() / "helm",
+    required_module="helm.sh/helm/v3",
+    packages=(("helm", "helm.sh/helm/v3/cmd/helm"),),
+    version_variable="helm.sh/helm/v3/internal/version.version",
 )
 
 ALL = (ETCD, KUBERNETES, KWOK)
