@@ -139,7 +139,7 @@ async def kmm_get(access: Access, concurrency: int) -> AsyncIterator[Get]:
         client_cert_file=pathlib.Path(access.cert),
         client_key_file=pathlib.Path(access.key),
     )
-    async with client.Client(found, connections=concurrency) as api:
+    async with client.Client(found, requests_in_flight=concurrency) as api:
 
         async def get(path: str) -> Any:
             return await api.request("GET", path)
