@@ -10,7 +10,6 @@ reserved for pods that are Running (their devices prepared on the node).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -97,11 +96,7 @@ def claims(
 ) -> None:
     """ResourceClaims: their state, the node and devices allocated, the pods holding them."""
     api = clients.api_client(kubeconfig, context)
-    try:
-        rows = asyncio.run(_rows(api, namespace, wait))
-    except errors.KubeError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(1) from None
+    rows = tables.fetched(_rows(api, namespace, wait))
     tables.show(("NAMESPACE", "NAME", "STATE", "NODE", "DEVICES", "RESERVED FOR"), rows)
 
 

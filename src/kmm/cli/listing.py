@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any
 
 import typer
@@ -14,7 +13,7 @@ import typer
 from kmm.api import conditions, labels
 from kmm.api import modules as module_api
 from kmm.cli import clients, tables
-from kmm.kube import client, errors, objects, resources
+from kmm.kube import client, objects, resources
 
 __all__ = [
     "modules",
@@ -83,11 +82,7 @@ def modules(
 ) -> None:
     """Modules, their Ready condition and the nodes where each module is loaded."""
     api = clients.api_client(kubeconfig, context)
-    try:
-        rows = asyncio.run(_rows(api, namespace, wait))
-    except errors.KubeError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(1) from None
+    rows = tables.fetched(_rows(api, namespace, wait))
     tables.show(
         ("NAMESPACE", "NAME", "READY", "AVAILABLE/DESIRED", "LOADED ON", "DAEMONSETS"), rows
     )

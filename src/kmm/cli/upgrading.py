@@ -173,11 +173,7 @@ def status(
     """Per node: kernel, the three version labels, loaded, plugin ready, and the upgrade step."""
     namespace, name = _split(module)
     api = clients.api_client(kubeconfig, context)
-    try:
-        states = asyncio.run(_states(api, namespace, name))
-    except errors.KubeError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(1) from None
+    states = tables.fetched(_states(api, namespace, name))
     table = Table("NODE", "KERNEL", "VERSION", "LOADER", "PLUGIN", "LOADED", "PLUGIN READY", "STEP")
     for s in states:
         table.add_row(
