@@ -18,13 +18,18 @@ Run: ``.venv/bin/python bench/bench_prepare.py [--rounds 200] [--big-rounds 40] 
    per round, prepare a batch of 1 (or 32) claims, then unprepare them
    (which driver goes first alternates between rounds).
    Every call is timed; every claim must be answered without error.
-5. The floor a crash-safe prepare cannot go below, with the same bytes kmm
-   writes: per round, one CDI-sized file per claim and one checkpoint-sized
-   file, each written to a temporary file, fsynced and renamed, then one
-   fsync of the directory (in the same filesystem as the drivers' files).
+5. The issue's floor for a crash-safe prepare, with the bytes kmm keeps:
+   per round, one CDI-sized file per claim (kmm's spec) and one
+   checkpoint-sized file (kmm's state holding the batch, as a snapshot),
+   each written to a temporary file, fsynced and renamed, then one fsync of
+   the directory (in the same filesystem as the drivers' files).
 
-Printed: p50 and p99 per driver, call and batch size; kmm's ratio to the
-floor (prepare) and to the test driver (both calls); each driver's CPU time
+6. A third server in the same rounds, for what Python's gRPC costs alone:
+   a grpc.aio server on the same ``v1`` stubs (this file, ``--serve-no-op``)
+   that answers every claim at once, with no devices and no work.
+
+Printed: p50 and p99 per server, call and batch size; kmm's ratio to the
+floor (prepare) and to the test driver (both calls); each server's CPU time
 per call over the timed rounds (its process, all threads).
 """
 
@@ -47,7 +52,7 @@ from grpc import aio
 from kmm.cli import paths as cli_paths
 from kmm.kube import client as kube_client
 from kmm.kube import resources
-from kmm.kubeletplugin import plugins
+from kmm.kubeletplugin import checkpointing, plugins
 from kmm.kubeletplugin.protos import dra_v1_pb2, dra_v1_pb2_grpc
 from kmm.sandbox import building, cluster, components
 
@@ -93,6 +98,43 @@ class Driver:
             except TimeoutError:
                 self.process.kill()
                 await self.process.wait()
+
+
+class NoOpDRA(dra_v1_pb2_grpc.DRAPluginServicer):
+    """Answers every claim at once: the gRPC round trip and nothing else."""
+
+    async def NodePrepareResources(
+        self, request: dra_v1_pb2.NodePrepareResourcesRequest, context: Any
+    ) -> dra_v1_pb2.NodePrepareResourcesResponse:
+        response = dra_v1_pb2.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            response.claims[claim.uid].error = ""
+        return response
+
+    async def NodeUnprepareResources(
+        self, request: dra_v1_pb2.NodeUnprepareResourcesRequest, context: Any
+    ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
+        response = dra_v1_pb2.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            response.claims[claim.uid].error = ""
+        return response
+
+
+async def serve_no_op(socket: pathlib.Path) -> None:
+    server = aio.server()
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(NoOpDRA(), server)
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+async def start_no_op(base: pathlib.Path, claims_of: Driver) -> Driver:
+    socket = base / "no-op.sock"
+    driver = Driver("grpc no-op", claims_of.name, claims_of.devices, socket)
+    driver.process = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--serve-no-op", str(socket)
+    )
+    return driver
 
 
 def fake_host(root: pathlib.Path) -> None:
@@ -282,8 +324,11 @@ async def main(args: argparse.Namespace) -> None:
             ]
             started = time.perf_counter()
             claims = {d.label: await make_claims(api, d, node, [1, *sizes]) for d in drivers}
+            no_op = await start_no_op(base, drivers[0])
+            drivers.append(no_op)
+            claims[no_op.label] = claims[drivers[0].label]  # it looks nothing up
             print(
-                f"{sum(len(r) for c in claims.values() for r in c)} allocated claims made"
+                f"{sum(len(r) for d in drivers[:2] for r in claims[d.label])} allocated claims made"
                 f" in {time.perf_counter() - started:.1f} s"
             )
         for driver in drivers:
@@ -298,16 +343,18 @@ async def main(args: argparse.Namespace) -> None:
         floor_dir.mkdir()
         cpu_before = {d.label: cpu_seconds(d.process) for d in drivers}
         for index, size in enumerate(sizes, start=1):
-            # Who goes first alternates too: a call right after another may find caches warm.
-            for driver in drivers if index % 2 else drivers[::-1]:
+            # Who goes first rotates too: a call right after another may find caches warm.
+            for driver in drivers[index % 3 :] + drivers[: index % 3]:
                 refs = claims[driver.label][index]
                 for verb in ("prepare", "unprepare"):
                     elapsed = await call(driver, verb, refs)
                     driver.times.setdefault((verb, size), []).append(elapsed)
                     if driver is kmm and verb == "prepare" and size not in samples:
                         spec = next(kmm_files.cdi_dir.glob("*.json")).read_bytes()
-                        checkpoint = (kmm_files.plugin_data_dir / "checkpoint.json").read_bytes()
-                        samples[size] = (spec, checkpoint)
+                        # kmm's state holding the batch, as one file (its snapshot).
+                        state = checkpointing.Checkpoint(kmm_files.plugin_data_dir)
+                        state.load()
+                        samples[size] = (spec, state.snapshot())
             # The floor in the same round, so that drift on a shared machine hits all three.
             floor_times.setdefault(size, []).append(floor_round(floor_dir, size, *samples[size]))
         print_results(base, drivers, floor_times)
@@ -325,17 +372,20 @@ async def main(args: argparse.Namespace) -> None:
 def print_results(
     base: pathlib.Path, drivers: list[Driver], floor_times: dict[int, list[float]]
 ) -> None:
-    kmm, other = drivers
+    kmm, other, no_op = drivers
     print(f"directory {base} (one filesystem for the drivers and the floor); times in ms")
     print(
         f"{'call':9} {'batch':>5} {'kmm p50':>8} {'p99':>7} {'test driver p50':>15} {'p99':>7}"
-        f" {'floor p50':>9} {'p99':>7} {'kmm/floor p50':>13} {'kmm/test p50':>12} {'p99':>5}"
+        f" {'no-op p50':>9} {'p99':>7} {'floor p50':>9} {'p99':>7} {'kmm/floor p50':>13}"
+        f" {'kmm/test p50':>12} {'p99':>5}"
     )
     for verb in ("prepare", "unprepare"):
         for size in (1, DEVICES):
             mine, theirs = kmm.times[(verb, size)], other.times[(verb, size)]
+            bare = no_op.times[(verb, size)]
             m50, m99 = percentile(mine, 0.5), percentile(mine, 0.99)
             t50, t99 = percentile(theirs, 0.5), percentile(theirs, 0.99)
+            n50, n99 = percentile(bare, 0.5), percentile(bare, 0.99)
             floor_cells = f"{'-':>9} {'-':>7} {'-':>13}"
             if verb == "prepare":
                 floor = floor_times[size]
@@ -343,13 +393,17 @@ def print_results(
                 floor_cells = f"{f50 * 1e3:9.2f} {f99 * 1e3:7.2f} {m50 / f50:13.2f}"
             print(
                 f"{verb:9} {size:>5} {m50 * 1e3:8.2f} {m99 * 1e3:7.2f} {t50 * 1e3:15.2f}"
-                f" {t99 * 1e3:7.2f} {floor_cells} {m50 / t50:12.2f} {m99 / t99:5.2f}"
+                f" {t99 * 1e3:7.2f} {n50 * 1e3:9.2f} {n99 * 1e3:7.2f} {floor_cells}"
+                f" {m50 / t50:12.2f} {m99 / t99:5.2f}"
             )
     counts = {k: len(v) for k, v in kmm.times.items()}
-    print(f"calls per driver: {counts}")
+    print(f"calls per server: {counts}")
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve-no-op"]:
+        asyncio.run(serve_no_op(pathlib.Path(sys.argv[2])))
+        raise SystemExit(0)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200, help="rounds of 1 claim")
     parser.add_argument("--big-rounds", type=int, default=40, help="rounds of 32 claims")

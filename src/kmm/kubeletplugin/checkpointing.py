@@ -1,13 +1,24 @@
-"""The checkpoint of prepared claims: versioned, checksummed, two-phase.
+"""The checkpoint of prepared claims: a snapshot and a journal, two-phase.
 
-File layout (JSON)::
+Two files in the plugin's data directory:
+
+- ``checkpoint.json``, the snapshot (JSON)::
 
     {"version": 1, "checksum": <CRC-32 of data's UTF-8 bytes>, "data": "<JSON>"}
 
-with ``data`` = ``{"bootID": "<the node's boot>", "claims": {uid: ClaimRecord}}``
-(``bootID`` absent in files written before it was kept). Keeping the
-payload as a string makes the checksum independent of key order or
-whitespace.
+  with ``data`` = ``{"bootID": "<the node's boot>", "claims": {uid:
+  ClaimRecord}}`` (``bootID`` absent in files written before it was kept).
+  Keeping the payload as a string makes the checksum independent of key
+  order or whitespace.
+- ``checkpoint.journal``, the changes since the snapshot, one line each:
+  ``{"put": {uid: ClaimRecord}, "drop": [uid]}`` (``journaling`` has the
+  framing and what a crash can leave of it).
+
+``load`` reads the snapshot and replays the journal; ``commit`` appends one
+change and applies it in memory; ``save`` writes a new snapshot and begins
+an empty journal (at the plugin's start, and when the journal passes
+``JOURNAL_LIMIT``). A change sets or removes whole records, so replaying a
+journal over a snapshot that already holds it changes nothing.
 
 Two phases: a claim is recorded ``PrepareStarted`` before the policy and the
 CDI spec are touched, and ``PrepareCompleted`` with its devices (and the CDI
@@ -16,15 +27,16 @@ policy) once they are done. A crash in between leaves ``PrepareStarted``:
 the next prepare of that claim redoes the work (the policy's ``prepare`` is
 idempotent per claim) and an unprepare cleans it up.
 
-``boot_id`` says which boot of the node wrote the file: after a reboot
+``boot_id`` says which boot of the node began the journal: after a reboot
 nothing prepared before it is in use any more (the plugin prepares such
-claims again when the kubelet asks), and a record whose unprepare a power
-loss undid must not hold its devices forever.
+claims again when the kubelet asks), and an unsynced change a power loss
+undid must not make a claim hold its devices forever.
 
-A checkpoint that cannot be parsed, has the wrong checksum or an unknown
-version raises ``CheckpointCorruptedError`` naming the file and the problem.
-It is never replaced silently: dropping it would forget claims that running
-containers use.
+A snapshot that cannot be parsed, has the wrong checksum or an unknown
+version, and a journal with a damaged line written in this boot, raise
+``CheckpointCorruptedError`` naming the file and the problem. Neither is
+replaced silently: dropping it would forget claims that running containers
+use.
 """
 
 from __future__ import annotations
@@ -32,16 +44,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import types
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypedDict
 
-from kmm.kubeletplugin import cdi, claims, errors, files
+from kmm.kubeletplugin import cdi, claims, errors, files, journaling
 
 __all__ = ["VERSION", "Checkpoint", "ClaimRecord", "PreparedDevice"]
 
 VERSION = 1
 FILE_NAME = "checkpoint.json"
+JOURNAL_NAME = "checkpoint.journal"
+# A journal past this many bytes is folded into a new snapshot: a one-claim
+# prepare and unprepare of a kmod device add about 600 bytes (UIDs of 36
+# characters), so about 1,700 of them.
+JOURNAL_LIMIT = 1 << 20
 
 State = Literal["PrepareStarted", "PrepareCompleted"]
 STARTED: State = "PrepareStarted"
@@ -121,53 +139,120 @@ class Checkpoint:
         self.path = directory / FILE_NAME
         self.claims: dict[claims.ClaimUID, ClaimRecord] = {}
         self.boot_id: str | None = None
-        self.writes = 0
+        self.journal = journaling.Journal(directory / JOURNAL_NAME)
+        self.journal_limit = JOURNAL_LIMIT
         # Each record's JSON, kept while the record is the same object:
-        # a save re-encodes only the claims that changed since the last.
+        # a journal line or a snapshot encodes only the claims that changed.
         self._encoded: dict[claims.ClaimUID, tuple[ClaimRecord, str]] = {}
 
-    def load(self) -> None:
-        """Read the file; a missing file is an empty checkpoint."""
+    def load(self, *, boot_id: str | None = None) -> journaling.Reading | None:
+        """Read the snapshot, then replay the journal over it.
+
+        A missing snapshot is an empty checkpoint. ``boot_id`` (the current
+        boot) lets the journal's reading drop an end a reboot tore
+        (``journaling``); without it, reading is strict. Returns the
+        journal's reading, which says what was dropped.
+        """
+        self.journal.close()
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             self.claims, self.boot_id = {}, None
-            return
         except OSError as err:
             raise errors.CheckpointError(f"cannot read checkpoint {self.path}: {err}") from err
-        self.claims, self.boot_id = _decode(self.path, raw)
+        else:
+            self.claims, self.boot_id = _decode(self.path, raw)
+        self._encoded = {}
+        reading = journaling.read(self.journal.path, boot_id=boot_id)
+        if reading is not None:
+            self.boot_id = reading.boot_id
+            for number, change in enumerate(reading.changes, start=2):
+                try:
+                    self._apply(_records(change.get("put", {})), change.get("drop", []))
+                except (ValueError, KeyError, TypeError, AttributeError) as err:
+                    raise errors.CheckpointCorruptedError(
+                        self.journal.path, f"line {number}: malformed change ({err!r})"
+                    ) from err
+        return reading
 
-    def save(self, sync: files.Sync = files.Sync.ENTRY) -> None:
-        """Write the in-memory state atomically (``sync``: what a power loss keeps)."""
-        data = self._encode()
-        envelope = {
-            "version": VERSION,
-            "checksum": zlib.crc32(data.encode()),
-            "data": data,
-        }
+    def save(self) -> None:
+        """Write the in-memory state as a new snapshot and begin an empty journal.
+
+        Both durably (fsynced, directory too), in that order: a crash between
+        leaves the new snapshot and the old journal, whose changes replay to
+        the same state (each sets or removes a claim's record).
+        """
         try:
             files.write_atomically(
-                self.path, json.dumps(envelope).encode(), sync=sync, parent_mode=0o700
+                self.path, self.snapshot(), sync=files.Sync.ENTRY, parent_mode=0o700
             )
+            self.journal.begin(self.boot_id)
         except OSError as err:
             raise errors.CheckpointError(f"cannot write checkpoint {self.path}: {err}") from err
-        self.writes += 1
+
+    def snapshot(self) -> bytes:
+        """The snapshot file's content for the state in memory."""
+        data = self._encode()
+        envelope = {"version": VERSION, "checksum": zlib.crc32(data.encode()), "data": data}
+        return json.dumps(envelope).encode()
+
+    def commit(
+        self,
+        put: Mapping[claims.ClaimUID, ClaimRecord] = types.MappingProxyType({}),
+        drop: Iterable[claims.ClaimUID] = (),
+    ) -> None:
+        """Record claims set and removed: one journal line, then the memory.
+
+        Not fsynced (``plugins`` says why). On an error nothing changes in
+        memory, and the file still ends with its last whole change. A journal
+        past ``journal_limit`` bytes is folded into a new snapshot afterwards.
+        """
+        dropped = [uid for uid in drop if uid not in put]
+        for uid, record in put.items():
+            self._encoded_record(uid, record)
+        entry = (
+            '{"drop":'
+            + json.dumps(dropped)
+            + ',"put":{'
+            + ",".join(f"{json.dumps(uid)}:{self._encoded[uid][1]}" for uid in put)
+            + "}}"
+        )
+        if not self.journal.is_open:
+            self.save()  # none begun yet, or one whose end is unknown: begin anew
+        self.journal.append(journaling.frame(entry))
+        self._apply(put, dropped)
+        if self.journal.size > self.journal_limit:
+            self.save()
+
+    def close(self) -> None:
+        self.journal.close()
+
+    def _apply(self, put: Mapping[claims.ClaimUID, ClaimRecord], drop: Iterable[str]) -> None:
+        for uid in drop:
+            self.claims.pop(claims.ClaimUID(uid), None)
+        self.claims.update(put)
+
+    def _encoded_record(self, uid: claims.ClaimUID, record: ClaimRecord) -> str:
+        cached = self._encoded.get(uid)
+        if cached is None or cached[0] is not record:
+            cached = (record, json.dumps(record.to_dict(), sort_keys=True, separators=(",", ":")))
+            self._encoded[uid] = cached
+        return cached[1]
 
     def _encode(self) -> str:
         """``{"claims": {...}}`` as ``json.dumps(sort_keys=True)`` compact would write it."""
-        parts = []
-        encoded: dict[claims.ClaimUID, tuple[ClaimRecord, str]] = {}
-        for uid, record in sorted(self.claims.items()):
-            cached = self._encoded.get(uid)
-            if cached is None or cached[0] is not record:
-                text = json.dumps(record.to_dict(), sort_keys=True, separators=(",", ":"))
-                cached = (record, text)
-            encoded[uid] = cached
-            parts.append(f"{json.dumps(uid)}:{cached[1]}")
-        self._encoded = encoded
+        parts = [
+            f"{json.dumps(uid)}:{self._encoded_record(uid, record)}"
+            for uid, record in sorted(self.claims.items())
+        ]
+        self._encoded = {uid: self._encoded[uid] for uid in self.claims}
         # Keys in sorted order, as json.dumps(sort_keys=True) puts them.
         boot = "" if self.boot_id is None else f'"bootID":{json.dumps(self.boot_id)},'
         return "{" + boot + '"claims":{' + ",".join(parts) + "}}"
+
+
+def _records(raw: Mapping[str, Any]) -> dict[claims.ClaimUID, ClaimRecord]:
+    return {claims.ClaimUID(uid): ClaimRecord.from_dict(record) for uid, record in raw.items()}
 
 
 def _decode(
@@ -198,10 +283,6 @@ def _decode(
         boot_id = payload.get("bootID")
         if boot_id is not None and not isinstance(boot_id, str):
             raise TypeError(f"bootID {boot_id!r} is not a string")
-        records = {
-            claims.ClaimUID(uid): ClaimRecord.from_dict(record)
-            for uid, record in payload["claims"].items()
-        }
-        return records, boot_id
+        return _records(payload["claims"]), boot_id
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise errors.CheckpointCorruptedError(path, f"malformed content ({err!r})") from err

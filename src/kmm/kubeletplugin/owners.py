@@ -112,7 +112,11 @@ class Policy(Protocol):
         """Allocate the claim's devices, one ``DeviceAllocation`` per result.
 
         Idempotent per claim UID: preparing a prepared claim again answers the
-        same. Raise to fail this claim alone."""
+        same. Raise to fail this claim alone. What it changes on the node
+        must not outlive a reboot (device state, files under ``/run``): the
+        plugin records claims without fsyncs and, after a reboot, restores
+        none of those prepared before it (``plugins``). A policy that changes
+        something a reboot keeps must keep its own durable record of it."""
         ...
 
     async def unprepare(self, uid: claims.ClaimUID) -> None:
@@ -122,7 +126,7 @@ class Policy(Protocol):
     def restore(
         self, prepared: Mapping[claims.ClaimUID, Sequence[checkpointing.PreparedDevice]]
     ) -> None:
-        """Relearn, at start, what the checkpoint says is prepared."""
+        """Relearn, at start, what the checkpoint says is prepared in this boot."""
         ...
 
     def health_supported(self) -> bool:

@@ -32,7 +32,9 @@ def test_round_trip(tmp_path: pathlib.Path) -> None:
     envelope = json.loads(again.path.read_text())
     assert envelope["version"] == checkpointing.VERSION
     assert envelope["checksum"] == zlib.crc32(envelope["data"].encode())
-    assert [p.name for p in again.path.parent.iterdir()] == [checkpointing.FILE_NAME]
+    names = sorted(p.name for p in again.path.parent.iterdir())
+    assert names == [checkpointing.JOURNAL_NAME, checkpointing.FILE_NAME]  # no temporary file
+    checkpoint.close()
 
 
 def test_saves_reencode_only_changed_records_and_write_the_same_bytes(

@@ -135,11 +135,8 @@ async def test_a_torn_cdi_spec_is_rewritten_at_the_next_prepare(harness: Harness
     assert harness.policy.prepare_calls == 1
 
 
-@pytest.mark.parametrize("batch", [1, 32])
-async def test_fsyncs_per_call_do_not_grow_with_the_batch(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch, batch: int
-) -> None:
-    """Three fsyncs per prepare, one per unprepare (the plugins docstring says why)."""
+def _record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths fsynced from now on, in order."""
     synced: list[str] = []
     real_fsync = os.fsync
 
@@ -148,17 +145,54 @@ async def test_fsyncs_per_call_do_not_grow_with_the_batch(
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def _journal_lines(paths: plugins.Paths) -> int:
+    return len((paths.plugin_data_dir / checkpointing.JOURNAL_NAME).read_bytes().splitlines())
+
+
+@pytest.mark.parametrize("batch", [1, 32])
+async def test_a_call_appends_one_journal_line_per_phase_and_fsyncs_nothing(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, batch: int
+) -> None:
+    """The plugins docstring says why no fsync is needed per call."""
+    synced = _record_fsyncs(monkeypatch)
+    before = _journal_lines(harness.paths)
     batch_claims = [harness.add(f"c{i}") for i in range(batch)]
     answers = await harness.kubelet.prepare(*batch_claims)
     assert all(answer.error == "" for answer in answers.values())
-    data_dir = str(harness.paths.plugin_data_dir)
-    checkpoint_tmp = f"{data_dir}/.{checkpointing.FILE_NAME}.tmp"
-    # "started": data and directory; "completed": data; no CDI spec.
-    assert synced == [checkpoint_tmp, data_dir, checkpoint_tmp]
-    synced.clear()
+    assert synced == []
+    assert _journal_lines(harness.paths) == before + 2  # "started", "completed"
+    assert len(list(harness.paths.cdi_dir.iterdir())) == batch
     assert set((await harness.kubelet.unprepare(*batch_claims)).values()) == {""}
-    assert synced == [checkpoint_tmp]
+    assert synced == []
+    assert _journal_lines(harness.paths) == before + 3
     assert list(harness.paths.cdi_dir.iterdir()) == []
+    # Unknown claims: nothing to record.
+    assert set((await harness.kubelet.unprepare(*batch_claims)).values()) == {""}
+    assert _journal_lines(harness.paths) == before + 3
+
+
+async def test_a_journal_past_its_limit_is_folded_into_a_new_snapshot(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claim = harness.add("c")
+    uid = claim["metadata"]["uid"]
+    harness.plugin.checkpoint.journal_limit = 1
+    synced = _record_fsyncs(monkeypatch)
+    assert (await harness.kubelet.prepare(claim))[uid].error == ""
+    data_dir = str(harness.paths.plugin_data_dir)
+    snapshot = f"{data_dir}/.{checkpointing.FILE_NAME}.tmp"
+    journal = f"{data_dir}/.{checkpointing.JOURNAL_NAME}.tmp"
+    # Folded after "started" and again after "completed": snapshot, then journal.
+    assert synced == [snapshot, data_dir, journal, data_dir] * 2
+    assert _journal_lines(harness.paths) == 1  # the header alone
+    envelope = json.loads((harness.paths.plugin_data_dir / checkpointing.FILE_NAME).read_text())
+    assert json.loads(envelope["data"])["claims"][uid]["state"] == checkpointing.COMPLETED
+    saved = checkpointing.Checkpoint(harness.paths.plugin_data_dir)
+    saved.load()
+    assert saved.claims == harness.plugin.prepared()
 
 
 async def test_specs_without_a_prepared_claim_are_removed_at_start(root: pathlib.Path) -> None:
