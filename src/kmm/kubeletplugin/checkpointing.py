@@ -208,15 +208,10 @@ class Checkpoint:
         past ``journal_limit`` bytes is folded into a new snapshot afterwards.
         """
         dropped = [uid for uid in drop if uid not in put]
-        for uid, record in put.items():
-            self._encoded_record(uid, record)
-        entry = (
-            '{"drop":'
-            + json.dumps(dropped)
-            + ',"put":{'
-            + ",".join(f"{json.dumps(uid)}:{self._encoded[uid][1]}" for uid in put)
-            + "}}"
+        records = ",".join(
+            f"{json.dumps(uid)}:{self._encoded_record(uid, record)}" for uid, record in put.items()
         )
+        entry = f'{{"drop":{json.dumps(dropped)},"put":{{{records}}}}}'
         if not self.journal.is_open:
             self.save()  # none begun yet, or one whose end is unknown: begin anew
         self.journal.append(journaling.frame(entry))
@@ -230,6 +225,7 @@ class Checkpoint:
     def _apply(self, put: Mapping[claims.ClaimUID, ClaimRecord], drop: Iterable[str]) -> None:
         for uid in drop:
             self.claims.pop(claims.ClaimUID(uid), None)
+            self._encoded.pop(claims.ClaimUID(uid), None)
         self.claims.update(put)
 
     def _encoded_record(self, uid: claims.ClaimUID, record: ClaimRecord) -> str:

@@ -82,7 +82,7 @@ def read(path: pathlib.Path, *, boot_id: str | None) -> Reading | None:
     *lines, unfinished = raw.split(b"\n")
     if not lines:
         raise errors.CheckpointCorruptedError(path, "no header line")
-    header = _entry(path, 1, lines[0])
+    header = _entry(lines[0])
     if header is None or header.get("journal") != VERSION:
         problem = "unreadable header" if header is None else f"header {header!r}"
         raise errors.CheckpointCorruptedError(
@@ -95,7 +95,7 @@ def read(path: pathlib.Path, *, boot_id: str | None) -> Reading | None:
     changes: list[dict[str, Any]] = []
     dropped = 1 if unfinished else 0
     for number, line in enumerate(lines[1:], start=2):
-        change = _entry(path, number, line)
+        change = _entry(line)
         if change is None or not _is_change(change):
             if not rebooted:
                 raise errors.CheckpointCorruptedError(
@@ -106,7 +106,7 @@ def read(path: pathlib.Path, *, boot_id: str | None) -> Reading | None:
     return Reading(began, tuple(changes), dropped, torn=False)
 
 
-def _entry(path: pathlib.Path, number: int, line: bytes) -> dict[str, Any] | None:
+def _entry(line: bytes) -> dict[str, Any] | None:
     """The JSON object of a line whose checksum holds; ``None`` if it does not."""
     checksum, _, data = line.partition(b" ")
     try:
@@ -139,12 +139,18 @@ class Journal:
         self.close()
         header = json.dumps({"journal": VERSION, "bootID": boot_id}, separators=(",", ":"))
         data = frame(header)
-        with files.replacing(self.path, flags=os.O_APPEND) as fd:
-            files.write_all(fd, data)
-            os.fsync(fd)
-            self._fd = os.dup(fd)
-        files.fsync_dir(self.path.parent)
-        self.size = len(data)
+        kept: int | None = None
+        try:
+            with files.replacing(self.path, flags=os.O_APPEND) as fd:
+                files.write_all(fd, data)
+                os.fsync(fd)
+                kept = os.dup(fd)  # the same file, once renamed into place
+            files.fsync_dir(self.path.parent)
+        except BaseException:
+            if kept is not None:
+                os.close(kept)
+            raise
+        self._fd, self.size = kept, len(data)
 
     def append(self, line: bytes) -> None:
         """Append one framed line; on failure the file ends with a whole line again."""
