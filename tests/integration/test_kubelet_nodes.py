@@ -32,7 +32,7 @@ from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.sandbox import cluster, kubeletnodes, restarting, testing
+from kmm.sandbox import cluster, components, kubeletnodes, restarting, testing
 
 NODE = f"{kubeletnodes.NODE_PREFIX}0"
 
@@ -366,6 +366,7 @@ async def test_version_and_kubelet_version_are_the_pinned_release(
     assert version["gitVersion"] == "v1.35.4"
     assert (version["major"], version["minor"]) == ("1", "35")
     assert version["gitTreeState"] == "clean"
+    assert version["gitCommit"] == components.KUBERNETES.commit
     assert len(version["gitCommit"]) == 40
     node = await api.request("GET", resources.NODES.path(name=NODE))
     assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.35.4"

@@ -80,8 +80,9 @@ async def _run(argv: list[str], *, cwd: Path, log: Path | None = None) -> tuple[
 async def _version_ldflags(tool: components.GoTool) -> list[str]:
     """``-ldflags`` stamping the Kubernetes version variables as the Kubernetes
     build does (gitVersion, gitMajor, gitMinor, gitCommit, gitTreeState,
-    buildDate), from the pinned module's version and the origin the module
-    proxy records for it; without them /version says ``v0.0.0-master``.
+    buildDate), from the pinned module's version, its pinned commit (or the
+    origin the module proxy records for it) and its publication time;
+    without them /version says ``v0.0.0-master``.
     A tool with a single version variable gets just that one."""
     if tool.version_variable:
         return ["-ldflags", f"-X {tool.version_variable}={tool.version}"]
@@ -98,7 +99,7 @@ async def _version_ldflags(tool: components.GoTool) -> list[str]:
         found = json.loads(output) if code == 0 else {}
     except json.JSONDecodeError:
         found = {}
-    commit = (found.get("Origin") or {}).get("Hash", "")
+    commit = tool.commit or (found.get("Origin") or {}).get("Hash", "")
     build_date = ""
     if found.get("Info"):
         with contextlib.suppress(OSError, json.JSONDecodeError):

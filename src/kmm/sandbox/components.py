@@ -30,6 +30,13 @@ __all__ = [
 # Packages holding the version variables the Kubernetes build stamps
 # (hack/lib/version.sh): what /version and nodeInfo.kubeletVersion report.
 KUBERNETES_VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+# The commit each pinned Kubernetes release was tagged at, stamped as
+# gitCommit. The module proxy's origin record says it too, but not every
+# proxy serves that record (the one of 2026-12-01's test machine did not), and
+# without it the binaries report "$Format:%H$". Corroborated by the release's
+# own /version: gitCommit with buildDate 2026-04-15T18:01:23Z, one second
+# after the module's publication time.
+KUBERNETES_COMMITS = {"v1.35.4": "7b8c6cf0edd376b3d7c2f255142977c7f93db258"}
 # Bumped when the way binaries are built changes (a new cache entry).
 _RECIPE = "2"
 
@@ -68,10 +75,17 @@ class GoTool:
         return match.group(1)
 
     @property
+    def commit(self) -> str:
+        """The pinned Kubernetes release's commit, if known ("" otherwise)."""
+        return KUBERNETES_COMMITS.get(self.version, "") if self.version_packages else ""
+
+    @property
     def cache_key(self) -> str:
         """Version plus a digest of the module's files (go.mod, go.sum, its own
-        Go sources) and of the build recipe: any change rebuilds."""
+        Go sources), of the commit stamped and of the build recipe: any change
+        rebuilds."""
         digest = hashlib.sha256(_RECIPE.encode())
+        digest.update(self.commit.encode())
         for path in [
             self.directory / "go.mod",
             self.directory / "go.sum",
