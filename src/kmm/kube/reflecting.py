@@ -15,6 +15,11 @@ what it learns to a ``Sink``:
    other ``ApiError``s, and watches that end without a single event, back
    off exponentially and resume (``on_retry`` hears of each error).
 
+``relists`` counts the lists that completed, by why they were made:
+``start`` (the first) and ``gone`` (after a 410: the watch, or a list's
+continue token, had expired: what was missed while away is only known from
+this list). Operators export it (``kmm_informer_relists_total``).
+
 Anything that is not an ``ApiError`` is a bug in the sink or the source and
 ends ``run``. The runtime's informers and the kubelet plugin's claim cache
 are both a Reflector with a sink of their own.
@@ -22,17 +27,22 @@ are both a Reflector with a sink of their own.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 from kmm.aio import backoff, clocks
 from kmm.kube import errors, listwatch, objects
 
-__all__ = ["Reflector", "Sink"]
+__all__ = ["GONE", "START", "Reflector", "Sink"]
 
 _log = logging.getLogger(__name__)
+
+# Why a relist was made (``Reflector.relists`` keys).
+START: Final = "start"
+GONE: Final = "gone"
 
 
 class Sink(Protocol):
@@ -72,6 +82,8 @@ class Reflector:
         # Counters for tests and metrics: how often each thing happened.
         self.lists = 0
         self.watches = 0
+        self.relists: collections.Counter[str] = collections.Counter()
+        self._reason = START
 
     async def run(self) -> None:
         """List and watch until cancelled; raises only what is not an ``ApiError``."""
@@ -89,6 +101,7 @@ class Reflector:
                 # Relist at once: the server told us our version is too old.
                 _log.info("%s: resourceVersion gone, relisting", self.name)
                 self.resource_version = None
+                self._reason = GONE
                 continue
             except errors.ApiError as error:
                 _log.warning("%s: list/watch failed: %s", self.name, error)
@@ -113,6 +126,7 @@ class Reflector:
                 break
         self.sink.replace(items, page["resource_version"])
         self.resource_version = page["resource_version"]
+        self.relists[self._reason] += 1
 
     async def _watch(self) -> int:
         """Apply one watch's events; return how many there were."""

@@ -291,6 +291,14 @@ class Operator:
     def cached(self) -> dict[str, int]:
         return {informer.name: len(informer.store) for informer in self._informers()}
 
+    def relists(self) -> dict[tuple[str, str], int]:
+        """Completed lists per (informer, reason): ``kmm_informer_relists_total``."""
+        return {
+            (informer.name, reason): count
+            for informer in self._informers()
+            for reason, count in informer.relists.items()
+        }
+
     def idle(self) -> bool:
         """Nothing queued, delayed or running (tests wait for this, then count writes)."""
         queue = self.controller.queue

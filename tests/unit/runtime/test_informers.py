@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kmm.aio import clocks
-from kmm.kube import listwatch, resources
+from kmm.kube import listwatch, reflecting, resources
 from kmm.runtime import informers, stores
 
 from . import helpers, wire
@@ -149,6 +149,7 @@ async def test_gone_relists_and_reports_the_difference(conn: wire.Connection, fo
     assert [r.query["resourceVersion"] for r in server.watch_requests()] == ["10", "30"]
     assert recorder.events[2:] == [("delete", "ns/b", "6"), ("add", "ns/c", "20")]
     assert sorted(informer.store.list_keys()) == ["ns/a", "ns/c"]
+    assert informer.relists == {reflecting.START: 1, reflecting.GONE: 1}
 
 
 async def test_dropped_connection_backs_off_then_resumes(conn: wire.Connection) -> None:
@@ -185,6 +186,7 @@ async def test_failed_list_is_retried_with_backoff(conn: wire.Connection) -> Non
         clock.advance(informer.reflector.delays.initial)
         await informer.wait_synced()
     assert informer.lists == 2
+    assert informer.relists == {reflecting.START: 1}  # completed lists only
 
 
 async def test_projection_and_indexes(conn: wire.Connection) -> None:
