@@ -283,7 +283,8 @@ class Operator:
             return self.manager.started_leading.is_set()
         return self.elector.is_leader()
 
-    def _informers(self) -> tuple[informers.Informer, ...]:
+    def informers(self) -> tuple[informers.Informer, ...]:
+        """The informers this operator runs (the DRA two only where the API serves them)."""
         found: tuple[informers.Informer, ...] = (
             self.modules,
             self.daemonsets,
@@ -295,13 +296,13 @@ class Operator:
         return found
 
     def cached(self) -> dict[str, int]:
-        return {informer.name: len(informer.store) for informer in self._informers()}
+        return {informer.name: len(informer.store) for informer in self.informers()}
 
     def relists(self) -> dict[tuple[str, str], int]:
         """Completed lists per (informer, reason): ``kmm_informer_relists_total``."""
         return {
             (informer.name, reason): count
-            for informer in self._informers()
+            for informer in self.informers()
             for reason, count in informer.relists.items()
         }
 
