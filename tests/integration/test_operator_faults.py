@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
+import random
 import shutil
 import tempfile
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -38,8 +41,10 @@ from kubernetes_asyncio import client
 from kmm.api import kernels, labels, modules
 from kmm.cli import applying, paths
 from kmm.kube import client as kube_client
-from kmm.kube import errors, reflecting
-from kmm.sandbox import cluster, nodes, testing
+from kmm.kube import counting, errors, kubeconfigs, reflecting
+from kmm.operator import wiring
+from kmm.runtime import leaderelection
+from kmm.sandbox import cluster, nodes, testing, throttling
 
 KERNELS = ("6.8.0-45-generic", "6.1.0-27-amd64", "5.14.0-427.el9.x86_64+")
 COMPACTION = 1.0
@@ -270,3 +275,273 @@ async def delete_and_wait_gone(api: client.ApiClient, namespace: str, name: str)
         return await support.get_module(api, namespace, name) is None
 
     await testing.eventually(gone, f"Module {name} deleted")
+
+
+# -- 429: throttled while something else holds the write slot ---------------
+
+
+class SlotHolder:
+    """Holds the API server's one write slot part of the time, on a seeded
+    random schedule: held a while, free a while (``held`` counts the holds)."""
+
+    def __init__(self, faults: testing.RunningSandbox, namespace: str) -> None:
+        self.access = kubeconfigs.load(faults.kubeconfig)
+        self.namespace = namespace
+        self.random = random.Random(SEED)
+        self.held = 0
+        self.stop = asyncio.Event()
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            async with throttling.stalled_write(
+                self.access, self.namespace, user=HOLDER, answer_wait=0.5
+            ) as holding:
+                if holding:
+                    self.held += 1
+                    await self._pause(self.random.uniform(0.2, 1.0))
+            await self._pause(self.random.uniform(0.5, 1.5))
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), seconds)
+
+
+@contextlib.asynccontextmanager
+async def holding_the_slot(
+    faults: testing.RunningSandbox, api: client.ApiClient, namespace: str
+) -> AsyncIterator[SlotHolder]:
+    """A ``SlotHolder`` running for the block; ``HOLDER`` may create ConfigMaps
+    in ``namespace`` (else the server refuses the held write at once)."""
+    await client.RbacAuthorizationV1Api(api).create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "slot-holder"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "edit",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": HOLDER}],
+        },
+    )
+    holder = SlotHolder(faults, namespace)
+    task = asyncio.ensure_future(holder.run())
+    try:
+        yield holder
+    finally:
+        holder.stop.set()
+        await task
+
+
+async def test_throttled_the_operator_backs_off_and_loses_no_write(
+    faults: testing.RunningSandbox, checker: client.ApiClient
+) -> None:
+    election = wiring.Election(identity="throttled", namespace="kmm-system")
+    async with (
+        support.own_namespace(checker, "throttled") as namespace,
+        own_nodes(faults, "thr", 6) as names,
+        holding_the_slot(faults, checker, namespace) as holder,
+        support.operator_in_process(
+            faults.kubeconfig, impersonate=SERVICE_ACCOUNT, election=election
+        ) as running,
+    ):
+        select = f"kmm-test/{namespace}"
+        chosen = set(names[:4])
+        for node in chosen:
+            await label(checker, node, {select: "yes"})
+        await client.CustomObjectsApi(checker).create_namespaced_custom_object(
+            modules.GROUP,
+            modules.VERSION,
+            namespace,
+            modules.PLURAL,
+            support.module_body("throttled", {select: "yes"}),
+        )
+
+        async def converged(expected: set[str]) -> bool:
+            found = await loader_images(checker, namespace)
+            return (
+                await support.converged(checker, namespace, "throttled", expected)
+                and set(found) == kernel_labels(expected, names)
+                and all(len(images) == 1 for images in found.values())
+            )
+
+        await testing.eventually(lambda: converged(chosen), "converged while throttled", bound=240)
+        # A second round of changes, still throttled: one node leaves, two join.
+        await label(checker, names[0], {select: None})
+        for node in names[4:]:
+            await label(checker, node, {select: "yes"})
+        chosen = set(names[1:])
+        await testing.eventually(
+            lambda: converged(chosen), "converged again while throttled", bound=240
+        )
+        assert not running.task.done()  # never lost the lease to the throttling
+        text = running.metrics()
+        throttled = support.metric(text, "kmm_api_throttled_total")
+        written = support.metric(text, "kmm_api_writes_total")
+        print(
+            f"\nthrottled: {holder.held} holds; 429s {sorted((tuple(sorted(k)), v) for k, v in throttled.items())}"
+            f"; writes {sum(written.values()):.0f}"
+        )
+        # The operator's own writes were answered 429 and went again.
+        assert sum(value for key, value in throttled.items() if dict(key)["verb"] == "PATCH") > 0
+        await support.delete_and_wait_clean(checker, namespace, "throttled")
+
+
+# -- two replicas, the API server gone for longer than the lease -------------
+
+# Short, as a user could set them (kmm operator --lease-duration ...), so the
+# outage outlasts the lease in seconds.
+LEASE = wiring.Election(
+    identity="", namespace="kmm-system", lease_duration=4.0, renew_deadline=3.0, retry_period=1.0
+)
+# Every Module requeued this often: a leader with work to do during the
+# outage tries its writes again and again, so one past its deadline would show.
+RESYNC = 0.3
+
+
+class WriteLog(counting.RequestCounter):
+    """A request counter that also keeps the wall time of every write attempt,
+    and calls ``trip`` (once) when the first node patch is about to be sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[tuple[float, str]] = []
+        self.trip: Callable[[], None] | None = None
+
+    def record(self, verb: str, path: str) -> None:
+        super().record(verb, path)
+        if verb not in counting.WRITE_VERBS:
+            return
+        resource = counting.resource_of(path)
+        self.times.append((time.time(), resource))
+        if self.trip is not None and resource == "nodes":
+            trip, self.trip = self.trip, None
+            trip()
+
+
+class Renewals:
+    """The elector's lease client, passed through; keeps every record the
+    API server accepted (the Lease as the other replica reads it)."""
+
+    def __init__(self, inner: leaderelection.LeaseClient) -> None:
+        self.inner = inner
+        self.accepted: list[leaderelection.LeaseRecord] = []
+
+    async def get(self, namespace: str, name: str) -> leaderelection.LeaseRecord | None:
+        return await self.inner.get(namespace, name)
+
+    async def create(
+        self, namespace: str, name: str, record: leaderelection.LeaseRecord
+    ) -> leaderelection.LeaseRecord:
+        self.accepted.append(await self.inner.create(namespace, name, record))
+        return self.accepted[-1]
+
+    async def update(
+        self, namespace: str, name: str, record: leaderelection.LeaseRecord
+    ) -> leaderelection.LeaseRecord:
+        self.accepted.append(await self.inner.update(namespace, name, record))
+        return self.accepted[-1]
+
+
+def non_lease_writes(running: support.InProcess) -> float:
+    """``kmm_api_writes_total`` of a replica, the Lease's own writes left out."""
+    written = support.metric(running.metrics(), "kmm_api_writes_total")
+    return sum(v for k, v in written.items() if dict(k)["resource"] != "coordination.k8s.io/leases")
+
+
+async def test_the_leader_stops_writing_before_its_lease_can_be_taken(
+    faults: testing.RunningSandbox, checker: client.ApiClient
+) -> None:
+    logs = {"a": WriteLog(), "b": WriteLog(), "a-again": WriteLog()}
+    renewals: dict[str, Renewals] = {}
+
+    def replica(identity: str) -> contextlib.AbstractAsyncContextManager[support.InProcess]:
+        def prepare(op: wiring.Operator) -> None:
+            assert op.elector is not None
+            renewals[identity] = Renewals(op.elector.leases)
+            op.elector.leases = renewals[identity]
+
+        return support.operator_in_process(
+            faults.kubeconfig,
+            election=dataclasses.replace(LEASE, identity=identity),
+            counter=logs[identity],
+            prepare=prepare,
+            resync_period=RESYNC,
+        )
+
+    async with (
+        support.own_namespace(checker, "leases") as namespace,
+        own_nodes(faults, "ha", 4) as names,
+    ):
+        select = f"kmm-test/{namespace}"
+        for node in names:
+            await label(checker, node, {select: "yes"})
+        async with replica("a") as a:
+            await testing.eventually(now(a.op.leading), "a leads")
+            async with replica("b") as b:
+                await testing.eventually(b.synced, "b's caches synced")
+                assert not b.op.leading()
+                crashed: list[float] = []
+
+                def crash() -> None:
+                    # The leader is about to send its first node patch: the
+                    # API server crashes now, with the leader's work undone.
+                    faults.kill("kube-apiserver")
+                    crashed.append(time.time())
+
+                logs["a"].trip = crash
+                await client.CustomObjectsApi(checker).create_namespaced_custom_object(
+                    modules.GROUP,
+                    modules.VERSION,
+                    namespace,
+                    modules.PLURAL,
+                    support.module_body("ha", {select: "yes"}),
+                )
+                await testing.eventually(now(lambda: bool(crashed)), "the API server crashed")
+                await asyncio.wait_for(a.lost_the_lease(), timeout=60)
+                last = renewals["a"].accepted[-1]
+                assert last.renew_time is not None
+                renewed = last.renew_time.timestamp()
+                deadline = renewed + LEASE.renew_deadline
+                takeable = renewed + LEASE.lease_duration
+                # Down for longer than the lease: b could take it the moment
+                # the server is back.
+                await asyncio.sleep(max(0.0, takeable + 1.0 - time.time()))
+                await faults.start("kube-apiserver")
+                async with replica("a-again") as again:
+                    everywhere = set(names)
+                    await testing.eventually(
+                        lambda: support.converged(checker, namespace, "ha", everywhere),
+                        "converged after the outage",
+                        bound=180,
+                    )
+                    leaders = [r for r in (b, again) if r.op.leading()]
+                    writers = {
+                        name: non_lease_writes(r) for name, r in (("b", b), ("a-again", again))
+                    }
+                    outage = [t for t, _ in logs["a"].times if t >= crashed[0]]
+                    late = [t - deadline for t, _ in logs["a"].times if t >= deadline]
+                    print(
+                        f"\nleader a: last renewal {renewed:.3f}, crash +{crashed[0] - renewed:.3f} s, "
+                        f"{len(outage)} write attempts in the outage, the last "
+                        f"+{max(outage, default=renewed) - renewed:.3f} s (deadline +{LEASE.renew_deadline} s); "
+                        f"after the restart non-lease writes {writers}"
+                    )
+                    # It kept trying while it held the lease...
+                    assert outage
+                    # ...and sent nothing once its deadline had passed.
+                    assert late == []
+                    # Exactly one replica leads and writes after the restart.
+                    assert len(leaders) == 1
+                    assert sorted(v > 0 for v in writers.values()) == [False, True]
+                    assert writers["b" if leaders[0] is b else "a-again"] > 0
+                    await support.delete_and_wait_clean(checker, namespace, "ha")
+
+
+def now(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    """``predicate`` as a check ``testing.eventually`` can poll."""
+
+    async def check() -> bool:
+        return predicate()
+
+    return check
