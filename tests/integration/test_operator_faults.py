@@ -224,10 +224,12 @@ async def test_a_watch_expired_by_compaction_is_relisted_and_nothing_missed(
             },
         )
         await dra.patch_spec(checker, namespace, "loader", changed["spec"])
+        # A watch from version v asks etcd for the revisions from v + 1 on:
+        # it expires once v + 1 is compacted away, for every informer.
         newest = max(int(v) for v in versions.values() if v)
         await testing.eventually(
-            lambda: _compacted(admin, str(newest)),
-            f"the operator's resourceVersions (up to {newest}) compacted away",
+            lambda: _compacted(admin, str(newest + 1)),
+            f"the revision after the operator's newest resourceVersion ({newest}) compacted away",
             interval=COMPACTION,
         )
         partition.heal()
@@ -473,9 +475,11 @@ async def test_the_leader_stops_writing_before_its_lease_can_be_taken(
         support.own_namespace(checker, "leases") as namespace,
         own_nodes(faults, "ha", 4) as names,
     ):
-        select = f"kmm-test/{namespace}"
+        select, select_dra = f"kmm-test/{namespace}", f"kmm-test/{namespace}-dra"
         for node in names:
             await label(checker, node, {select: "yes"})
+        for node in names[2:]:
+            await label(checker, node, {select_dra: "yes"})
         async with replica("a") as a:
             await testing.eventually(now(a.op.leading), "a leads")
             async with replica("b") as b:
@@ -490,6 +494,10 @@ async def test_the_leader_stops_writing_before_its_lease_can_be_taken(
                     crashed.append(time.time())
 
                 logs["a"].trip = crash
+                # A DRA Module too (issue 16: rerun over the DRA parts).
+                await dra.create(
+                    checker, namespace, dra.dra_body("ha-dra", select_dra, namespace, loader=False)
+                )
                 await client.CustomObjectsApi(checker).create_namespaced_custom_object(
                     modules.GROUP,
                     modules.VERSION,
@@ -510,11 +518,17 @@ async def test_the_leader_stops_writing_before_its_lease_can_be_taken(
                 await faults.start("kube-apiserver")
                 async with replica("a-again") as again:
                     everywhere = set(names)
-                    await testing.eventually(
-                        lambda: support.converged(checker, namespace, "ha", everywhere),
-                        "converged after the outage",
-                        bound=180,
-                    )
+
+                    async def converged() -> bool:
+                        return (
+                            await support.converged(checker, namespace, "ha", everywhere)
+                            and await dra.labelled(checker, labels.dra_target(namespace, "ha-dra"))
+                            == set(names[2:])
+                            and len(await dra.our_classes(checker, namespace, "ha-dra")) == 2
+                            and len(await dra.dra_daemonsets(checker, namespace)) == 1
+                        )
+
+                    await testing.eventually(converged, "converged after the outage", bound=180)
                     leaders = [r for r in (b, again) if r.op.leading()]
                     writers = {
                         name: non_lease_writes(r) for name, r in (("b", b), ("a-again", again))
@@ -536,6 +550,7 @@ async def test_the_leader_stops_writing_before_its_lease_can_be_taken(
                     assert sorted(v > 0 for v in writers.values()) == [False, True]
                     assert writers["b" if leaders[0] is b else "a-again"] > 0
                     await support.delete_and_wait_clean(checker, namespace, "ha")
+                    await delete_and_wait_gone(checker, namespace, "ha-dra")
 
 
 def now(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
