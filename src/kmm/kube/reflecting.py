@@ -11,7 +11,12 @@ what it learns to a ``Sink``:
    objects pass through ``projection`` first, page by page, so a list of
    5,000 Nodes never sits in memory unprojected;
 3. a watch that ends normally (the server's timeout) resumes at once from
-   the last resourceVersion; ``Gone`` (410: too old) relists at once;
+   the last resourceVersion; ``Gone`` (410: too old) relists at once; a
+   paged list whose continue token expires (410: compaction passed the
+   list's version between two pages) is made again in one request, as
+   client-go's pager does (``FullListIfExpired``): paging again could meet
+   the same fate each time when listing takes longer than the compaction
+   interval;
    other ``ApiError``s, and watches that end without a single event, back
    off exponentially and resume (``on_retry`` hears of each error).
 
@@ -111,22 +116,32 @@ class Reflector:
 
     async def _relist(self) -> None:
         self.lists += 1
+        try:
+            items, version = await self._list(self.page_size)
+        except errors.Gone:
+            # Only a continue token can be too old: the first page names no
+            # version. Costs the memory paging saves, this once.
+            _log.info("%s: continue token expired mid-list, listing in one request", self.name)
+            items, version = await self._list(0)
+        self.sink.replace(items, version)
+        self.resource_version = version
+        self.relists[self._reason] += 1
+
+    async def _list(self, page_size: int) -> tuple[list[objects.RawObject], str]:
+        """Every item (projected) and the list's resourceVersion; ``page_size`` 0: one page."""
         items: list[objects.RawObject] = []
         token: str | None = None
         while True:
             page = await self.source.list_page(
                 label_selector=self.label_selector,
                 field_selector=self.field_selector,
-                limit=self.page_size,
+                limit=page_size,
                 continue_token=token,
             )
             items.extend(self._project(item) for item in page["items"])
             token = page["continue_token"]
             if token is None:
-                break
-        self.sink.replace(items, page["resource_version"])
-        self.resource_version = page["resource_version"]
-        self.relists[self._reason] += 1
+                return items, page["resource_version"]
 
     async def _watch(self) -> int:
         """Apply one watch's events; return how many there were."""
