@@ -13,7 +13,7 @@ anyone but system:masters:
   one replica writes.
 
 Each test makes nodes of its own (``sandbox.nodes``) and deletes them, so
-the order of the tests does not matter. The faults come from the real
+the order of the tests does not matter. The sandbox come from the real
 server (``partitioning``, ``throttling``, ``restarting``); the counts come
 from the operator's own metrics.
 """
@@ -23,10 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 import random
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -35,45 +32,32 @@ from pathlib import Path
 import pytest
 import test_operator_dra as dra
 import test_operator_support as support
+import test_sandbox_faults as sandbox_faults
 import test_sandbox_lifecycle as lifecycle
 from kubernetes_asyncio import client
 
 from kmm.api import kernels, labels, modules
-from kmm.cli import applying, paths
+from kmm.cli import applying
 from kmm.kube import client as kube_client
-from kmm.kube import counting, errors, kubeconfigs, reflecting
+from kmm.kube import counting, errors, reflecting
 from kmm.operator import wiring
 from kmm.runtime import leaderelection
-from kmm.sandbox import cluster, nodes, testing, throttling
+from kmm.sandbox import cluster, nodes, testing
 
 KERNELS = ("6.8.0-45-generic", "6.1.0-27-amd64", "5.14.0-427.el9.x86_64+")
-COMPACTION = 1.0
+COMPACTION = sandbox_faults.COMPACTION
 SERVICE_ACCOUNT = "system:serviceaccount:kmm-system:kmm-operator"
 HOLDER = "kmm-test-slot-holder"
 SEED = 16
 
 
 @pytest.fixture(scope="module")
-def faults() -> Iterator[testing.RunningSandbox]:
-    directory = Path(os.path.realpath(tempfile.mkdtemp(prefix="kof", dir="/tmp")))
-    options = cluster.Options(
-        directory=directory,
-        cache_dir=paths.cache_dir(),
-        nodes=1,
-        kernels=KERNELS,
-        etcd_compaction_interval=COMPACTION,
-        watch_cache=False,
-        max_mutating_requests_inflight=1,
-    )
-    record = asyncio.run(cluster.up(options))
-    try:
-        asyncio.run(_install(record.kubeconfig))
-        yield testing.RunningSandbox.of(record, KERNELS)
-    finally:
-        cluster.down(directory)
-        left = lifecycle.processes_mentioning(directory)
-        shutil.rmtree(directory, ignore_errors=True)
-        assert left == [], f"processes left running: {left}"
+def sandbox() -> Iterator[testing.RunningSandbox]:
+    """This module's sandbox, in place of the session's (``api_client`` and
+    ``namespace`` from conftest use it)."""
+    with lifecycle.own_sandbox("kof", nodes=1, kernels=KERNELS, **sandbox_faults.FAULTS) as own:
+        asyncio.run(_install(own.kubeconfig))
+        yield own
 
 
 async def _install(kubeconfig: Path) -> None:
@@ -86,22 +70,14 @@ async def _install(kubeconfig: Path) -> None:
         await applying.apply_documents(api, docs)
 
 
-@pytest.fixture
-async def checker(faults: testing.RunningSandbox) -> AsyncIterator[client.ApiClient]:
-    """A client that is not kmm's, as the admin (never throttled)."""
-    api = await support.independent_client(faults.kubeconfig)
-    async with api:
-        yield api
-
-
 @contextlib.asynccontextmanager
 async def own_nodes(
-    faults: testing.RunningSandbox, prefix: str, count: int
+    sandbox: testing.RunningSandbox, prefix: str, count: int
 ) -> AsyncIterator[list[str]]:
     """``count`` fresh KWOK nodes, kernels round robin over KERNELS; deleted after."""
     made = nodes.spread(count, KERNELS, prefix=f"{prefix}-{uuid.uuid4().hex[:4]}")
     names = [name for name, _ in made]
-    async with cluster.api_client(faults.kubeconfig) as api:
+    async with cluster.api_client(sandbox.kubeconfig) as api:
         await nodes.create(api, made)
         await nodes.wait_ready(api, names, timeout=120)
         try:
@@ -160,57 +136,53 @@ async def _compacted(api: kube_client.Client, version: str) -> bool:
 
 
 async def test_a_watch_expired_by_compaction_is_relisted_and_nothing_missed(
-    faults: testing.RunningSandbox, checker: client.ApiClient
+    sandbox: testing.RunningSandbox, api_client: client.ApiClient, namespace: str
 ) -> None:
     async with (
-        support.own_namespace(checker, "gap") as namespace,
-        own_nodes(faults, "gap", 8) as names,
-        faults.partition() as partition,
-        support.operator_in_process(faults.kubeconfig, through=partition) as running,
-        cluster.api_client(faults.kubeconfig) as admin,
+        own_nodes(sandbox, "gap", 8) as names,
+        sandbox.partition() as partition,
+        support.operator_in_process(sandbox.kubeconfig, through=partition) as running,
+        cluster.api_client(sandbox.kubeconfig) as admin,
     ):
         n = names
         loader_key, dra_key = f"kmm-test/{namespace}-loader", f"kmm-test/{namespace}-dra"
         for node in (n[0], n[1], n[2], n[3], n[7]):
-            await label(checker, node, {loader_key: "yes"})
+            await label(api_client, node, {loader_key: "yes"})
         for node in (n[4], n[5], n[6]):
-            await label(checker, node, {dra_key: "yes"})
-        objects = client.CustomObjectsApi(checker)
-        await objects.create_namespaced_custom_object(
-            modules.GROUP,
-            modules.VERSION,
-            namespace,
-            modules.PLURAL,
-            support.module_body("loader", {loader_key: "yes"}),
+            await label(api_client, node, {dra_key: "yes"})
+        await support.create_module(
+            api_client, namespace, support.module_body("loader", {loader_key: "yes"})
         )
-        await dra.create(checker, namespace, dra.dra_body("drv", dra_key, namespace, loader=False))
+        await support.create_module(
+            api_client, namespace, dra.dra_body("drv", dra_key, namespace, loader=False)
+        )
         before = {n[0], n[1], n[2], n[3], n[7]}
 
         async def first() -> bool:
             return (
-                await support.converged(checker, namespace, "loader", before)
-                and await dra.labelled(checker, labels.dra_target(namespace, "drv"))
+                await support.converged(api_client, namespace, "loader", before)
+                and await dra.labelled(api_client, labels.dra_target(namespace, "drv"))
                 == {n[4], n[5], n[6]}
-                and len(await dra.our_classes(checker, namespace, "drv")) == 2
+                and len(await dra.our_classes(api_client, namespace, "drv")) == 2
             )
 
         await testing.eventually(first, "both Modules converged before the partition")
-        images = await loader_images(checker, namespace)
+        images = await loader_images(api_client, namespace)
         assert all(len(found) == 1 for found in images.values())
 
         partition.cut()
         versions = {i.name: i.resource_version for i in running.op.informers()}
         # While the operator is cut off: nodes leave, join, go; a Module changes.
-        await label(checker, n[0], {loader_key: None})
-        await label(checker, n[4], {loader_key: "yes", dra_key: None})
-        await label(checker, n[3], {dra_key: "yes"})
-        await client.CoreV1Api(checker).patch_node(n[6], {"spec": {"unschedulable": True}})
+        await label(api_client, n[0], {loader_key: None})
+        await label(api_client, n[4], {loader_key: "yes", dra_key: None})
+        await label(api_client, n[3], {dra_key: "yes"})
+        await client.CoreV1Api(api_client).patch_node(n[6], {"spec": {"unschedulable": True}})
         await admin.request("DELETE", f"/api/v1/nodes/{n[7]}")
         changed = support.module_body("loader", {loader_key: "yes"})
         mappings = changed["spec"]["moduleLoader"]["container"]["kernelMappings"]
         mappings[0]["containerImage"] = "example.com/moved/kmm-test:${KERNEL_XYZ}"
         await dra.patch_spec(
-            checker,
+            api_client,
             namespace,
             "drv",
             {
@@ -223,7 +195,7 @@ async def test_a_watch_expired_by_compaction_is_relisted_and_nothing_missed(
                 }
             },
         )
-        await dra.patch_spec(checker, namespace, "loader", changed["spec"])
+        await dra.patch_spec(api_client, namespace, "loader", changed["spec"])
         # A watch from version v asks etcd for the revisions from v + 1 on:
         # it expires once v + 1 is compacted away, for every informer.
         newest = max(int(v) for v in versions.values() if v)
@@ -237,18 +209,18 @@ async def test_a_watch_expired_by_compaction_is_relisted_and_nothing_missed(
         after = {n[1], n[2], n[3], n[4]}
 
         async def healed() -> bool:
-            module = await support.get_module(checker, namespace, "loader")
+            module = await support.get_module(api_client, namespace, "loader")
             matching = ((module or {}).get("status") or {}).get("moduleLoader") or {}
-            classes = {c.metadata.name for c in await dra.our_classes(checker, namespace, "drv")}
+            classes = {c.metadata.name for c in await dra.our_classes(api_client, namespace, "drv")}
             return (
-                await support.converged(checker, namespace, "loader", after)
+                await support.converged(api_client, namespace, "loader", after)
                 and matching.get("nodesMatchingSelectorNumber") == len(after)
-                and await loader_images(checker, namespace)
+                and await loader_images(api_client, namespace)
                 == moved_literal(images, kernel_labels(after, n))
-                and await dra.labelled(checker, labels.dra_target(namespace, "drv"))
+                and await dra.labelled(api_client, labels.dra_target(namespace, "drv"))
                 == {n[3], n[4], n[5]}
                 and classes == {f"{namespace}-any", f"{namespace}-renamed"}
-                and len(await dra.dra_daemonsets(checker, namespace)) == 1
+                and len(await dra.dra_daemonsets(api_client, namespace)) == 1
             )
 
         await testing.eventually(healed, "everything changed in the gap seen", bound=180)
@@ -263,8 +235,8 @@ async def test_a_watch_expired_by_compaction_is_relisted_and_nothing_missed(
         # its 410 from the server and listed again.
         assert set(gone) == set(versions)
         assert all(value >= 1 for value in gone.values())
-        await support.delete_and_wait_clean(checker, namespace, "loader")
-        await delete_and_wait_gone(checker, namespace, "drv")
+        await support.delete_and_wait_clean(api_client, namespace, "loader")
+        await delete_and_wait_gone(api_client, namespace, "drv")
 
 
 async def delete_and_wait_gone(api: client.ApiClient, namespace: str, name: str) -> None:
@@ -286,8 +258,8 @@ class SlotHolder:
     """Holds the API server's one write slot part of the time, on a seeded
     random schedule: held a while, free a while (``held`` counts the holds)."""
 
-    def __init__(self, faults: testing.RunningSandbox, namespace: str) -> None:
-        self.access = kubeconfigs.load(faults.kubeconfig)
+    def __init__(self, sandbox: testing.RunningSandbox, namespace: str) -> None:
+        self.sandbox = sandbox
         self.namespace = namespace
         self.random = random.Random(SEED)
         self.held = 0
@@ -295,8 +267,8 @@ class SlotHolder:
 
     async def run(self) -> None:
         while not self.stop.is_set():
-            async with throttling.stalled_write(
-                self.access, self.namespace, user=HOLDER, answer_wait=0.5
+            async with self.sandbox.stalled_write(
+                self.namespace, user=HOLDER, answer_wait=0.5
             ) as holding:
                 if holding:
                     self.held += 1
@@ -310,23 +282,12 @@ class SlotHolder:
 
 @contextlib.asynccontextmanager
 async def holding_the_slot(
-    faults: testing.RunningSandbox, api: client.ApiClient, namespace: str
+    sandbox: testing.RunningSandbox, namespace: str
 ) -> AsyncIterator[SlotHolder]:
-    """A ``SlotHolder`` running for the block; ``HOLDER`` may create ConfigMaps
-    in ``namespace`` (else the server refuses the held write at once)."""
-    await client.RbacAuthorizationV1Api(api).create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "slot-holder"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "edit",
-            },
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": HOLDER}],
-        },
-    )
-    holder = SlotHolder(faults, namespace)
+    """A ``SlotHolder`` running for the block."""
+    async with cluster.api_client(sandbox.kubeconfig) as admin:
+        await sandbox_faults.grant_edit(admin, namespace, HOLDER)
+    holder = SlotHolder(sandbox, namespace)
     task = asyncio.ensure_future(holder.run())
     try:
         yield holder
@@ -336,42 +297,37 @@ async def holding_the_slot(
 
 
 async def test_throttled_the_operator_backs_off_and_loses_no_write(
-    faults: testing.RunningSandbox, checker: client.ApiClient
+    sandbox: testing.RunningSandbox, api_client: client.ApiClient, namespace: str
 ) -> None:
     election = wiring.Election(identity="throttled", namespace="kmm-system")
     async with (
-        support.own_namespace(checker, "throttled") as namespace,
-        own_nodes(faults, "thr", 6) as names,
-        holding_the_slot(faults, checker, namespace) as holder,
+        own_nodes(sandbox, "thr", 6) as names,
+        holding_the_slot(sandbox, namespace) as holder,
         support.operator_in_process(
-            faults.kubeconfig, impersonate=SERVICE_ACCOUNT, election=election
+            sandbox.kubeconfig, impersonate=SERVICE_ACCOUNT, election=election
         ) as running,
     ):
         select = f"kmm-test/{namespace}"
         chosen = set(names[:4])
         for node in chosen:
-            await label(checker, node, {select: "yes"})
-        await client.CustomObjectsApi(checker).create_namespaced_custom_object(
-            modules.GROUP,
-            modules.VERSION,
-            namespace,
-            modules.PLURAL,
-            support.module_body("throttled", {select: "yes"}),
+            await label(api_client, node, {select: "yes"})
+        await support.create_module(
+            api_client, namespace, support.module_body("throttled", {select: "yes"})
         )
 
         async def converged(expected: set[str]) -> bool:
-            found = await loader_images(checker, namespace)
+            found = await loader_images(api_client, namespace)
             return (
-                await support.converged(checker, namespace, "throttled", expected)
+                await support.converged(api_client, namespace, "throttled", expected)
                 and set(found) == kernel_labels(expected, names)
                 and all(len(images) == 1 for images in found.values())
             )
 
         await testing.eventually(lambda: converged(chosen), "converged while throttled", bound=240)
         # A second round of changes, still throttled: one node leaves, two join.
-        await label(checker, names[0], {select: None})
+        await label(api_client, names[0], {select: None})
         for node in names[4:]:
-            await label(checker, node, {select: "yes"})
+            await label(api_client, node, {select: "yes"})
         chosen = set(names[1:])
         await testing.eventually(
             lambda: converged(chosen), "converged again while throttled", bound=240
@@ -386,7 +342,7 @@ async def test_throttled_the_operator_backs_off_and_loses_no_write(
         )
         # The operator's own writes were answered 429 and went again.
         assert sum(value for key, value in throttled.items() if dict(key)["verb"] == "PATCH") > 0
-        await support.delete_and_wait_clean(checker, namespace, "throttled")
+        await support.delete_and_wait_clean(api_client, namespace, "throttled")
 
 
 # -- two replicas, the API server gone for longer than the lease -------------
@@ -452,7 +408,7 @@ def non_lease_writes(running: support.InProcess) -> float:
 
 
 async def test_the_leader_stops_writing_before_its_lease_can_be_taken(
-    faults: testing.RunningSandbox, checker: client.ApiClient
+    sandbox: testing.RunningSandbox, api_client: client.ApiClient, namespace: str
 ) -> None:
     logs = {"a": WriteLog(), "b": WriteLog(), "a-again": WriteLog()}
     renewals: dict[str, Renewals] = {}
@@ -464,7 +420,7 @@ async def test_the_leader_stops_writing_before_its_lease_can_be_taken(
             op.elector.leases = renewals[identity]
 
         return support.operator_in_process(
-            faults.kubeconfig,
+            sandbox.kubeconfig,
             election=dataclasses.replace(LEASE, identity=identity),
             counter=logs[identity],
             prepare=prepare,
@@ -472,14 +428,13 @@ async def test_the_leader_stops_writing_before_its_lease_can_be_taken(
         )
 
     async with (
-        support.own_namespace(checker, "leases") as namespace,
-        own_nodes(faults, "ha", 4) as names,
+        own_nodes(sandbox, "ha", 4) as names,
     ):
         select, select_dra = f"kmm-test/{namespace}", f"kmm-test/{namespace}-dra"
         for node in names:
-            await label(checker, node, {select: "yes"})
+            await label(api_client, node, {select: "yes"})
         for node in names[2:]:
-            await label(checker, node, {select_dra: "yes"})
+            await label(api_client, node, {select_dra: "yes"})
         async with replica("a") as a:
             await testing.eventually(now(a.op.leading), "a leads")
             async with replica("b") as b:
@@ -490,20 +445,18 @@ async def test_the_leader_stops_writing_before_its_lease_can_be_taken(
                 def crash() -> None:
                     # The leader is about to send its first node patch: the
                     # API server crashes now, with the leader's work undone.
-                    faults.kill("kube-apiserver")
+                    sandbox.kill("kube-apiserver")
                     crashed.append(time.time())
 
                 logs["a"].trip = crash
                 # A DRA Module too (issue 16: rerun over the DRA parts).
-                await dra.create(
-                    checker, namespace, dra.dra_body("ha-dra", select_dra, namespace, loader=False)
-                )
-                await client.CustomObjectsApi(checker).create_namespaced_custom_object(
-                    modules.GROUP,
-                    modules.VERSION,
+                await support.create_module(
+                    api_client,
                     namespace,
-                    modules.PLURAL,
-                    support.module_body("ha", {select: "yes"}),
+                    dra.dra_body("ha-dra", select_dra, namespace, loader=False),
+                )
+                await support.create_module(
+                    api_client, namespace, support.module_body("ha", {select: "yes"})
                 )
                 await testing.eventually(now(lambda: bool(crashed)), "the API server crashed")
                 await asyncio.wait_for(a.lost_the_lease(), timeout=60)
@@ -515,17 +468,19 @@ async def test_the_leader_stops_writing_before_its_lease_can_be_taken(
                 # Down for longer than the lease: b could take it the moment
                 # the server is back.
                 await asyncio.sleep(max(0.0, takeable + 1.0 - time.time()))
-                await faults.start("kube-apiserver")
+                await sandbox.start("kube-apiserver")
                 async with replica("a-again") as again:
                     everywhere = set(names)
 
                     async def converged() -> bool:
                         return (
-                            await support.converged(checker, namespace, "ha", everywhere)
-                            and await dra.labelled(checker, labels.dra_target(namespace, "ha-dra"))
+                            await support.converged(api_client, namespace, "ha", everywhere)
+                            and await dra.labelled(
+                                api_client, labels.dra_target(namespace, "ha-dra")
+                            )
                             == set(names[2:])
-                            and len(await dra.our_classes(checker, namespace, "ha-dra")) == 2
-                            and len(await dra.dra_daemonsets(checker, namespace)) == 1
+                            and len(await dra.our_classes(api_client, namespace, "ha-dra")) == 2
+                            and len(await dra.dra_daemonsets(api_client, namespace)) == 1
                         )
 
                     await testing.eventually(converged, "converged after the outage", bound=180)
@@ -549,8 +504,8 @@ async def test_the_leader_stops_writing_before_its_lease_can_be_taken(
                     assert len(leaders) == 1
                     assert sorted(v > 0 for v in writers.values()) == [False, True]
                     assert writers["b" if leaders[0] is b else "a-again"] > 0
-                    await support.delete_and_wait_clean(checker, namespace, "ha")
-                    await delete_and_wait_gone(checker, namespace, "ha-dra")
+                    await support.delete_and_wait_clean(api_client, namespace, "ha")
+                    await delete_and_wait_gone(api_client, namespace, "ha-dra")
 
 
 def now(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:

@@ -86,6 +86,12 @@ async def install_manifests(kubeconfig: Path) -> None:
     raise AssertionError("the CRD or the admission policy from deploy/ never took effect")
 
 
+async def create_module(api: client.ApiClient, namespace: str, body: Obj) -> None:
+    await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body
+    )
+
+
 def module_body(name: str, selector: dict[str, str], **spec: Any) -> Obj:
     """A Module over three kernels: one literal, two regexp mappings (one using
     the container's default image), images with variables."""

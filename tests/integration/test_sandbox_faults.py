@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +21,6 @@ from typing import Any
 import pytest
 import test_sandbox_lifecycle as lifecycle
 
-from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import kubeconfigs, resources
@@ -35,25 +33,19 @@ THROTTLED_USER = "kmm-test-throttled"
 CONFIG_MAPS = resources.Resource("", "v1", "configmaps")
 
 
+# The fault options: a compaction every COMPACTION seconds, watches from
+# etcd, one write at a time (test_operator_faults uses them too).
+FAULTS: dict[str, Any] = {
+    "etcd_compaction_interval": COMPACTION,
+    "watch_cache": False,
+    "max_mutating_requests_inflight": 1,
+}
+
+
 @pytest.fixture(scope="module")
 def faulty() -> Iterator[testing.RunningSandbox]:
-    directory = Path(os.path.realpath(tempfile.mkdtemp(prefix="kf", dir="/tmp")))
-    options = cluster.Options(
-        directory=directory,
-        cache_dir=paths.cache_dir(),
-        nodes=1,
-        etcd_compaction_interval=COMPACTION,
-        watch_cache=False,
-        max_mutating_requests_inflight=1,
-    )
-    record = asyncio.run(cluster.up(options))
-    try:
-        yield testing.RunningSandbox.of(record, options.kernels)
-    finally:
-        cluster.down(directory)
-        left = lifecycle.processes_mentioning(directory)
-        shutil.rmtree(directory, ignore_errors=True)
-        assert left == [], f"processes left running: {left}"
+    with lifecycle.own_sandbox("kf", nodes=1, **FAULTS) as sandbox:
+        yield sandbox
 
 
 @pytest.fixture
@@ -237,26 +229,29 @@ async def test_a_partition_cuts_one_client_off_and_heals(
     assert partition.refused >= 1
 
 
-async def test_a_low_write_limit_answers_429_with_retry_after(
-    faulty: testing.RunningSandbox, admin: kube_client.Client
-) -> None:
-    namespace = "default"
-    binding = f"throttled-{uuid.uuid4().hex[:8]}"
-    await admin.request(
+async def grant_edit(api: kube_client.Client, namespace: str, user: str) -> None:
+    """``user`` may write in ``namespace``: a stalled write of theirs is held,
+    not refused (``throttling``)."""
+    await api.request(
         "POST",
         f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
         body={
-            "metadata": {"name": binding},
+            "metadata": {"name": f"edit-{uuid.uuid4().hex[:8]}"},
             "roleRef": {
                 "apiGroup": "rbac.authorization.k8s.io",
                 "kind": "ClusterRole",
                 "name": "edit",
             },
-            "subjects": [
-                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": THROTTLED_USER}
-            ],
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
         },
     )
+
+
+async def test_a_low_write_limit_answers_429_with_retry_after(
+    faulty: testing.RunningSandbox, admin: kube_client.Client
+) -> None:
+    namespace = "default"
+    await grant_edit(admin, namespace, THROTTLED_USER)
     access = kubeconfigs.load(faulty.kubeconfig)
     as_user = dataclasses.replace(access, impersonate=THROTTLED_USER)
     refused: list[kube_errors.Throttled] = []

@@ -48,28 +48,22 @@ class _Collector(registry.Collector):
         self._relists = relists
 
     def collect(self) -> Iterator[core.Metric]:
-        written = core.CounterMetricFamily(
-            "kmm_api_writes", "API writes sent by this replica.", labels=["verb", "resource"]
+        by_request = ["verb", "resource"]
+        yield _counters(
+            "kmm_api_writes", "API writes sent by this replica.", by_request, self._counter.writes
         )
-        for (verb, resource), count in sorted(self._counter.writes.items()):
-            written.add_metric([verb, resource], count)
-        yield written
-        throttled = core.CounterMetricFamily(
+        yield _counters(
             "kmm_api_throttled",
             "Requests the API server answered 429 (each sent again after its Retry-After).",
-            labels=["verb", "resource"],
+            by_request,
+            self._counter.throttled,
         )
-        for (verb, resource), count in sorted(self._counter.throttled.items()):
-            throttled.add_metric([verb, resource], count)
-        yield throttled
-        relisted = core.CounterMetricFamily(
+        yield _counters(
             "kmm_informer_relists",
             "Completed informer lists, by reason: start, or gone (a 410: the watch expired).",
-            labels=["informer", "reason"],
+            ["informer", "reason"],
+            self._relists(),
         )
-        for (informer, reason), count in sorted(self._relists().items()):
-            relisted.add_metric([informer, reason], count)
-        yield relisted
         yield core.GaugeMetricFamily(
             "kmm_leader", "1 while this replica holds the lease.", value=int(self._leading())
         )
@@ -79,6 +73,15 @@ class _Collector(registry.Collector):
         for name, count in sorted(self._cached().items()):
             cached.add_metric([name], count)
         yield cached
+
+
+def _counters(
+    name: str, documentation: str, labels: list[str], counts: Mapping[tuple[str, str], int]
+) -> core.CounterMetricFamily:
+    family = core.CounterMetricFamily(name, documentation, labels=labels)
+    for key, count in sorted(counts.items()):
+        family.add_metric(list(key), count)
+    return family
 
 
 class OperatorMetrics:

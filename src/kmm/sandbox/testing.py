@@ -79,9 +79,13 @@ class RunningSandbox:
         """A relay to this sandbox's API server a test can cut (``async with``)."""
         return partitioning.Partition(self.server)
 
-    def stalled_write(self, namespace: str, *, user: str) -> AbstractAsyncContextManager[bool]:
+    def stalled_write(
+        self, namespace: str, *, user: str, answer_wait: float = 2.0
+    ) -> AbstractAsyncContextManager[bool]:
         """One write slot held for the block by ``user`` (``throttling.stalled_write``)."""
-        return throttling.stalled_write(kubeconfigs.load(self.kubeconfig), namespace, user=user)
+        return throttling.stalled_write(
+            kubeconfigs.load(self.kubeconfig), namespace, user=user, answer_wait=answer_wait
+        )
 
 
 async def eventually(
