@@ -55,10 +55,7 @@ def dra_body(name: str, select: str, namespace: str, *, loader: bool = True) -> 
     return body
 
 
-async def create(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> None:
-    await client.CustomObjectsApi(api).create_namespaced_custom_object(
-        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body
-    )
+create = support.create_module
 
 
 async def patch_spec(

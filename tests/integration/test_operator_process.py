@@ -49,7 +49,16 @@ class Replica:
             "--bind-address=127.0.0.1",
             f"--identity={identity}",
         ]
-        argv += [f"--namespace-of-lease={lease_ns}"] if lease_ns else ["--no-leader-election"]
+        if lease_ns:
+            # Short lease timing, as a user sets it: a takeover in seconds.
+            argv += [
+                f"--namespace-of-lease={lease_ns}",
+                "--lease-duration=4",
+                "--renew-deadline=3",
+                "--retry-period=1",
+            ]
+        else:
+            argv += ["--no-leader-election"]
         with log.open("ab") as out:
             self.process = subprocess.Popen(argv, stdout=out, stderr=out)
 
@@ -228,6 +237,10 @@ async def test_two_replicas_only_the_leader_writes_and_the_other_takes_over(
                 return await _holder(api_client, namespace) in ("replica-a", "replica-b")
 
             await testing.eventually(elected, "a leader elected")
+            lease = await client.CoordinationV1Api(api_client).read_namespaced_lease(
+                "kmm-operator", namespace
+            )
+            assert lease.spec.lease_duration_seconds == 4  # --lease-duration
             leader, follower = (
                 (a, b) if await _holder(api_client, namespace) == "replica-a" else (b, a)
             )

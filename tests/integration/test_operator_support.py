@@ -2,9 +2,11 @@
 
 - ``install_manifests``: the CRD and admission policy from ``deploy/``,
   applied with ``kmm apply``'s own code, waited for until both bite;
-- ``operator_in_process``: the wired operator (no leader election) on a
-  ``kube.client.Client`` of its own, whose counter tells exactly the writes
-  the operator makes;
+- ``operator_in_process``: the wired operator (no leader election unless
+  given one) on a ``kube.client.Client`` of its own, whose counter tells
+  exactly the writes the operator makes, optionally reaching the API server
+  through a ``partitioning.Partition``; ``InProcess.metrics`` renders what
+  its ``/metrics`` would serve, ``metric`` reads one family of it;
 - ``selecting``: labels nodes for one test and restores them afterwards
   (the session sandbox is shared).
 """
@@ -17,19 +19,21 @@ import copy
 import dataclasses
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client, config
+from prometheus_client.parser import text_string_to_metric_families
 
 from kmm.api import labels, modules
 from kmm.cli import applying
 from kmm.kube import client as kube_client
 from kmm.kube import counting, kubeconfigs
-from kmm.operator import wiring
-from kmm.sandbox import cluster, testing
+from kmm.operator import metrics, wiring
+from kmm.runtime import manager
+from kmm.sandbox import cluster, partitioning, testing
 
 Obj = dict[str, Any]
 
@@ -82,6 +86,12 @@ async def install_manifests(kubeconfig: Path) -> None:
     raise AssertionError("the CRD or the admission policy from deploy/ never took effect")
 
 
+async def create_module(api: client.ApiClient, namespace: str, body: Obj) -> None:
+    await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body
+    )
+
+
 def module_body(name: str, selector: dict[str, str], **spec: Any) -> Obj:
     """A Module over three kernels: one literal, two regexp mappings (one using
     the container's default image), images with variables."""
@@ -120,9 +130,22 @@ def module_body(name: str, selector: dict[str, str], **spec: Any) -> Obj:
 class InProcess:
     op: wiring.Operator
     counter: counting.RequestCounter
+    task: asyncio.Future[None]
 
     async def synced(self) -> bool:
         return self.op.manager.ready()
+
+    def metrics(self) -> str:
+        """What this operator's ``/metrics`` would serve now (``running.run``'s registry)."""
+        registry = metrics.OperatorMetrics(
+            self.counter, leading=self.op.leading, cached=self.op.cached, relists=self.op.relists
+        )
+        return registry.render().decode()
+
+    async def lost_the_lease(self) -> None:
+        """Wait for the replica to end as a lost lease ends it (LeadershipLost)."""
+        with pytest.raises(manager.LeadershipLost):
+            await self.task
 
     async def wait_idle(self, what: str) -> None:
         """Wait until the caches synced, nothing is queued or running, and
@@ -155,19 +178,42 @@ async def operator_in_process(
     *,
     impersonate: str | None = None,
     election: wiring.Election | None = None,
+    through: partitioning.Partition | None = None,
+    counter: counting.RequestCounter | None = None,
+    prepare: Callable[[wiring.Operator], None] | None = None,
     **settings: Any,
 ) -> AsyncIterator[InProcess]:
-    """``settings`` go to ``wiring.Operator`` (resync_period, handler_errors ...)."""
+    """``settings`` go to ``wiring.Operator`` (resync_period, handler_errors ...);
+    ``counter`` replaces the client's (a test's instrumented one), ``prepare``
+    sees the operator before it runs. A replica that ended on a lost lease
+    (``InProcess.lost_the_lease``) is not awaited again."""
     access = dataclasses.replace(kubeconfigs.load(kubeconfig), impersonate=impersonate)
+    if through is not None:
+        access = through.access(access)
     async with kube_client.Client(access) as api:
+        if counter is not None:
+            api.counter = counter
         op = wiring.Operator(api, workers=2, election=election, **settings)
+        if prepare is not None:
+            prepare(op)
         stop = asyncio.Event()
         task = asyncio.ensure_future(op.run(stop))
         try:
-            yield InProcess(op, api.counter)
+            yield InProcess(op, api.counter, task)
         finally:
             stop.set()
-            await task
+            if not (task.done() and isinstance(task.exception(), manager.LeadershipLost)):
+                await task
+
+
+def metric(text: str, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    """The samples of one metric (``kmm_api_writes_total`` ...) by their labels."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                found[frozenset(sample.labels.items())] = sample.value
+    return found
 
 
 @contextlib.asynccontextmanager

@@ -1,20 +1,18 @@
 """Faults on demand, on a sandbox of this module's own: every control-plane
 component stopped and started again on its data, 410 Gone from a short
-compaction interval, 429 from a low in-flight limit. Nothing is left running.
+compaction interval (for a list, and for a watch with the watch cache off),
+429 from a low in-flight limit, a client cut off the API server and let
+back. Nothing is left running.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import os
 import shutil
-import ssl
 import subprocess
 import sys
-import tempfile
-import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,7 +21,6 @@ from typing import Any
 import pytest
 import test_sandbox_lifecycle as lifecycle
 
-from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import kubeconfigs, resources
@@ -36,24 +33,19 @@ THROTTLED_USER = "kmm-test-throttled"
 CONFIG_MAPS = resources.Resource("", "v1", "configmaps")
 
 
+# The fault options: a compaction every COMPACTION seconds, watches from
+# etcd, one write at a time (test_operator_faults uses them too).
+FAULTS: dict[str, Any] = {
+    "etcd_compaction_interval": COMPACTION,
+    "watch_cache": False,
+    "max_mutating_requests_inflight": 1,
+}
+
+
 @pytest.fixture(scope="module")
 def faulty() -> Iterator[testing.RunningSandbox]:
-    directory = Path(os.path.realpath(tempfile.mkdtemp(prefix="kf", dir="/tmp")))
-    options = cluster.Options(
-        directory=directory,
-        cache_dir=paths.cache_dir(),
-        nodes=1,
-        etcd_compaction_interval=COMPACTION,
-        max_mutating_requests_inflight=1,
-    )
-    record = asyncio.run(cluster.up(options))
-    try:
-        yield testing.RunningSandbox.of(record, options.kernels)
-    finally:
-        cluster.down(directory)
-        left = lifecycle.processes_mentioning(directory)
-        shutil.rmtree(directory, ignore_errors=True)
-        assert left == [], f"processes left running: {left}"
+    with lifecycle.own_sandbox("kf", nodes=1, **FAULTS) as sandbox:
+        yield sandbox
 
 
 @pytest.fixture
@@ -201,66 +193,65 @@ async def test_a_short_compaction_interval_makes_an_old_version_gone(
         return False
 
     await testing.eventually(gone, f"resourceVersion {old} compacted away", interval=COMPACTION)
+    # A watch from it too: with the watch cache off, etcd says it is compacted.
+    with pytest.raises(kube_errors.Gone) as expired:
+        async for _ in admin.watch(path, query={"resourceVersion": old}, timeout_seconds=10):
+            pass
+    assert expired.value.status == 410
 
 
-@contextlib.asynccontextmanager
-async def _stalled_write(access: kubeconfigs.Access, namespace: str) -> AsyncIterator[bool]:
-    """A create whose body never comes: the server holds its in-flight slot
-    until the connection closes. Yields False if it was refused at once."""
-    server = urllib.parse.urlsplit(access.server)
-    context = ssl.create_default_context(cafile=str(access.ca_file))
-    assert access.client_cert_file is not None
-    assert access.client_key_file is not None
-    context.load_cert_chain(str(access.client_cert_file), str(access.client_key_file))
-    reader, writer = await asyncio.open_connection(
-        server.hostname, server.port, ssl=context, server_hostname=server.hostname
+async def test_a_partition_cuts_one_client_off_and_heals(
+    faulty: testing.RunningSandbox, admin: kube_client.Client
+) -> None:
+    path = CONFIG_MAPS.path(namespace="default")
+    async with faulty.partition() as partition:
+        access = partition.access(kubeconfigs.load(faulty.kubeconfig))
+        async with kube_client.Client(access, max_attempts=1, timeout=10.0) as behind:
+            listed = await behind.request("GET", path)
+            events = behind.watch(
+                path, query={"resourceVersion": listed["metadata"]["resourceVersion"]}
+            )
+            watching = asyncio.ensure_future(anext(events))
+            await asyncio.sleep(0.5)  # the watch is open and quiet
+            partition.cut()
+            with pytest.raises(kube_errors.Unavailable):
+                await watching  # the open watch breaks
+            await events.aclose()
+            with pytest.raises(kube_errors.Unavailable):
+                await behind.request("GET", path)  # and nothing new gets through
+            assert not behind.answering
+            # Everyone else still reaches the server.
+            await admin.request("GET", path)
+            partition.heal()
+            await behind.request("GET", path)
+            assert behind.answering
+    assert partition.relayed >= 2
+    assert partition.refused >= 1
+
+
+async def grant_edit(api: kube_client.Client, namespace: str, user: str) -> None:
+    """``user`` may write in ``namespace``: a stalled write of theirs is held,
+    not refused (``throttling``)."""
+    await api.request(
+        "POST",
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+        body={
+            "metadata": {"name": f"edit-{uuid.uuid4().hex[:8]}"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "edit",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
     )
-    try:
-        writer.write(
-            (
-                f"POST /api/v1/namespaces/{namespace}/configmaps HTTP/1.1\r\n"
-                f"Host: {server.netloc}\r\n"
-                f"Impersonate-User: {THROTTLED_USER}\r\n"
-                "Content-Type: application/json\r\n"
-                "Content-Length: 4096\r\n\r\n"
-            ).encode()
-        )
-        await writer.drain()
-        # The server answers at once only when it refuses (429 or 403); a
-        # request in its handler waits for the body. Bounded: a hang fails.
-        try:
-            status = await asyncio.wait_for(reader.readline(), timeout=2.0)
-        except TimeoutError:
-            yield True
-        else:
-            assert status.startswith(b"HTTP/1.1 429"), status
-            yield False
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError, ssl.SSLError):
-            await writer.wait_closed()
 
 
 async def test_a_low_write_limit_answers_429_with_retry_after(
     faulty: testing.RunningSandbox, admin: kube_client.Client
 ) -> None:
     namespace = "default"
-    binding = f"throttled-{uuid.uuid4().hex[:8]}"
-    await admin.request(
-        "POST",
-        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
-        body={
-            "metadata": {"name": binding},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "edit",
-            },
-            "subjects": [
-                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": THROTTLED_USER}
-            ],
-        },
-    )
+    await grant_edit(admin, namespace, THROTTLED_USER)
     access = kubeconfigs.load(faulty.kubeconfig)
     as_user = dataclasses.replace(access, impersonate=THROTTLED_USER)
     refused: list[kube_errors.Throttled] = []
@@ -268,7 +259,7 @@ async def test_a_low_write_limit_answers_429_with_retry_after(
         # Another client of the sandbox may hold the one slot for a moment:
         # then the stalled write itself is refused and is tried again.
         for _ in range(20):
-            async with _stalled_write(access, namespace) as holding:
+            async with faulty.stalled_write(namespace, user=THROTTLED_USER) as holding:
                 if not holding:
                     await asyncio.sleep(1.0)
                     continue

@@ -1,18 +1,26 @@
 """A sandbox of its own per test here: ``up`` refuses a directory in use,
-``down`` stops every process it started and nothing else, the CLI reports."""
+``down`` stops every process it started and nothing else, the CLI reports.
+
+``own_sandbox`` is the same for other modules' fixtures: a sandbox under a
+short /tmp directory, torn down after, failing if a process outlives it."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kmm.cli import paths
-from kmm.sandbox import building, cluster, components, errors, state
+from kmm.sandbox import building, cluster, components, errors, state, testing
 
 
 def _alive(pid: int) -> bool:
@@ -37,6 +45,22 @@ def processes_mentioning(directory: Path) -> list[int]:
         if str(directory).encode() in cmdline and _alive(int(entry.name)):
             found.append(int(entry.name))
     return found
+
+
+@contextlib.contextmanager
+def own_sandbox(prefix: str, **options: Any) -> Iterator[testing.RunningSandbox]:
+    """A sandbox of the caller's own (``options`` go to ``cluster.Options``);
+    down after, and no process left that names its directory."""
+    directory = Path(os.path.realpath(tempfile.mkdtemp(prefix=prefix, dir="/tmp")))
+    chosen = cluster.Options(directory=directory, cache_dir=paths.cache_dir(), **options)
+    record = asyncio.run(cluster.up(chosen))
+    try:
+        yield testing.RunningSandbox.of(record, chosen.kernels)
+    finally:
+        cluster.down(directory)
+        left = processes_mentioning(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+        assert left == [], f"processes left running: {left}"
 
 
 def _listening_addresses(pids: set[int]) -> list[str]:

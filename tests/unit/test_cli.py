@@ -71,3 +71,23 @@ def test_kubectl_plugin_names_itself_as_typed(
         cli.kubectl_plugin()
     assert exited.value.code == 0
     assert "Usage: kubectl kmm modules [OPTIONS]" in capsys.readouterr().out
+
+
+def test_operator_lease_timing_that_leaves_no_room_is_refused() -> None:
+    result = CliRunner().invoke(
+        cli.build("operator"),
+        ["operator", "--lease-duration", "5", "--renew-deadline", "5"],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 2
+    assert "need lease duration (5 s) > renew deadline (5 s)" in result.output
+
+
+def test_operator_help_shows_the_lease_timing() -> None:
+    result = CliRunner().invoke(
+        cli.build("operator"), ["operator", "--help"], env={"COLUMNS": "250"}
+    )
+    assert result.exit_code == 0
+    for flag in ("--lease-duration", "--renew-deadline", "--retry-period"):
+        assert flag in result.output
+    assert "[default: 15.0]" in result.output

@@ -19,11 +19,14 @@ import typer
 from kmm.cli import clients
 from kmm.kube import client
 from kmm.operator import jsonlogs, running, wiring
-from kmm.runtime import manager
+from kmm.runtime import leaderelection, manager
 
 __all__ = ["operator", "register"]
 
 _log = logging.getLogger(__name__)
+
+# client-go's lease timing, the flags' defaults.
+DEFAULT_ELECTION = wiring.Election(identity="", namespace="")
 
 
 async def _main(api: client.Client, settings: running.Settings) -> None:
@@ -52,6 +55,20 @@ def operator(
     identity: Annotated[
         str | None, typer.Option(help="Lease holder identity; default: $POD_NAME, else host_pid.")
     ] = None,
+    lease_duration: Annotated[
+        float,
+        typer.Option(help="Seconds a follower waits on an unrenewed Lease before taking it."),
+    ] = DEFAULT_ELECTION.lease_duration,
+    renew_deadline: Annotated[
+        float,
+        typer.Option(
+            help="Seconds after its last renewal was sent that a leader stops writing "
+            "and exits, unless renewed; less than --lease-duration."
+        ),
+    ] = DEFAULT_ELECTION.renew_deadline,
+    retry_period: Annotated[
+        float, typer.Option(help="Seconds between attempts to take or renew the Lease.")
+    ] = DEFAULT_ELECTION.retry_period,
     workers: Annotated[int, typer.Option(help="Modules reconciled at once.")] = 4,
     resync_period: Annotated[
         float,
@@ -63,14 +80,23 @@ def operator(
     ] = wiring.DEFAULT_RESYNC_PERIOD,
 ) -> None:
     """Run the Module operator: loader and device-plugin DaemonSets, node labels, status."""
+    try:
+        leaderelection.check_timing(lease_duration, renew_deadline, retry_period)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--lease-duration/--renew-deadline") from err
     jsonlogs.configure()
     name = identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}"
     lease_namespace = namespace_of_lease or os.environ.get("POD_NAMESPACE") or "kube-system"
+    election = wiring.Election(
+        identity=name,
+        namespace=lease_namespace,
+        lease_duration=lease_duration,
+        renew_deadline=renew_deadline,
+        retry_period=retry_period,
+    )
     settings = running.Settings(
         identity=name,
-        election=wiring.Election(identity=name, namespace=lease_namespace)
-        if leader_election
-        else None,
+        election=election if leader_election else None,
         metrics_port=metrics_port,
         health_port=health_port,
         host=bind_address,

@@ -112,6 +112,13 @@ def up(
             show_default=False,
         ),
     ] = None,
+    watch_cache: Annotated[
+        bool,
+        typer.Option(
+            help="The API server's watch cache; without it watches are served from etcd, and "
+            "one from a resourceVersion compaction has passed answers 410 Gone."
+        ),
+    ] = True,
     max_requests_inflight: Annotated[
         int | None,
         typer.Option(
@@ -139,6 +146,7 @@ def up(
         runtime_config=tuple(runtime_config or ()),
         kubelet_nodes=kubelet_nodes,
         etcd_compaction_interval=etcd_compaction_interval,
+        watch_cache=watch_cache,
         max_requests_inflight=max_requests_inflight,
         max_mutating_requests_inflight=max_mutating_requests_inflight,
     )

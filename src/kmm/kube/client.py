@@ -17,7 +17,12 @@
   have landed: the callers' level-based loops decide); a 401 with
   credentials that can be refreshed (exec plugin, token file) is retried
   once with fresh ones. At most ``max_attempts`` attempts in all.
-- ``counter`` records every request sent (``kube.counting``).
+- ``counter`` records every request sent, and every 429 answer
+  (``kube.counting``).
+- A request may carry a ``fence``: asked just before each attempt is sent
+  (retries included, after any wait for a slot); False means the request
+  is not sent and ``errors.Fenced`` is raised. A leader's writes carry
+  its lease's fence, so nothing leaves once another replica may lead.
 - At most ``requests_in_flight`` requests (answer read included) run at
   once; watches are not counted, so no number of watches can starve them,
   and a request waiting to be retried holds no slot.
@@ -42,7 +47,7 @@ import json
 import os
 import ssl
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypedDict, Unpack
@@ -101,6 +106,7 @@ class Options(TypedDict, total=False):
     body: Any
     content_type: str  # JSON unless a patch: MERGE_PATCH, APPLY_PATCH, ...
     timeout: float | None  # seconds for the whole request; the client's default
+    fence: Callable[[], bool] | None  # False: do not send (errors.Fenced)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +181,7 @@ class Client:
             content_type=options.get("content_type", JSON),
             timeout=aiohttp.ClientTimeout(total=options.get("timeout") or self.timeout),
             watching=False,
+            fence=options.get("fence"),
         )
         try:  # _attempt handed over its slot with the response
             data = await response.read()
@@ -259,6 +266,7 @@ class Client:
         content_type: str,
         timeout: aiohttp.ClientTimeout,
         watching: bool,
+        fence: Callable[[], bool] | None = None,
     ) -> aiohttp.ClientResponse:
         delays = backoff.Backoff(initial=0.5, maximum=_MAX_RETRY_DELAY)
         refreshed = False
@@ -274,6 +282,7 @@ class Client:
                     content_type=content_type,
                     timeout=timeout,
                     watching=watching,
+                    fence=fence,
                 )
             except errors.Throttled as err:
                 if attempt >= self.max_attempts:
@@ -300,6 +309,7 @@ class Client:
         content_type: str,
         timeout: aiohttp.ClientTimeout,
         watching: bool,
+        fence: Callable[[], bool] | None,
     ) -> aiohttp.ClientResponse:
         session = await self._ready_session()
         # Pairs, not a dict: Impersonate-Group repeats, one header per group.
@@ -321,6 +331,9 @@ class Client:
             await self._in_flight.acquire()
         handed_over = False
         try:
+            # Asked last, after every wait: the request goes out now or never.
+            if fence is not None and not fence():
+                raise errors.Fenced(method, path)
             self.counter.record("WATCH" if watching else method, path)
             try:
                 response = await session.request(
@@ -339,6 +352,8 @@ class Client:
                     0, f"{type(err).__name__}: {err}", method=method, path=path
                 ) from err
             self.answering = response.status < 500
+            if response.status == 429:
+                self.counter.record_throttled("WATCH" if watching else method, path)
             if 200 <= response.status < 300:
                 handed_over = not watching
                 return response

@@ -6,7 +6,10 @@ when it is sent (whether or not the server accepts it: "zero writes" means
 zero attempts). The verb is the HTTP method, or ``WATCH``; the resource is
 the plural with group and subresource (``apps/daemonsets``,
 ``nodes/status``), parsed from the path. Counting is synchronous with the
-call, so assertions need no waiting.
+call, so assertions need no waiting. Answers the API server throttled (429
+Too Many Requests) are counted apart, per request as sent (a request retried
+after its Retry-After counts once per 429), so a test or a dashboard can
+see that the server pushed back and how often.
 """
 
 from __future__ import annotations
@@ -38,17 +41,23 @@ def resource_of(path: str) -> str:
 
 
 class RequestCounter:
-    """``requests`` counts everything sent; ``writes`` only POST, PUT, PATCH, DELETE."""
+    """``requests`` counts everything sent; ``writes`` only POST, PUT, PATCH,
+    DELETE; ``throttled`` the requests answered 429."""
 
     def __init__(self) -> None:
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self.writes: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.throttled: collections.Counter[tuple[str, str]] = collections.Counter()
 
     def record(self, verb: str, path: str) -> None:
         key = (verb, resource_of(path))
         self.requests[key] += 1
         if verb in WRITE_VERBS:
             self.writes[key] += 1
+
+    def record_throttled(self, verb: str, path: str) -> None:
+        """The request ``record`` counted was answered 429."""
+        self.throttled[(verb, resource_of(path))] += 1
 
     @property
     def total(self) -> int:
@@ -67,3 +76,4 @@ class RequestCounter:
     def reset(self) -> None:
         self.requests.clear()
         self.writes.clear()
+        self.throttled.clear()

@@ -4,6 +4,8 @@
 
     KubeError                  anything this layer raises on purpose
     ├── ConfigError            no usable cluster access; says what was tried
+    ├── Fenced                 not sent: the request's fence said no (a leader
+    │                          past its lease deadline); do not retry it
     └── ApiError               a request failed: status, reason, message, method, path
         ├── NotFound           404: the object (or its namespace) does not exist
         ├── Conflict           409: someone wrote first, or it already exists
@@ -34,6 +36,7 @@ __all__ = [
     "ConfigError",
     "Conflict",
     "Denied",
+    "Fenced",
     "Forbidden",
     "Gone",
     "Invalid",
@@ -52,6 +55,18 @@ class KubeError(Exception):
 
 class ConfigError(KubeError):
     """No cluster access could be configured; the message lists what was tried."""
+
+
+class Fenced(KubeError):
+    """A request its ``fence`` refused, before (or between) attempts: nothing was sent.
+
+    The operator's writes carry its leader elector's fence, so a replica
+    whose lease may have run out sends nothing more, even a retry."""
+
+    def __init__(self, method: str, path: str) -> None:
+        super().__init__(f"{method} {path}: not sent, fenced off (no longer the leader)")
+        self.method = method
+        self.path = path
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,7 +76,7 @@ class ApiListWatch:
             "GET",
             self._path,
             query={
-                "limit": limit,
+                "limit": limit or None,  # 0: everything in one answer
                 "labelSelector": label_selector or None,
                 "fieldSelector": field_selector or None,
                 "continue": continue_token,

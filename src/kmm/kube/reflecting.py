@@ -11,9 +11,19 @@ what it learns to a ``Sink``:
    objects pass through ``projection`` first, page by page, so a list of
    5,000 Nodes never sits in memory unprojected;
 3. a watch that ends normally (the server's timeout) resumes at once from
-   the last resourceVersion; ``Gone`` (410: too old) relists at once;
+   the last resourceVersion; ``Gone`` (410: too old) relists at once; a
+   paged list whose continue token expires (410: compaction passed the
+   list's version between two pages) is made again in one request, as
+   client-go's pager does (``FullListIfExpired``): paging again could meet
+   the same fate each time when listing takes longer than the compaction
+   interval;
    other ``ApiError``s, and watches that end without a single event, back
    off exponentially and resume (``on_retry`` hears of each error).
+
+``relists`` counts the lists that completed, by why they were made:
+``start`` (the first) and ``gone`` (after a 410: the watch, or a list's
+continue token, had expired: what was missed while away is only known from
+this list). Operators export it (``kmm_informer_relists_total``).
 
 Anything that is not an ``ApiError`` is a bug in the sink or the source and
 ends ``run``. The runtime's informers and the kubelet plugin's claim cache
@@ -22,17 +32,22 @@ are both a Reflector with a sink of their own.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 from kmm.aio import backoff, clocks
 from kmm.kube import errors, listwatch, objects
 
-__all__ = ["Reflector", "Sink"]
+__all__ = ["GONE", "START", "Reflector", "Sink"]
 
 _log = logging.getLogger(__name__)
+
+# Why a relist was made (``Reflector.relists`` keys).
+START: Final = "start"
+GONE: Final = "gone"
 
 
 class Sink(Protocol):
@@ -72,6 +87,8 @@ class Reflector:
         # Counters for tests and metrics: how often each thing happened.
         self.lists = 0
         self.watches = 0
+        self.relists: collections.Counter[str] = collections.Counter()
+        self._reason = START
 
     async def run(self) -> None:
         """List and watch until cancelled; raises only what is not an ``ApiError``."""
@@ -89,6 +106,7 @@ class Reflector:
                 # Relist at once: the server told us our version is too old.
                 _log.info("%s: resourceVersion gone, relisting", self.name)
                 self.resource_version = None
+                self._reason = GONE
                 continue
             except errors.ApiError as error:
                 _log.warning("%s: list/watch failed: %s", self.name, error)
@@ -98,21 +116,32 @@ class Reflector:
 
     async def _relist(self) -> None:
         self.lists += 1
+        try:
+            items, version = await self._list(self.page_size)
+        except errors.Gone:
+            # Only a continue token can be too old: the first page names no
+            # version. Costs the memory paging saves, this once.
+            _log.info("%s: continue token expired mid-list, listing in one request", self.name)
+            items, version = await self._list(0)
+        self.sink.replace(items, version)
+        self.resource_version = version
+        self.relists[self._reason] += 1
+
+    async def _list(self, page_size: int) -> tuple[list[objects.RawObject], str]:
+        """Every item (projected) and the list's resourceVersion; ``page_size`` 0: one page."""
         items: list[objects.RawObject] = []
         token: str | None = None
         while True:
             page = await self.source.list_page(
                 label_selector=self.label_selector,
                 field_selector=self.field_selector,
-                limit=self.page_size,
+                limit=page_size,
                 continue_token=token,
             )
             items.extend(self._project(item) for item in page["items"])
             token = page["continue_token"]
             if token is None:
-                break
-        self.sink.replace(items, page["resource_version"])
-        self.resource_version = page["resource_version"]
+                return items, page["resource_version"]
 
     async def _watch(self) -> int:
         """Apply one watch's events; return how many there were."""

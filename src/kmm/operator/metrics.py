@@ -6,10 +6,15 @@ Controller metrics come from ``runtime.controllers.PrometheusMetrics``
 request counter of the operator's API client (``kube.counting``; so a
 test or an admin can see that only the leader writes, and that a converged
 cluster costs none), ``kmm_leader`` (1 while this replica leads), the
-cached object counts per informer, and
+cached object counts per informer,
 ``kmm_handler_errors_total{informer,method}``: event-handler calls that
 raised (each an event lost to the queue until the resync heals it), so a
-failing mapping is seen on a dashboard rather than only in a log line.
+failing mapping is seen on a dashboard rather than only in a log line, and
+two faults the API server inflicts: ``kmm_api_throttled_total{verb,resource}``
+(requests it answered 429; the client waited for its Retry-After and sent
+them again) and ``kmm_informer_relists_total{informer,reason}`` (completed
+lists: ``start``, or ``gone`` after a 410 said the watch had expired, by
+compaction or because the server's watch cache had moved on).
 """
 
 from __future__ import annotations
@@ -22,7 +27,11 @@ from prometheus_client import core, registry
 from kmm.kube import counting
 from kmm.runtime import controllers
 
-__all__ = ["OperatorMetrics"]
+__all__ = ["OperatorMetrics", "Relists"]
+
+
+#: (informer, reason) -> completed lists; ``wiring.Operator.relists``.
+Relists = Callable[[], Mapping[tuple[str, str], int]]
 
 
 class _Collector(registry.Collector):
@@ -31,18 +40,30 @@ class _Collector(registry.Collector):
         counter: counting.RequestCounter,
         leading: Callable[[], bool],
         cached: Callable[[], Mapping[str, int]],
+        relists: Relists,
     ) -> None:
         self._counter = counter
         self._leading = leading
         self._cached = cached
+        self._relists = relists
 
     def collect(self) -> Iterator[core.Metric]:
-        written = core.CounterMetricFamily(
-            "kmm_api_writes", "API writes sent by this replica.", labels=["verb", "resource"]
+        by_request = ["verb", "resource"]
+        yield _counters(
+            "kmm_api_writes", "API writes sent by this replica.", by_request, self._counter.writes
         )
-        for (verb, resource), count in sorted(self._counter.writes.items()):
-            written.add_metric([verb, resource], count)
-        yield written
+        yield _counters(
+            "kmm_api_throttled",
+            "Requests the API server answered 429 (each sent again after its Retry-After).",
+            by_request,
+            self._counter.throttled,
+        )
+        yield _counters(
+            "kmm_informer_relists",
+            "Completed informer lists, by reason: start, or gone (a 410: the watch expired).",
+            ["informer", "reason"],
+            self._relists(),
+        )
         yield core.GaugeMetricFamily(
             "kmm_leader", "1 while this replica holds the lease.", value=int(self._leading())
         )
@@ -54,6 +75,15 @@ class _Collector(registry.Collector):
         yield cached
 
 
+def _counters(
+    name: str, documentation: str, labels: list[str], counts: Mapping[tuple[str, str], int]
+) -> core.CounterMetricFamily:
+    family = core.CounterMetricFamily(name, documentation, labels=labels)
+    for key, count in sorted(counts.items()):
+        family.add_metric(list(key), count)
+    return family
+
+
 class OperatorMetrics:
     """Everything ``/metrics`` serves for one operator process."""
 
@@ -63,10 +93,11 @@ class OperatorMetrics:
         *,
         leading: Callable[[], bool],
         cached: Callable[[], Mapping[str, int]],
+        relists: Relists = dict,
     ) -> None:
         self.registry = prometheus_client.CollectorRegistry()
         self.controllers = controllers.PrometheusMetrics(self.registry)
-        self.registry.register(_Collector(counter, leading, cached))
+        self.registry.register(_Collector(counter, leading, cached, relists))
         self._handler_errors = prometheus_client.Counter(
             "kmm_handler_errors_total",
             "Informer event-handler calls that raised (the event waits for the resync).",

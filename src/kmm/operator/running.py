@@ -40,6 +40,7 @@ async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> No
         api.counter,
         leading=lambda: bool(holder) and holder[0].leading(),
         cached=lambda: holder[0].cached() if holder else {},
+        relists=lambda: holder[0].relists() if holder else {},
     )
     operator = wiring.Operator(
         api,

@@ -12,6 +12,10 @@ HTTP endpoints and the process lifecycle around it.
 started; without it DRA Modules report ``ResourceAPIUnavailable`` and
 everything else works (a watch on an absent resource would fail forever).
 
+With an ``Election``, every write the ``writing.Writer`` sends is fenced by
+the elector's ``holds``: none leaves past the renew deadline of the last
+renewal, even from a reconcile the manager has not cancelled yet.
+
 Healing: a ``runtime.resyncing.Resync`` on the leader requeues every cached
 Module each ``resync_period`` seconds, and every handler call that raises is
 logged and told to ``handler_errors`` (the operator's metrics). The
@@ -266,6 +270,8 @@ class Operator:
                 renew_deadline=election.renew_deadline,
                 retry_period=election.retry_period,
             )
+            # Not one write once another replica may lead (DESIGN §5, issue 16).
+            self.writer.fence = self.elector.holds
         self.manager = manager.Manager(elector=self.elector)
         for informer in (self.modules, self.daemonsets, self.pods, self.nodes):
             self.manager.add_informer(informer)
@@ -277,7 +283,8 @@ class Operator:
             return self.manager.started_leading.is_set()
         return self.elector.is_leader()
 
-    def _informers(self) -> tuple[informers.Informer, ...]:
+    def informers(self) -> tuple[informers.Informer, ...]:
+        """The informers this operator runs (the DRA two only where the API serves them)."""
         found: tuple[informers.Informer, ...] = (
             self.modules,
             self.daemonsets,
@@ -289,7 +296,15 @@ class Operator:
         return found
 
     def cached(self) -> dict[str, int]:
-        return {informer.name: len(informer.store) for informer in self._informers()}
+        return {informer.name: len(informer.store) for informer in self.informers()}
+
+    def relists(self) -> dict[tuple[str, str], int]:
+        """Completed lists per (informer, reason): ``kmm_informer_relists_total``."""
+        return {
+            (informer.name, reason): count
+            for informer in self.informers()
+            for reason, count in informer.relists.items()
+        }
 
     def idle(self) -> bool:
         """Nothing queued, delayed or running (tests wait for this, then count writes)."""

@@ -13,12 +13,17 @@ The informer cache lags a write by one watch event. A reconcile that runs in
 that gap would see the old object and send the same write again. ``Pending``
 remembers, per object, the writes whose result the cache does not show yet;
 the same write is skipped until it does.
+
+Every write carries the ``fence`` the wiring gives (the leader elector's
+``holds``): a replica whose lease may have run out sends nothing more, not
+even a retry of a throttled write (``kube.errors.Fenced``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, Final
 
 from kmm.api import modules
@@ -104,9 +109,16 @@ def _digest(body: object) -> str:
 class Writer:
     """The operator's writes; ``pending`` is shared with the informer handlers."""
 
-    def __init__(self, api: client.Client, *, pending: Pending | None = None) -> None:
+    def __init__(
+        self,
+        api: client.Client,
+        *,
+        pending: Pending | None = None,
+        fence: Callable[[], bool] | None = None,
+    ) -> None:
         self.api = api
         self.pending = pending if pending is not None else Pending()
+        self.fence = fence
 
     async def apply_daemonset(self, desired: RawObject, observed: RawObject | None) -> bool:
         """Server-side apply; True when it created the DaemonSet, False otherwise
@@ -121,6 +133,7 @@ class Writer:
             query={"fieldManager": FIELD_MANAGER, "force": True},
             body=desired,
             content_type=client.APPLY_PATCH,
+            fence=self.fence,
         )
         self.pending.sent(key, "apply", desired, objects.resource_version(reply.body))
         return reply.status == 201
@@ -135,6 +148,7 @@ class Writer:
                 "DELETE",
                 resources.DAEMONSETS.path(namespace, name),
                 query={"propagationPolicy": "Background"},
+                fence=self.fence,
             )
             deleted = True
         except errors.NotFound:
@@ -151,7 +165,9 @@ class Writer:
         if self.pending.in_flight(key, "create", _ABSENT, desired):
             return False
         try:
-            reply = await self.api.request("POST", resources.DEVICE_CLASSES.path(), body=desired)
+            reply = await self.api.request(
+                "POST", resources.DEVICE_CLASSES.path(), body=desired, fence=self.fence
+            )
         except errors.Conflict:
             return False
         self.pending.sent(key, "create", desired, objects.resource_version(reply))
@@ -169,6 +185,7 @@ class Writer:
             query={"fieldManager": FIELD_MANAGER, "force": True},
             body=desired,
             content_type=client.APPLY_PATCH,
+            fence=self.fence,
         )
         self.pending.sent(key, "apply", desired, objects.resource_version(reply))
         return True
@@ -186,6 +203,7 @@ class Writer:
                 body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
                 if uid
                 else None,
+                fence=self.fence,
             )
             deleted = True
         except (errors.NotFound, errors.Conflict):
@@ -247,7 +265,11 @@ class Writer:
         """A merge patch whose object may be gone (then there is nothing to do)."""
         try:
             written = await self.api.request(
-                "PATCH", path, body=patch, content_type=client.MERGE_PATCH
+                "PATCH",
+                path,
+                body=patch,
+                content_type=client.MERGE_PATCH,
+                fence=self.fence,
             )
         except errors.NotFound:
             written = None
@@ -258,7 +280,10 @@ class Writer:
         """Best effort: an Event that cannot be written is logged, never retried."""
         try:
             await self.api.request(
-                "POST", resources.EVENTS.path(event["metadata"]["namespace"]), body=event
+                "POST",
+                resources.EVENTS.path(event["metadata"]["namespace"]),
+                body=event,
+                fence=self.fence,
             )
         except errors.ApiError as err:
             _log.warning("event not written: %s", err)

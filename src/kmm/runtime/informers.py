@@ -135,6 +135,11 @@ class Informer:
     def watches(self) -> int:
         return self.reflector.watches
 
+    @property
+    def relists(self) -> Mapping[str, int]:
+        """Completed lists by reason (``kube.reflecting.START`` / ``GONE``)."""
+        return self.reflector.relists
+
     def add_handler(self, handler: Handler) -> None:
         """Register before `run`; a late handler misses earlier events."""
         self._handlers.append(handler)

@@ -11,7 +11,15 @@ Semantics kept from client-go's `tryAcquireOrRenew`:
   for a free lease, exactly one update succeeds).
 - A leader retries renewal every `retry_period` and gives leadership up when
   it has not renewed for `renew_deadline` (< `lease_duration`, so it stops
-  acting before anyone else may take over).
+  acting before anyone else may take over). The deadline runs from the moment
+  the last successful attempt *started*, not from its answer: a candidate
+  counts the lease duration from when it saw the renewal, which is after it
+  was written, which is after it was sent; a slow answer must not lend the
+  leader time. A timer on our clock ends leadership at the deadline, cutting
+  off an attempt in flight or the wait between two, so it ends on time even
+  while the API server does not answer (client-go allows itself up to one
+  `retry_period` more). `holds()` is the fence for the leader's writes: True
+  only while leading and before that deadline, whenever the loop notices.
 - On stop, a leader releases: empty holder, `leaseDurationSeconds: 1`, so a
   successor need not wait out the full duration.
 
@@ -41,6 +49,7 @@ __all__ = [
     "LeaseClient",
     "LeaseRecord",
     "MemoryLeases",
+    "check_timing",
 ]
 
 _log = logging.getLogger(__name__)
@@ -72,6 +81,18 @@ class LeaseClient(Protocol):
         ...
 
 
+def check_timing(
+    lease_duration: float, renew_deadline: float, retry_period: float, *, jitter: float = 1.2
+) -> None:
+    """ValueError unless a leader can stop before a takeover: the renew
+    deadline inside the lease, and room for a retry (with its jitter) inside it."""
+    if not (lease_duration > renew_deadline > jitter * retry_period >= 0 and retry_period > 0):
+        raise ValueError(
+            f"need lease duration ({lease_duration:g} s) > renew deadline ({renew_deadline:g} s)"
+            f" > {jitter:g} x retry period ({retry_period:g} s), and a retry period > 0"
+        )
+
+
 def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
@@ -95,8 +116,7 @@ class LeaderElector:
         clock: clocks.Clock | None = None,
         wall: Callable[[], datetime.datetime] = _utcnow,
     ) -> None:
-        if not lease_duration > renew_deadline > jitter * retry_period >= 0:
-            raise ValueError("need lease_duration > renew_deadline > jitter * retry_period")
+        check_timing(lease_duration, renew_deadline, retry_period, jitter=jitter)
         self.leases = leases
         self.identity = identity
         self.namespace = namespace
@@ -113,12 +133,22 @@ class LeaderElector:
         self._wall = wall
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0
+        # Our clock's time past which we may no longer act as the leader, and
+        # the timer that sets `_expired` then (armed while leading).
+        self._deadline = float("-inf")
+        self._deadline_timer: clocks.TimerHandle | None = None
+        self._expired = asyncio.Event()
         self._reported_leader: str | None = None
         self.leading = asyncio.Event()
         self.lost = asyncio.Event()
 
     def is_leader(self) -> bool:
         return self.leading.is_set()
+
+    def holds(self) -> bool:
+        """Leading, and the renew deadline of the last renewal not passed: may
+        this replica still write as the leader right now? (A write fence.)"""
+        return self.leading.is_set() and self._clock.now() < self._deadline
 
     @property
     def leader(self) -> str | None:
@@ -137,6 +167,8 @@ class LeaderElector:
                 self._on_started()
             await self._renew(stopping)
         finally:
+            if self._deadline_timer is not None:
+                self._deadline_timer.cancel()
             stopping.cancel()
             await asyncio.wait({stopping})
             if self.leading.is_set():
@@ -147,19 +179,36 @@ class LeaderElector:
                 if stop.is_set() and self.release_on_stop:
                     await self.release()
 
-    async def _wait(self, stopping: asyncio.Future[Any], seconds: float) -> bool:
-        """Sleep on our clock; True if stop came first."""
+    async def _wait(
+        self, stopping: asyncio.Future[Any], seconds: float, *, until: asyncio.Event | None = None
+    ) -> bool:
+        """Sleep on our clock, or until ``until`` is set; True if stop came first."""
         sleeper = asyncio.ensure_future(self._clock.sleep(seconds))
+        waits: set[asyncio.Future[Any]] = {sleeper, stopping}
+        if until is not None:
+            waits.add(asyncio.ensure_future(until.wait()))
         try:
-            await asyncio.wait({sleeper, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            sleeper.cancel()
-            await asyncio.wait({sleeper})
+            ours = waits - {stopping}
+            for task in ours:
+                task.cancel()
+            await asyncio.wait(ours)
         return stopping.done()
+
+    def _arm(self, started: float) -> None:
+        """The attempt that started at ``started`` renewed the lease: move the deadline."""
+        self._deadline = started + self.renew_deadline
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._expired.clear()
+        self._deadline_timer = self._clock.call_at(self._deadline, self._expired.set)
 
     async def _acquire(self, stopping: asyncio.Future[Any]) -> bool:
         while not stopping.done():
+            started = self._clock.now()
             if await self._try_acquire_or_renew():
+                self._arm(started)
                 return True
             # Jitter spreads candidates out so they do not all race each period.
             delay = self.retry_period * (1 + random.random() * self.jitter)
@@ -168,18 +217,24 @@ class LeaderElector:
         return False
 
     async def _renew(self, stopping: asyncio.Future[Any]) -> None:
-        last_renew = self._clock.now()
-        while True:
-            if await self._wait(stopping, self.retry_period):
+        while not self._expired.is_set():
+            if await self._wait(stopping, self.retry_period, until=self._expired):
                 return
-            if await self._try_acquire_or_renew():
-                last_renew = self._clock.now()
-                continue
-            if self._clock.now() - last_renew >= self.renew_deadline:
-                _log.warning(
-                    "%s: failed to renew lease within %ss", self.identity, self.renew_deadline
-                )
-                return
+            if self._expired.is_set():
+                break
+            started = self._clock.now()
+            attempt = asyncio.ensure_future(self._try_acquire_or_renew())
+            expiry = asyncio.ensure_future(self._expired.wait())
+            try:
+                await asyncio.wait({attempt, expiry}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (attempt, expiry):
+                    task.cancel()
+                await asyncio.wait({attempt, expiry})
+            # An attempt cut off by the deadline is cancelled: not renewed.
+            if not attempt.cancelled() and attempt.result():
+                self._arm(started)
+        _log.warning("%s: failed to renew lease within %ss", self.identity, self.renew_deadline)
 
     async def _try_acquire_or_renew(self) -> bool:
         try:

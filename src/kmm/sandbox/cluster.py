@@ -86,6 +86,11 @@ class Options:
     # --etcd-compaction-interval; None keeps its 5 minutes). A short one makes
     # a resourceVersion older than two intervals answer 410 Gone.
     etcd_compaction_interval: float | None = None
+    # False: the API server's --watch-cache=false. Watches and lists then go
+    # to etcd, so a watch from a resourceVersion compaction has passed is
+    # answered 410 Gone (its watch cache would answer it from memory, and
+    # expire it only when its own window of events moves on).
+    watch_cache: bool = True
     # The API server's --max-requests-inflight / --max-mutating-requests-inflight
     # (None keeps its defaults). Setting either turns API Priority and Fairness
     # off, so the limit is the plain in-flight filter: a request past it is
@@ -104,6 +109,8 @@ class Options:
             flags.append(
                 f"--etcd-compaction-interval={round(self.etcd_compaction_interval * 1000)}ms"
             )
+        if not self.watch_cache:
+            flags.append("--watch-cache=false")
         limits = (
             ("max-requests-inflight", self.max_requests_inflight),
             ("max-mutating-requests-inflight", self.max_mutating_requests_inflight),

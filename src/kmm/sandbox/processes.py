@@ -79,6 +79,15 @@ class Process:
             while self.alive():
                 time.sleep(0.05)
 
+    def kill(self) -> None:
+        """SIGKILL the component's process group at once (a crash: no shutdown)."""
+        if not self.alive():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        while self.alive():
+            time.sleep(0.01)
+
 
 def launch(
     name: str,

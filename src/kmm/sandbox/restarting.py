@@ -5,7 +5,9 @@ the way a control-plane upgrade or a crash does. A component is started
 again from its recorded command line, port and log (which continues), so
 etcd comes back on its data directory with every object, and the API server
 on the same address clients already hold. ``restart`` is ``stop`` then
-``start``: one code path for the three.
+``start``: one code path for the three. ``kill`` is a crash: SIGKILL, no
+graceful shutdown (an API server stopping gracefully first drains its
+requests; one that crashes resets them).
 
 Names are those ``kmm sandbox status`` shows (``kube-apiserver``,
 ``kubelet/<node>`` ...); ``controller-manager`` and ``scheduler`` are
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from kmm.sandbox import cluster, errors, health, processes, state
 
-__all__ = ["ALIASES", "restart", "running", "start", "stop"]
+__all__ = ["ALIASES", "kill", "restart", "running", "start", "stop"]
 
 ALIASES = {
     "controller-manager": "kube-controller-manager",
@@ -50,6 +52,16 @@ def stop(directory: Path, component: str) -> bool:
     process = record.launched[_find(record, component)]
     was_running = process.alive()
     process.stop()
+    return was_running
+
+
+def kill(directory: Path, component: str) -> bool:
+    """Crash one component (SIGKILL: no graceful shutdown, connections reset
+    at once); False if it was not running. ``start`` brings it back."""
+    record = cluster.status(directory)
+    process = record.launched[_find(record, component)]
+    was_running = process.alive()
+    process.kill()
     return was_running
 
 

@@ -4,7 +4,11 @@
 how to inject a control-plane fault into it: ``stop`` / ``start`` /
 ``restart`` one component (``restarting``), or ``stopped`` for a block during
 which it is down and after which it runs again, whatever the block raised
-(a shared sandbox must not stay broken for the next test). ``eventually``
+(a shared sandbox must not stay broken for the next test); ``partition``
+for a relay one client reaches the API server through and can be cut off
+by (``partitioning``); ``stalled_write`` to take one of the API server's
+write slots, throttling everyone else on a sandbox with a low
+``max_mutating_requests_inflight`` (``throttling``). ``eventually``
 waits for a cluster to converge. Its bound only turns a hang into a failure
 with a message; it asserts nothing about speed.
 """
@@ -15,9 +19,11 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
-from kmm.sandbox import processes, restarting, state
+from kmm.kube import kubeconfigs
+from kmm.sandbox import partitioning, processes, restarting, state, throttling
 
 __all__ = ["RunningSandbox", "eventually"]
 
@@ -46,6 +52,11 @@ class RunningSandbox:
         False if it was not running."""
         return restarting.stop(self.directory, component)
 
+    def kill(self, component: str) -> bool:
+        """Crash ``component`` (SIGKILL, at once); False if it was not running.
+        Quick enough to call from inside a test's hook, on the event loop."""
+        return restarting.kill(self.directory, component)
+
     async def start(self, component: str, *, timeout: float = 180.0) -> processes.Process:
         """Start a stopped component on its data; return once it is healthy."""
         return await restarting.start(self.directory, component, timeout=timeout)
@@ -63,6 +74,18 @@ class RunningSandbox:
             # The block may have started it itself.
             if not restarting.running(self.directory, component):
                 await self.start(component, timeout=timeout)
+
+    def partition(self) -> partitioning.Partition:
+        """A relay to this sandbox's API server a test can cut (``async with``)."""
+        return partitioning.Partition(self.server)
+
+    def stalled_write(
+        self, namespace: str, *, user: str, answer_wait: float = 2.0
+    ) -> AbstractAsyncContextManager[bool]:
+        """One write slot held for the block by ``user`` (``throttling.stalled_write``)."""
+        return throttling.stalled_write(
+            kubeconfigs.load(self.kubeconfig), namespace, user=user, answer_wait=answer_wait
+        )
 
 
 async def eventually(

@@ -126,6 +126,7 @@ async def test_throttled_waits_for_retry_after_then_succeeds(server: Server) -> 
     assert 0 < clock.sleeps[1] <= 0.5  # no Retry-After: the first backoff step
     assert [s.method for s in server.seen] == ["PATCH"] * 3
     assert api.counter.writes == {("PATCH", "nodes"): 3}
+    assert api.counter.throttled == {("PATCH", "nodes"): 2}
 
 
 async def test_throttled_past_max_attempts_raises_with_retry_after(server: Server) -> None:
@@ -430,3 +431,30 @@ async def test_a_request_waiting_to_retry_holds_no_slot(server: Server) -> None:
         clock.go.set()
         assert (await first)["metadata"]["name"] == "a"
     assert clock.sleeps == [3.0]
+
+
+async def test_a_fence_is_asked_before_every_attempt_and_stops_a_retry(server: Server) -> None:
+    clock = InstantClock()
+    server.script(
+        (429, status(429, "TooManyRequests"), {"Retry-After": "1"}),
+        (200, {"ok": True}),
+    )
+    asked: list[bool] = []
+    allowed = [True, False]  # the lease runs out while the first 429 is waited out
+
+    def fence() -> bool:
+        asked.append(allowed[len(asked)])
+        return asked[-1]
+
+    async with make(server, clock) as api:
+        with pytest.raises(errors.Fenced) as raised:
+            await api.request("PATCH", "/api/v1/nodes/x", body={}, fence=fence)
+        assert "PATCH /api/v1/nodes/x" in str(raised.value)
+        # One attempt went out, was throttled; the retry was never sent.
+        assert [s.method for s in server.seen] == ["PATCH"]
+        assert api.counter.writes == {("PATCH", "nodes"): 1}
+        assert api.counter.throttled == {("PATCH", "nodes"): 1}
+        assert clock.sleeps == [1.0]
+        # Not a retriable API error: the caller must not send it again blindly.
+        assert not isinstance(raised.value, errors.ApiError)
+        assert await api.request("GET", "/api/v1/nodes/x", fence=lambda: True) == {"ok": True}

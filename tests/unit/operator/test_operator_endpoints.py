@@ -37,6 +37,24 @@ def test_handler_errors_are_counted_per_informer_and_method() -> None:
     assert 'kmm_handler_errors_total{informer="pods",method="on_add"} 1.0' in text
 
 
+def test_throttled_requests_and_relists_are_rendered() -> None:
+    counter = counting.RequestCounter()
+    counter.record("PATCH", "/api/v1/nodes/n1")
+    counter.record_throttled("PATCH", "/api/v1/nodes/n1")
+    counter.record("PATCH", "/api/v1/nodes/n1")
+    registry = metrics.OperatorMetrics(
+        counter,
+        leading=lambda: True,
+        cached=dict,
+        relists=lambda: {("nodes", "start"): 1, ("nodes", "gone"): 2},
+    )
+    text = registry.render().decode()
+    assert 'kmm_api_writes_total{resource="nodes",verb="PATCH"} 2.0' in text
+    assert 'kmm_api_throttled_total{resource="nodes",verb="PATCH"} 1.0' in text
+    assert 'kmm_informer_relists_total{informer="nodes",reason="gone"} 2.0' in text
+    assert 'kmm_informer_relists_total{informer="nodes",reason="start"} 1.0' in text
+
+
 async def test_server_serves_routes_until_stopped() -> None:
     ready = [False]
     routes: httpserving.Routes = {

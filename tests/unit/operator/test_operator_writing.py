@@ -16,6 +16,7 @@ import operator_fixtures as fixtures
 import pytest
 from scripted import Server
 
+from kmm.kube import errors
 from kmm.operator import reconciler, writing
 from kmm.runtime import stores
 
@@ -115,3 +116,19 @@ async def test_a_refusal_in_the_cache_gap_writes_one_status_and_one_event(
     cached.modules.put(changed)
     await rec.reconcile("ns/m")
     assert len(server.seen) == 4
+
+
+async def test_a_fenced_writer_sends_nothing_not_even_an_event(
+    writer: tuple[writing.Writer, Server],
+) -> None:
+    write, server = writer
+    write.fence = lambda: False  # the lease may have run out
+    with pytest.raises(errors.Fenced):
+        await write.patch_node_labels(node("10"), {"ready": ""})
+    with pytest.raises(errors.Fenced):
+        await write.apply_daemonset({"metadata": {"name": "ds", "namespace": "ns"}}, None)
+    with pytest.raises(errors.Fenced):  # best effort, but not past the fence
+        await write.create_event({"metadata": {"namespace": "ns"}})
+    assert server.seen == []
+    assert write.api.counter.total_writes == 0
+    assert len(write.pending) == 0  # nothing remembered as in flight

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kmm.aio import clocks
-from kmm.kube import listwatch, resources
+from kmm.kube import listwatch, reflecting, resources
 from kmm.runtime import informers, stores
 
 from . import helpers, wire
@@ -149,6 +149,28 @@ async def test_gone_relists_and_reports_the_difference(conn: wire.Connection, fo
     assert [r.query["resourceVersion"] for r in server.watch_requests()] == ["10", "30"]
     assert recorder.events[2:] == [("delete", "ns/b", "6"), ("add", "ns/c", "20")]
     assert sorted(informer.store.list_keys()) == ["ns/a", "ns/c"]
+    assert informer.relists == {reflecting.START: 1, reflecting.GONE: 1}
+
+
+async def test_an_expired_continue_token_lists_again_in_one_request(
+    conn: wire.Connection,
+) -> None:
+    server = conn.server
+    server.lists.append((200, page([obj("a", "5")], "10", continue_token="tok")))
+    server.lists.append((410, wire.status(410)))  # compaction passed version 10
+    server.lists.append((200, page([obj("a", "5"), obj("b", "12")], "20")))
+    informer, recorder = make(conn, page_size=1)
+    async with running(informer):
+        await informer.wait_synced()
+        await server.wait_until(lambda: len(server.watch_requests()) == 1)
+    first, second, whole = server.list_requests()
+    assert first.query == {"limit": "1"}
+    assert second.query == {"limit": "1", "continue": "tok"}
+    assert whole.query == {}  # no limit, no token: one consistent answer
+    assert server.watch_requests()[0].query["resourceVersion"] == "20"
+    assert sorted(recorder.events) == [("add", "ns/a", "5"), ("add", "ns/b", "12")]
+    assert informer.lists == 1
+    assert informer.relists == {reflecting.START: 1}
 
 
 async def test_dropped_connection_backs_off_then_resumes(conn: wire.Connection) -> None:
@@ -185,6 +207,7 @@ async def test_failed_list_is_retried_with_backoff(conn: wire.Connection) -> Non
         clock.advance(informer.reflector.delays.initial)
         await informer.wait_synced()
     assert informer.lists == 2
+    assert informer.relists == {reflecting.START: 1}  # completed lists only
 
 
 async def test_projection_and_indexes(conn: wire.Connection) -> None:

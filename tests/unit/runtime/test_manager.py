@@ -138,7 +138,8 @@ async def test_controllers_run_only_while_leading_and_stop_releases_the_lease() 
     mgr.add_controller(controller)
     stop = asyncio.Event()
     run = asyncio.ensure_future(mgr.run(stop))
-    await helpers.settle(lambda: clock.pending == 2)
+    # The holder's retry sleep and lease deadline, our retry sleep.
+    await helpers.settle(lambda: clock.pending == 3)
     assert not controller.started.is_set()
     assert informer.has_synced()
 
@@ -175,7 +176,7 @@ async def test_losing_the_lease_stops_controllers_and_raises() -> None:
     await controller.started.wait()
     leases.broken = True
     for _ in range(6):
-        await helpers.settle(lambda: clock.pending == 1 or run.done())
+        await helpers.settle(lambda: clock.pending == 2 or run.done())
         clock.advance(2.0)
     with pytest.raises(manager.LeadershipLost):
         await run
@@ -225,7 +226,7 @@ async def test_a_lost_lease_cancels_leader_work_without_grace() -> None:
     await stubborn.started.wait()
     leases.broken = True
     for _ in range(6):
-        await helpers.settle(lambda: clock.pending == 1 or run.done())
+        await helpers.settle(lambda: clock.pending == 2 or run.done())
         clock.advance(2.0)
     with pytest.raises(manager.LeadershipLost):
         await run

@@ -23,6 +23,13 @@ def test_compaction_interval_in_milliseconds() -> None:
     ]
 
 
+def test_no_watch_cache() -> None:
+    assert _options(watch_cache=False, etcd_compaction_interval=1).apiserver_flags() == [
+        "--etcd-compaction-interval=1000ms",
+        "--watch-cache=false",
+    ]
+
+
 def test_an_inflight_limit_turns_priority_and_fairness_off() -> None:
     assert _options(max_requests_inflight=3).apiserver_flags() == [
         "--max-requests-inflight=3",
