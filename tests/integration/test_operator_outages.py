@@ -11,19 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 import test_operator_support as support
-import test_sandbox_lifecycle as lifecycle
 from kubernetes_asyncio import client
 
 from kmm.api import kernels, labels, modules
-from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import counting, kubeconfigs
 from kmm.kube import errors as kube_errors
@@ -36,19 +32,8 @@ KERNELS = ("6.8.0-45-generic", "6.1.0-27-amd64", "5.14.0-427.el9.x86_64+")
 
 @pytest.fixture(scope="module")
 def crowded() -> Iterator[testing.RunningSandbox]:
-    directory = Path(tempfile.mkdtemp(prefix="ko", dir="/tmp"))
-    options = cluster.Options(
-        directory=directory, cache_dir=paths.cache_dir(), nodes=NODES, kernels=KERNELS
-    )
-    record = asyncio.run(cluster.up(options))
-    try:
-        asyncio.run(support.install_manifests(record.kubeconfig))
-        yield testing.RunningSandbox.of(record, KERNELS)
-    finally:
-        cluster.down(directory)
-        left = lifecycle.processes_mentioning(directory.resolve())
-        shutil.rmtree(directory, ignore_errors=True)
-        assert left == [], f"processes left running: {left}"
+    with support.own_sandbox("ko", nodes=NODES, kernels=KERNELS) as sandbox:
+        yield sandbox
 
 
 @dataclasses.dataclass

@@ -6,7 +6,9 @@
   ``kube.client.Client`` of its own, whose counter tells exactly the writes
   the operator makes;
 - ``selecting``: labels nodes for one test and restores them afterwards
-  (the session sandbox is shared).
+  (the session sandbox is shared);
+- ``own_sandbox``: a sandbox of a test module's own (many nodes, faults),
+  with the manifests, checked to leave no process behind.
 """
 
 from __future__ import annotations
@@ -16,16 +18,19 @@ import contextlib
 import copy
 import dataclasses
 import json
+import shutil
+import tempfile
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import test_sandbox_lifecycle as lifecycle
 from kubernetes_asyncio import client, config
 
 from kmm.api import labels, modules
-from kmm.cli import applying
+from kmm.cli import applying, paths
 from kmm.kube import client as kube_client
 from kmm.kube import counting, kubeconfigs
 from kmm.operator import wiring
@@ -80,6 +85,27 @@ async def install_manifests(kubeconfig: Path) -> None:
                 return
             await asyncio.sleep(0.5)
     raise AssertionError("the CRD or the admission policy from deploy/ never took effect")
+
+
+@contextlib.contextmanager
+def own_sandbox(
+    prefix: str, *, nodes: int, kernels: tuple[str, ...]
+) -> Iterator[testing.RunningSandbox]:
+    """A sandbox of the caller's own under /tmp (short: socket paths), the
+    manifests installed; taken down after, and no process of it left."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    options = cluster.Options(
+        directory=directory, cache_dir=paths.cache_dir(), nodes=nodes, kernels=kernels
+    )
+    record = asyncio.run(cluster.up(options))
+    try:
+        asyncio.run(install_manifests(record.kubeconfig))
+        yield testing.RunningSandbox.of(record, kernels)
+    finally:
+        cluster.down(directory)
+        left = lifecycle.processes_mentioning(directory.resolve())
+        shutil.rmtree(directory, ignore_errors=True)
+        assert left == [], f"processes left running: {left}"
 
 
 def module_body(name: str, selector: dict[str, str], **spec: Any) -> Obj:
