@@ -47,9 +47,10 @@ matches whose NoSchedule/NoExecute taints its pods tolerate, counting the
 tolerations the controller adds to every daemon pod (cordoned nodes
 included); pods keep running under a NoSchedule taint that comes later.
 
-Borrowed from ``kmm.api``: only ``labels`` (names and the label-value
-encoding of kernels and images; DESIGN §4 makes that module the one owner of
-every name). Kernel matching and image expansion are recomputed here, the
+Borrowed from kmm: ``kmm.api.labels`` (names and the label-value encoding
+of kernels and images; DESIGN §4 makes that module the one owner of every
+name) and ``kmm.kube.objects`` (reading a raw object's name and labels).
+Kernel matching and image expansion are recomputed here, the
 regexps with Python's ``re``, which agrees with Go's RE2 on the churn's
 patterns (anchors, ``\\d``, escapes, classes).
 """
@@ -62,6 +63,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from kmm.api import labels
+from kmm.kube import objects
 
 __all__ = ["Expected", "Snapshot", "Wanted", "differences", "expect", "is_ready"]
 
@@ -126,13 +128,8 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return found
 
 
-def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    found: Mapping[str, str] = _meta(obj).get("labels") or {}
-    return found
-
-
-def _name(obj: Mapping[str, Any]) -> str:
-    return str(_meta(obj)["name"])
+_labels = objects.labels
+_name = objects.name
 
 
 def _live(obj: Mapping[str, Any]) -> bool:

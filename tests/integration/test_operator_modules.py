@@ -28,16 +28,13 @@ async def test_three_kernels_three_daemonsets_pods_and_ready_labels(
     name = "three"
     select = f"kmm-test/{namespace}"
     chosen = sandbox.node_names[:3]  # one node per kernel; worker-3 (6.8 again) not selected
-    objects = client.CustomObjectsApi(api_client)
     async with (
         support.selecting(api_client, chosen, select),
         support.operator_in_process(sandbox.kubeconfig) as running,
     ):
-        await objects.create_namespaced_custom_object(
-            modules.GROUP,
-            modules.VERSION,
+        await support.create_module(
+            api_client,
             namespace,
-            modules.PLURAL,
             support.module_body(name, {select: "yes"}),
         )
         await testing.eventually(
@@ -139,9 +136,7 @@ async def test_image_change_selector_change_kernel_change_and_delete(
             support.selecting(api_client, chosen, select),
             support.operator_in_process(sandbox.kubeconfig),
         ):
-            await objects.create_namespaced_custom_object(
-                modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body
-            )
+            await support.create_module(api_client, namespace, body)
             await testing.eventually(
                 lambda: support.converged(api_client, namespace, name, set(chosen)),
                 "loaded on 3 nodes",
@@ -241,11 +236,9 @@ async def test_a_node_no_module_selects_keeps_a_true_kernel_label(
     try:
         async with support.operator_in_process(sandbox.kubeconfig):
             async with support.selecting(api_client, [node], select):
-                await client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-                    modules.GROUP,
-                    modules.VERSION,
+                await support.create_module(
+                    api_client,
                     namespace,
-                    modules.PLURAL,
                     support.module_body(name, {select: "yes"}),
                 )
                 await testing.eventually(
@@ -275,14 +268,11 @@ async def test_noop_resync_and_restart_make_zero_writes(
     name = "still"
     select = f"kmm-test/{namespace}"
     chosen = sandbox.node_names
-    objects = client.CustomObjectsApi(api_client)
     async with support.selecting(api_client, chosen, select):
         async with support.operator_in_process(sandbox.kubeconfig) as first:
-            await objects.create_namespaced_custom_object(
-                modules.GROUP,
-                modules.VERSION,
+            await support.create_module(
+                api_client,
                 namespace,
-                modules.PLURAL,
                 support.module_body(name, {select: "yes"}),
             )
             await testing.eventually(
@@ -323,9 +313,7 @@ async def test_kernel_that_cannot_expand_is_degraded_others_still_load(
             support.selecting(api_client, chosen, select),
             support.operator_in_process(sandbox.kubeconfig),
         ):
-            await client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-                modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body
-            )
+            await support.create_module(api_client, namespace, body)
 
             async def settled() -> bool:
                 module = await support.get_module(api_client, namespace, name)
@@ -372,11 +360,9 @@ async def test_a_fresh_converge_patches_each_node_exactly_twice(
             # test left behind on a shared node, put right).
             await running.wait_idle("started")
             running.counter.reset()
-            await client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-                modules.GROUP,
-                modules.VERSION,
+            await support.create_module(
+                api_client,
                 namespace,
-                modules.PLURAL,
                 support.module_body("fresh", {select: "yes"}),
             )
             await testing.eventually(

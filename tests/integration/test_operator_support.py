@@ -237,6 +237,12 @@ async def loader_daemonsets(api: client.ApiClient, namespace: str) -> list[Any]:
     return sorted(listing.items, key=lambda d: d.metadata.labels[labels.KERNEL_VERSION_FULL])
 
 
+async def create_module(api: client.ApiClient, namespace: str, body: Obj) -> None:
+    await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body
+    )
+
+
 async def get_module(api: client.ApiClient, namespace: str, name: str) -> Obj | None:
     try:
         found: Obj = await client.CustomObjectsApi(api).get_namespaced_custom_object(
