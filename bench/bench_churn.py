@@ -200,7 +200,7 @@ class Latencies:
         return left
 
 
-# -- the floor: the run replayed in etcd's order ---------------------------
+# -- the baseline: the run replayed in etcd's order ------------------------
 
 
 def _relevant(kind: str, obj: Mapping[str, Any]) -> Any:
