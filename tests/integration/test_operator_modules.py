@@ -28,16 +28,13 @@ async def test_three_kernels_three_daemonsets_pods_and_ready_labels(
     name = "three"
     select = f"kmm-test/{namespace}"
     chosen = sandbox.node_names[:3]  # one node per kernel; worker-3 (6.8 again) not selected
-    objects = client.CustomObjectsApi(api_client)
     async with (
         support.selecting(api_client, chosen, select),
         support.operator_in_process(sandbox.kubeconfig) as running,
     ):
-        await objects.create_namespaced_custom_object(
-            modules.GROUP,
-            modules.VERSION,
+        await support.create_module(
+            api_client,
             namespace,
-            modules.PLURAL,
             support.module_body(name, {select: "yes"}),
         )
         await testing.eventually(
@@ -108,6 +105,19 @@ async def _set_kernel(api: client.ApiClient, node: str, kernel: str) -> None:
     )
 
 
+async def _kernel_back(api: client.ApiClient, node: str, kernel: str) -> None:
+    """Set ``node``'s kernel back while the operator runs, and wait for its
+    kernel label to follow: a label left naming another kernel would be put
+    right by the next test's operator, a write that test did not make."""
+    await _set_kernel(api, node, kernel)
+
+    async def follows() -> bool:
+        found = (await support.node_labels(api))[node].get(labels.KERNEL_VERSION_FULL)
+        return found == kernels.node_kernel(kernel)
+
+    await testing.eventually(follows, f"{node}'s kernel label back to {kernel}")
+
+
 def _by_kernel(daemonsets: list[Any]) -> dict[str, Any]:
     return {d.metadata.labels[labels.KERNEL_VERSION_FULL]: d for d in daemonsets}
 
@@ -126,9 +136,7 @@ async def test_image_change_selector_change_kernel_change_and_delete(
             support.selecting(api_client, chosen, select),
             support.operator_in_process(sandbox.kubeconfig),
         ):
-            await objects.create_namespaced_custom_object(
-                modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body
-            )
+            await support.create_module(api_client, namespace, body)
             await testing.eventually(
                 lambda: support.converged(api_client, namespace, name, set(chosen)),
                 "loaded on 3 nodes",
@@ -209,8 +217,49 @@ async def test_image_change_selector_change_kernel_change_and_delete(
 
             # 4. Deleting the Module removes everything it made.
             await support.delete_and_wait_clean(api_client, namespace, name)
+            await _kernel_back(api_client, moved, moved_from)
     finally:
         await _set_kernel(api_client, moved, moved_from)
+
+
+async def test_a_node_no_module_selects_keeps_a_true_kernel_label(
+    sandbox: testing.RunningSandbox, manifests: None, api_client: client.ApiClient, namespace: str
+) -> None:
+    """The churn test's stale label: a node leaves the selector, then reboots
+    into another kernel. Its ``kernel-version.full`` must follow, or the old
+    kernel's DaemonSet would start a wrong loader the moment a selector took
+    the node in again."""
+    name = "left"
+    select = f"kmm-test/{namespace}"
+    node, kernel_from = sandbox.node_names[0], sandbox.kernels[0]
+    kernel_to = sandbox.kernels[1]
+    try:
+        async with support.operator_in_process(sandbox.kubeconfig):
+            async with support.selecting(api_client, [node], select):
+                await support.create_module(
+                    api_client,
+                    namespace,
+                    support.module_body(name, {select: "yes"}),
+                )
+                await testing.eventually(
+                    lambda: support.converged(api_client, namespace, name, {node}), "loaded"
+                )
+
+            async def labelled(key: str, value: str | None) -> bool:
+                return (await support.node_labels(api_client))[node].get(key) == value
+
+            await testing.eventually(
+                lambda: labelled(labels.ready(namespace, name), None), "unloaded"
+            )
+            await _set_kernel(api_client, node, kernel_to)
+            await testing.eventually(
+                lambda: labelled(labels.KERNEL_VERSION_FULL, kernels.node_kernel(kernel_to)),
+                "the kernel label of a node no Module selects",
+            )
+            await support.delete_and_wait_clean(api_client, namespace, name)
+            await _kernel_back(api_client, node, kernel_from)
+    finally:
+        await _set_kernel(api_client, node, kernel_from)
 
 
 async def test_noop_resync_and_restart_make_zero_writes(
@@ -219,14 +268,11 @@ async def test_noop_resync_and_restart_make_zero_writes(
     name = "still"
     select = f"kmm-test/{namespace}"
     chosen = sandbox.node_names
-    objects = client.CustomObjectsApi(api_client)
     async with support.selecting(api_client, chosen, select):
         async with support.operator_in_process(sandbox.kubeconfig) as first:
-            await objects.create_namespaced_custom_object(
-                modules.GROUP,
-                modules.VERSION,
+            await support.create_module(
+                api_client,
                 namespace,
-                modules.PLURAL,
                 support.module_body(name, {select: "yes"}),
             )
             await testing.eventually(
@@ -267,9 +313,7 @@ async def test_kernel_that_cannot_expand_is_degraded_others_still_load(
             support.selecting(api_client, chosen, select),
             support.operator_in_process(sandbox.kubeconfig),
         ):
-            await client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-                modules.GROUP, modules.VERSION, namespace, modules.PLURAL, body
-            )
+            await support.create_module(api_client, namespace, body)
 
             async def settled() -> bool:
                 module = await support.get_module(api_client, namespace, name)
@@ -288,6 +332,7 @@ async def test_kernel_that_cannot_expand_is_degraded_others_still_load(
             assert "weird" in degraded["message"]
             assert len(await support.loader_daemonsets(api_client, namespace)) == 1
             await support.delete_and_wait_clean(api_client, namespace, name)
+            await _kernel_back(api_client, odd, odd_from)
     finally:
         await _set_kernel(api_client, odd, odd_from)
 
@@ -311,11 +356,13 @@ async def test_a_fresh_converge_patches_each_node_exactly_twice(
             support.selecting(api_client, names, select),
             support.operator_in_process(sandbox.kubeconfig) as running,
         ):
-            await client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-                modules.GROUP,
-                modules.VERSION,
+            # What the start writes is not this test's (a label another
+            # test left behind on a shared node, put right).
+            await running.wait_idle("started")
+            running.counter.reset()
+            await support.create_module(
+                api_client,
                 namespace,
-                modules.PLURAL,
                 support.module_body("fresh", {select: "yes"}),
             )
             await testing.eventually(

@@ -32,6 +32,8 @@ With I/O:
 - ``writing``: every API write, and ``Pending`` (writes the cache has not
   shown yet, so a lagging cache causes no repeat);
 - ``reconciler``: the Module reconciler tying the above together;
+- ``nodekernels``: a node-keyed controller keeping ``kernel-version.full``
+  true on nodes no Module's reconcile visits;
 - ``wiring``: informers + controller + manager (``Operator``);
 - ``running``: the process (metrics and probes, served by
   ``kmm.aio.httpserving``); ``metrics`` and ``jsonlogs`` its parts;

@@ -7,6 +7,9 @@ write), and puts everything under one ``runtime.manager.Manager``: informers
 on every replica, the controller only on the leader. ``running`` adds the
 HTTP endpoints and the process lifecycle around it.
 
+A second, small controller keeps ``kernel-version.full`` true on nodes
+that carry it (``nodekernels``), keyed by node name, on the same caches.
+
 ``run`` first asks the API server whether it serves resource.k8s.io/v1
 (DeviceClasses and ResourceClaims). Only then are those two informers
 started; without it DRA Modules report ``ResourceAPIUnavailable`` and
@@ -35,7 +38,7 @@ from typing import Any
 from kmm.aio import backoff
 from kmm.api import modules
 from kmm.kube import client, errors, listwatch, objects, resources
-from kmm.operator import caches, reconciler, writing
+from kmm.operator import caches, nodekernels, reconciler, writing
 from kmm.runtime import (
     controllers,
     handlers,
@@ -255,6 +258,17 @@ class Operator:
                 enqueue, lambda claim: caches.modules_of_claim(claim, modules_store)
             ),
         )
+        # kernel-version.full on nodes no Module visits (``nodekernels``).
+        self.kernel_labels = Counting(
+            nodekernels.NodeKernelReconciler(self.nodes.store, self.writer)
+        )
+        self.kernel_controller = controllers.Controller(
+            "node-kernel", self.kernel_labels, metrics=metrics
+        )
+        requeueing(
+            self.nodes,
+            handlers.enqueue_mapped(self.kernel_controller.enqueue, nodekernels.node_keys),
+        )
         self.resyncer = resyncing.Resync(
             "resync/modules", modules_store.list_keys, enqueue, period=resync_period
         )
@@ -276,6 +290,7 @@ class Operator:
         for informer in (self.modules, self.daemonsets, self.pods, self.nodes):
             self.manager.add_informer(informer)
         self.manager.add_controller(self.controller)
+        self.manager.add_controller(self.kernel_controller)
         self.manager.add(self.resyncer, leader_only=True)
 
     def leading(self) -> bool:
@@ -308,8 +323,13 @@ class Operator:
 
     def idle(self) -> bool:
         """Nothing queued, delayed or running (tests wait for this, then count writes)."""
-        queue = self.controller.queue
-        return len(queue) == 0 and queue.delayed == 0 and self.counting.in_flight == 0
+        return all(
+            len(controller.queue) == 0 and controller.queue.delayed == 0 and count.in_flight == 0
+            for controller, count in (
+                (self.controller, self.counting),
+                (self.kernel_controller, self.kernel_labels),
+            )
+        )
 
     def resync(self) -> None:
         """Enqueue every Module now: one round of the periodic resync."""

@@ -91,6 +91,17 @@ def class_key(name: str) -> str:
 
 # A create's result is in flight until the cache shows the object at all.
 _ABSENT = "0"
+# A delete's result is in flight until the cache shows the object gone.
+_GONE = str(2**63)
+
+
+def _deleting(observed: RawObject) -> str:
+    """The ``Pending`` part of a delete: per object (uid), not per name. The
+    cache may show the delete before the call returns, so no event clears
+    what the call records; an object made again under that name has another
+    uid, and its delete is a new write (the churn test's orphan DaemonSet)."""
+    uid = (observed.get("metadata") or {}).get("uid")
+    return f"delete {uid}" if uid else "delete"
 
 
 def _timeless(body: object) -> object:
@@ -141,7 +152,8 @@ class Writer:
     async def delete_daemonset(self, namespace: str, name: str, observed: RawObject) -> bool:
         """Delete (background propagation: the garbage collector takes the pods)."""
         key = f"{namespace}/{name}"
-        if self.pending.in_flight(key, "delete", objects.resource_version(observed), None):
+        part = _deleting(observed)
+        if self.pending.in_flight(key, part, objects.resource_version(observed), None):
             return False
         try:
             await self.api.request(
@@ -153,8 +165,7 @@ class Writer:
             deleted = True
         except errors.NotFound:
             deleted = False
-        # Gone only when the cache says so (its DELETED event).
-        self.pending.sent(key, "delete", None, str(2**63))
+        self.pending.sent(key, part, None, _GONE)
         return deleted
 
     async def create_device_class(self, desired: RawObject) -> bool:
@@ -193,7 +204,8 @@ class Writer:
     async def delete_device_class(self, name: str, observed: RawObject) -> bool:
         """Delete, guarded by the observed uid (never someone's class of the same name)."""
         key = class_key(name)
-        if self.pending.in_flight(key, "delete", objects.resource_version(observed), None):
+        part = _deleting(observed)
+        if self.pending.in_flight(key, part, objects.resource_version(observed), None):
             return False
         uid = (observed.get("metadata") or {}).get("uid")
         try:
@@ -208,7 +220,7 @@ class Writer:
             deleted = True
         except (errors.NotFound, errors.Conflict):
             deleted = False  # gone, or replaced by another object of that name
-        self.pending.sent(key, "delete", None, str(2**63))
+        self.pending.sent(key, part, None, _GONE)
         return deleted
 
     async def patch_node_labels(self, node: RawObject, change: dict[str, str | None]) -> bool:

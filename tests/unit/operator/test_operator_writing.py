@@ -132,3 +132,24 @@ async def test_a_fenced_writer_sends_nothing_not_even_an_event(
     assert server.seen == []
     assert write.api.counter.total_writes == 0
     assert len(write.pending) == 0  # nothing remembered as in flight
+
+
+async def test_a_daemonset_deleted_again_after_being_made_again_is_deleted_again(
+    writer: tuple[writing.Writer, Server],
+) -> None:
+    """The churn's orphan device-plugin DaemonSet: the cache may show a delete
+    (its DELETED event) before the DELETE call returns, so no later event
+    clears what the call leaves in flight. The same name made again (the
+    device plugin switched on again) is another object, and switching it off
+    must delete it."""
+    write, server = writer
+    ok = {"kind": "Status", "status": "Success"}
+    server.script((200, ok), (200, ok))
+    first = {"metadata": {"name": "ds", "namespace": "ns", "uid": "u1", "resourceVersion": "5"}}
+    assert await write.delete_daemonset("ns", "ds", first)
+    # While the cache still shows the object deleted, no second DELETE.
+    assert not await write.delete_daemonset("ns", "ds", first)
+    again = {"metadata": {"name": "ds", "namespace": "ns", "uid": "u2", "resourceVersion": "9"}}
+    write.pending.seen("ns/ds", "9")  # its ADDED event
+    assert await write.delete_daemonset("ns", "ds", again)
+    assert [s.method for s in server.seen] == ["DELETE", "DELETE"]
