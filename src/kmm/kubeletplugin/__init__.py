@@ -12,7 +12,8 @@ by its owner's ``Policy``. It never imports ``kmm.operator`` or
 - ``claimcache``   the ResourceClaim informer (``ClaimCache``, ``StaticClaims``)
 - ``claims``       ids, raw claim payloads, ``claim_configs``
 - ``cdi``          CDI spec files, ``claim_of_cdi_device``, ``container_claims``
-- ``checkpointing`` the two-phase checkpoint
+- ``checkpointing`` the two-phase checkpoint: a snapshot and a journal
+- ``journaling``   the journal's lines, what a crash leaves of them
 - ``files``, ``errors``  atomic writes, the error tree
 
 API access is ``kmm.kube`` (a ``kube.client.Client``, whose request counter
