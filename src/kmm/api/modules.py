@@ -90,6 +90,15 @@ _PARENT_COMPONENT = r"(^|/)\.\.(/|$)"
 
 PassThroughObject = Annotated[dict[str, Any], cel.PassThrough()]
 
+_MODULE_NAME_OR_RAW_ARGS_MESSAGE = "moduleName is required unless rawArgs is set"
+_RAW_ARGS_BOTH_MESSAGE = (
+    "rawArgs.load and rawArgs.unload must both be set when moduleName is unset: "
+    "modprobe runs rawArgs.load to load the module and rawArgs.unload to unload it"
+)
+_RAW_ARGS_WITH_MODULE_NAME_MESSAGE = (
+    "rawArgs cannot be set when moduleName is set: use parameters and args with moduleName, "
+    "or rawArgs alone"
+)
 VERSION_TRANSITION_MESSAGE = (
     "version may not be added to or removed from an existing Module: "
     "delete the Module and create it again with or without a version"
@@ -228,21 +237,43 @@ class RegistryTLS(_Model):
     insecure_skip_tls_verify: bool | None = Field(default=None, alias="insecureSkipTLSVerify")
 
 
+# KMM's ModprobeArgs lists carry MinItems=1: an empty list is refused, so
+# "set" and "non-empty" are one test (``has``) in the rules below.
+_ModprobeArgList = Annotated[list[str], Field(min_length=1)]
+
+
 class ModprobeArgs(_Model):
     """Arguments for ``modprobe`` on load and unload."""
 
-    load: list[str] | None = None
-    unload: list[str] | None = None
+    load: _ModprobeArgList | None = None
+    unload: _ModprobeArgList | None = None
 
 
 class ModprobeSpec(_Model):
     """How the loader pod runs ``modprobe``."""
 
+    # KMM's webhook rules (moduleName xor rawArgs; rawArgs needs both lists),
+    # with its messages: the loader runs rawArgs.load on load and
+    # rawArgs.unload on unload, so a half-set rawArgs could load a module it
+    # can never unload. An empty ``rawArgs: {}`` beside moduleName says nothing
+    # and KMM accepts it; so does kmm.
     cel_rules: ClassVar[tuple[cel.Rule, ...]] = (
         cel.Rule(
             "has(self.moduleName) || has(self.rawArgs)",
-            "moduleName is required unless rawArgs is set",
+            _MODULE_NAME_OR_RAW_ARGS_MESSAGE,
             ".moduleName",
+        ),
+        cel.Rule(
+            "has(self.moduleName) || !has(self.rawArgs) || "
+            "(has(self.rawArgs.load) && has(self.rawArgs.unload))",
+            _RAW_ARGS_BOTH_MESSAGE,
+            ".rawArgs",
+        ),
+        cel.Rule(
+            "!has(self.moduleName) || !has(self.rawArgs) || "
+            "(!has(self.rawArgs.load) && !has(self.rawArgs.unload))",
+            _RAW_ARGS_WITH_MODULE_NAME_MESSAGE,
+            ".rawArgs",
         ),
         cel.Rule(
             "!has(self.modulesLoadingOrder) || "
@@ -270,8 +301,13 @@ class ModprobeSpec(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> ModprobeSpec:
-        if self.module_name is None and self.raw_args is None:
-            raise ValueError("moduleName is required unless rawArgs is set")
+        raw = self.raw_args
+        if self.module_name is None and raw is None:
+            raise ValueError(_MODULE_NAME_OR_RAW_ARGS_MESSAGE)
+        if self.module_name is None and raw is not None and not (raw.load and raw.unload):
+            raise ValueError(_RAW_ARGS_BOTH_MESSAGE)
+        if self.module_name is not None and raw is not None and (raw.load or raw.unload):
+            raise ValueError(_RAW_ARGS_WITH_MODULE_NAME_MESSAGE)
         order = self.modules_loading_order
         if order is not None:
             if order[0] != self.module_name:

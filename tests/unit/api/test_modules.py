@@ -64,6 +64,13 @@ def test_valid_manifests_are_accepted_unchanged(obj: Obj) -> None:
     assert _dump(module) == obj
 
 
+def test_empty_raw_args_beside_module_name_is_accepted(upstream_style: Obj) -> None:
+    """KMM accepts it (its webhook counts only non-empty rawArgs lists); it asks nothing."""
+    _loader(upstream_style)["modprobe"]["rawArgs"] = {}
+    module = validation.parse_module(copy.deepcopy(upstream_style))
+    assert _dump(module) == upstream_style
+
+
 def test_upstream_style_manifest_is_accepted_unchanged(upstream_style: Obj) -> None:
     obj = upstream_style
     module = validation.parse_module(copy.deepcopy(obj))
@@ -162,6 +169,48 @@ INVALID: list[tuple[str, Callable[[Obj], None], str, str]] = [
         _set(f"{_ML}.modprobe.moduleName", _DELETE),
         "spec.moduleLoader.container.modprobe",
         "moduleName is required unless rawArgs",
+    ),
+    (
+        "raw-args-load-only",
+        _set(f"{_ML}.modprobe", {"rawArgs": {"load": ["-v", "x"]}}),
+        "spec.moduleLoader.container.modprobe",
+        "rawArgs.load and rawArgs.unload must both be set when moduleName is unset",
+    ),
+    (
+        "raw-args-unload-only",
+        _set(f"{_ML}.modprobe", {"rawArgs": {"unload": ["-rv", "x"]}}),
+        "spec.moduleLoader.container.modprobe",
+        "rawArgs.load and rawArgs.unload must both be set when moduleName is unset",
+    ),
+    (
+        "raw-args-empty",
+        _set(f"{_ML}.modprobe", {"rawArgs": {}}),
+        "spec.moduleLoader.container.modprobe",
+        "rawArgs.load and rawArgs.unload must both be set when moduleName is unset",
+    ),
+    (
+        "raw-args-empty-lists",
+        _set(f"{_ML}.modprobe", {"rawArgs": {"load": [], "unload": ["-rv", "x"]}}),
+        "spec.moduleLoader.container.modprobe.rawArgs.load",
+        "at least 1 item",
+    ),
+    (
+        "args-empty-list",
+        _set(f"{_ML}.modprobe.args", {"unload": []}),
+        "spec.moduleLoader.container.modprobe.args.unload",
+        "at least 1 item",
+    ),
+    (
+        "raw-args-with-module-name",
+        _set(f"{_ML}.modprobe.rawArgs", {"load": ["-v", "x"], "unload": ["-rv", "x"]}),
+        "spec.moduleLoader.container.modprobe",
+        "rawArgs cannot be set when moduleName is set",
+    ),
+    (
+        "raw-args-unload-with-module-name",
+        _set(f"{_ML}.modprobe.rawArgs", {"unload": ["-rv", "x"]}),
+        "spec.moduleLoader.container.modprobe",
+        "rawArgs cannot be set when moduleName is set",
     ),
     (
         "loading-order-too-short",

@@ -7,7 +7,7 @@ from typing import Any
 import operator_fixtures as fixtures
 import pytest
 
-from kmm.api import kernels, labels
+from kmm.api import kernels, labels, modules
 from kmm.operator import devicepluginbuilders, loaderbuilders, objects
 
 
@@ -100,6 +100,26 @@ def test_modprobe_commands(modprobe: dict[str, Any], load: str, unload: str) -> 
     lifecycle = ds["spec"]["template"]["spec"]["containers"][0]["lifecycle"]
     assert lifecycle["postStart"]["exec"]["command"][-1] == load
     assert lifecycle["preStop"]["exec"]["command"][-1] == unload
+
+
+@pytest.mark.parametrize(
+    "raw_args",
+    [None, {"load": ["-v", "y"]}, {"unload": ["-rv", "y"]}, {"load": [], "unload": []}],
+)
+def test_modprobe_commands_refuse_a_spec_without_module_name_or_both_raw_args(
+    raw_args: dict[str, Any] | None,
+) -> None:
+    """Validation refuses these; the builder says so with an error too, not an
+    ``assert`` that ``python -O`` strips (it would then run a bare ``modprobe``)."""
+    modprobe = modules.ModprobeSpec.model_construct(
+        module_name=None,
+        raw_args=None if raw_args is None else modules.ModprobeArgs.model_construct(**raw_args),
+    )
+    target = _target("6.1.0-27-amd64")
+    with pytest.raises(ValueError, match=r"rawArgs\.load and rawArgs\.unload must both be set"):
+        loaderbuilders.load_commands(modprobe, target)
+    with pytest.raises(ValueError, match=r"rawArgs\.load and rawArgs\.unload must both be set"):
+        loaderbuilders.unload_commands(modprobe)
 
 
 def test_in_tree_modules_removed_first() -> None:
