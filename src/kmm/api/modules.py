@@ -156,6 +156,22 @@ Image = Annotated[
         f"may only use the variables {', '.join(formats.IMAGE_VARIABLES)}",
     ),
 ]
+# Device-plugin and DRA images go to the pod as written (KMM expands
+# variables only in kernel-mapping images); a variable would never be pulled.
+PlainImage = Annotated[
+    str,
+    Field(min_length=1, max_length=_MAX_IMAGE),
+    _checked(formats.plain_image_error),
+    cel.Rule(
+        f"!self.matches({formats.VARIABLE_CHARACTERS_PATTERN!r})",
+        f"may not use variables ({', '.join(formats.IMAGE_VARIABLES)}): "
+        "they are expanded only in moduleLoader images",
+    ),
+    cel.Rule(
+        f"self.matches({formats.IMAGE_PATTERN!r})",
+        "must name an explicit tag (name:tag) or digest (name@sha256:...)",
+    ),
+]
 DnsSubdomain = Annotated[
     str,
     Field(min_length=1, max_length=253),
@@ -403,7 +419,7 @@ class ModuleLoaderSpec(_Model):
 class ContainerSpec(_Model):
     """A device-plugin or DRA driver container (KMM's DevicePluginContainerSpec)."""
 
-    image: Image
+    image: PlainImage
     command: list[str] | None = None
     args: list[str] | None = None
     env: list[PassThroughObject] | None = None

@@ -165,6 +165,18 @@ INVALID: list[tuple[str, Callable[[Obj], None], str, str]] = [
         "explicit tag",
     ),
     (
+        "device-plugin-image-variable",
+        _set("spec.devicePlugin.container.image", "r/$MOD_NAME:1"),
+        "spec.devicePlugin.container.image",
+        "may not use variables",
+    ),
+    (
+        "device-plugin-init-image-variable",
+        _set("spec.devicePlugin.initContainer.image", "r/init:${KERNEL_FULL_VERSION}"),
+        "spec.devicePlugin.initContainer.image",
+        "may not use variables",
+    ),
+    (
         "module-name-missing",
         _set(f"{_ML}.modprobe.moduleName", _DELETE),
         "spec.moduleLoader.container.modprobe",
@@ -296,6 +308,18 @@ def _dra_module() -> Obj:
 
 
 INVALID_DRA: list[tuple[str, Callable[[Obj], None], str, str]] = [
+    (
+        "dra-image-variable",
+        _set("spec.dra.container.image", "r/driver:${KERNEL_XYZ}"),
+        "spec.dra.container.image",
+        "may not use variables",
+    ),
+    (
+        "dra-init-image-variable",
+        _set("spec.dra.initContainer", {"image": "r/${MOD_NAMESPACE}/init:1"}),
+        "spec.dra.initContainer.image",
+        "may not use variables",
+    ),
     (
         "driver-name-not-dns",
         _set("spec.dra.driverName", "Not_DNS"),
