@@ -501,6 +501,8 @@ class DevicePluginSpec(_Model):
     init_container: ContainerSpec | None = None
     service_account_name: str | None = None
     volumes: DevicePluginVolumes | None = None
+    # KMM's: false keeps the service account token out of the pod.
+    automount_service_account_token: bool | None = None
 
 
 class CELDeviceSelector(_Model):
@@ -544,6 +546,7 @@ class DraSpec(_Model):
     init_container: ContainerSpec | None = None
     service_account_name: str | None = None
     volumes: DraVolumes | None = None
+    automount_service_account_token: bool | None = None
     device_classes: (
         Annotated[
             list[DeviceClassSpec],

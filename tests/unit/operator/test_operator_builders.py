@@ -1,4 +1,4 @@
-"""Loader and device-plugin DaemonSet builders (pure, table-driven)."""
+"""Loader, device-plugin and DRA DaemonSet builders (pure, table-driven)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import operator_fixtures as fixtures
 import pytest
 
-from kmm.api import kernels, labels, modules
-from kmm.operator import devicepluginbuilders, loaderbuilders, objects
+from kmm.api import examples, kernels, labels, modules, validation
+from kmm.operator import devicepluginbuilders, drabuilders, loaderbuilders, objects
 
 
 def _target(kernel: str, raw: dict[str, Any] | None = None) -> kernels.Target:
@@ -155,3 +155,32 @@ def test_device_plugin_selects_ready_label_or_selector(
     assert ds["spec"]["template"]["spec"]["nodeSelector"] == selector
     assert ds["metadata"]["labels"][labels.ROLE] == "device-plugin"
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "r.io/plugin:1"
+
+
+def _device_plugin_pod(**plugin: Any) -> dict[str, Any]:
+    raw = fixtures.module_raw(devicePlugin={"container": {"image": "r.io/plugin:1"}, **plugin})
+    spec: dict[str, Any] = devicepluginbuilders.daemonset(fixtures.module(raw))["spec"]["template"][
+        "spec"
+    ]
+    return spec
+
+
+def _dra_pod(**dra: Any) -> dict[str, Any]:
+    raw = examples.dra_module()
+    raw["spec"]["dra"].update(dra)
+    spec: dict[str, Any] = drabuilders.daemonset(validation.parse_module(raw))["spec"]["template"][
+        "spec"
+    ]
+    return spec
+
+
+@pytest.mark.parametrize("build", [_device_plugin_pod, _dra_pod], ids=["device-plugin", "dra"])
+@pytest.mark.parametrize(("automount", "expected"), [(False, False), (True, True), (None, None)])
+def test_automount_service_account_token_reaches_the_pod(
+    build: Any, automount: bool | None, expected: bool | None
+) -> None:
+    """KMM's field, carried as is; unset, the pod spec leaves it to the service account."""
+    fields = {} if automount is None else {"automountServiceAccountToken": automount}
+    spec = build(**fields)
+    assert spec.get("automountServiceAccountToken") == expected
+    assert ("automountServiceAccountToken" in spec) is (expected is not None)
