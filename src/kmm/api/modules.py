@@ -244,8 +244,9 @@ class LocalObjectReference(_K8sModel):
 
 
 class RegistryTLS(_Model):
-    """KMM's registry TLS options. Accepted for compatibility; kmm itself never
-    contacts a registry (the kubelet pulls images), so they change nothing."""
+    """KMM's registry TLS options: accepted for compatibility, with no effect yet
+    (admission warns when one is set). kmm never contacts a registry; the kubelet
+    pulls images as its container runtime's registry configuration says."""
 
     model_config = ConfigDict(alias_generator=None)
 

@@ -71,6 +71,16 @@ def test_empty_raw_args_beside_module_name_is_accepted(upstream_style: Obj) -> N
     assert _dump(module) == upstream_style
 
 
+def test_registry_tls_set_at_both_levels_is_accepted(upstream_style: Obj) -> None:
+    """It has no effect yet (admission warns); the operator's validation must
+    not refuse it, or the Module would go Degraded for a warning."""
+    tls = {"insecure": True, "insecureSkipTLSVerify": True}
+    _loader(upstream_style)["registryTLS"] = tls
+    _loader(upstream_style)["kernelMappings"][0]["registryTLS"] = tls
+    module = validation.parse_module(copy.deepcopy(upstream_style))
+    assert _dump(module) == upstream_style
+
+
 def test_upstream_style_manifest_is_accepted_unchanged(upstream_style: Obj) -> None:
     obj = upstream_style
     module = validation.parse_module(copy.deepcopy(obj))
