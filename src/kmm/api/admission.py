@@ -1,4 +1,5 @@
-"""The ValidatingAdmissionPolicy (and binding) for what the CRD schema cannot say.
+"""The ValidatingAdmissionPolicies (and bindings): what the CRD schema cannot
+say, and warnings for the KMM fields that have no effect in kmm.
 
 A CRD rule sees only the object; the namespace of a create request is not in
 its reach, so "namespace + name short enough that every derived label fits in
