@@ -127,6 +127,18 @@ def test_cross_field_rules_are_present() -> None:
     assert any(r.startswith("self.matches('^[^\\\\s@]") for r in rules)
 
 
+def test_registry_tls_is_explained_as_having_no_effect() -> None:
+    """What ``kubectl explain`` shows for both registryTLS fields."""
+    found = {
+        path: node["description"] for path, node in _walk(_root()) if path.endswith(".registryTLS")
+    }
+    assert sorted(found) == [
+        ".spec.moduleLoader.container.kernelMappings[].registryTLS",
+        ".spec.moduleLoader.container.registryTLS",
+    ]
+    assert all("no effect yet (admission warns" in text for text in found.values()), found
+
+
 def test_status_subresource_and_columns() -> None:
     version = crd.render()["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
