@@ -48,19 +48,21 @@ async def install(api: client.ApiClient) -> None:
         crd.render(),
     )
     registration = client.AdmissionregistrationV1Api(api)
-    policy, binding = admission.render()
-    await _create_or_replace(
-        registration.create_validating_admission_policy,
-        registration.read_validating_admission_policy,
-        registration.replace_validating_admission_policy,
-        policy,
-    )
-    await _create_or_replace(
-        registration.create_validating_admission_policy_binding,
-        registration.read_validating_admission_policy_binding,
-        registration.replace_validating_admission_policy_binding,
-        binding,
-    )
+    for obj in admission.render():
+        if obj["kind"] == "ValidatingAdmissionPolicy":
+            await _create_or_replace(
+                registration.create_validating_admission_policy,
+                registration.read_validating_admission_policy,
+                registration.replace_validating_admission_policy,
+                obj,
+            )
+        else:
+            await _create_or_replace(
+                registration.create_validating_admission_policy_binding,
+                registration.read_validating_admission_policy_binding,
+                registration.replace_validating_admission_policy_binding,
+                obj,
+            )
     # The CRD serves once Established; the policy bites once its informer has
     # it. Probe with a Module only the policy refuses.
     too_long = "n" * labels.MAX_NAME_AND_NAMESPACE
@@ -88,6 +90,26 @@ async def refusal(api: client.ApiClient, namespace: str, obj: Obj) -> str | None
     return None
 
 
+async def create_with_warnings(
+    api: client.ApiClient, namespace: str, obj: Obj, *, dry_run: bool = False
+) -> list[str]:
+    """Create ``obj``; the Warning headers of the apiserver's answer."""
+    body = copy.deepcopy(obj)
+    body["metadata"]["namespace"] = namespace
+    _stored, _status, headers = await client.CustomObjectsApi(
+        api
+    ).create_namespaced_custom_object_with_http_info(
+        modules.GROUP,
+        modules.VERSION,
+        namespace,
+        modules.PLURAL,
+        body,
+        **({"dry_run": "All"} if dry_run else {}),
+    )
+    found: list[str] = headers.getall("Warning", [])
+    return found
+
+
 def _mappings(obj: Obj) -> list[Obj]:
     found: list[Obj] = obj["spec"]["moduleLoader"]["container"]["kernelMappings"]
     return found
@@ -95,6 +117,17 @@ def _mappings(obj: Obj) -> list[Obj]:
 
 def _regexp(value: str) -> Callable[[Obj], None]:
     return lambda obj: _mappings(obj)[1].__setitem__("regexp", value)
+
+
+def _modprobe(value: Obj) -> Callable[[Obj], None]:
+    return lambda obj: obj["spec"]["moduleLoader"]["container"].__setitem__("modprobe", value)
+
+
+def _dra_image(field: str, image: str) -> Callable[[Obj], None]:
+    return lambda obj: obj["spec"]["dra"].__setitem__(field, {"image": image})
+
+
+_BOTH_RAW_ARGS = ("modprobe.rawArgs", "rawArgs.load and rawArgs.unload must both be set")
 
 
 CASES: list[tuple[str, Callable[[Obj], None], tuple[str, ...]]] = [
@@ -154,6 +187,47 @@ CASES: list[tuple[str, Callable[[Obj], None], tuple[str, ...]]] = [
         ),
         ("spec.devicePlugin.volumes[0].hostPath.path", "/dev, /sys, /var, /opt, /run"),
     ),
+    ("raw-args-load-only", _modprobe({"rawArgs": {"load": ["-v", "x"]}}), _BOTH_RAW_ARGS),
+    ("raw-args-unload-only", _modprobe({"rawArgs": {"unload": ["-rv", "x"]}}), _BOTH_RAW_ARGS),
+    ("raw-args-empty", _modprobe({"rawArgs": {}}), _BOTH_RAW_ARGS),
+    (
+        "raw-args-empty-list",
+        _modprobe({"rawArgs": {"load": [], "unload": ["-rv", "x"]}}),
+        ("modprobe.rawArgs.load", "at least 1 item"),
+    ),
+    (
+        "raw-args-with-module-name",
+        _modprobe({"moduleName": "x", "rawArgs": {"load": ["x"], "unload": ["-r", "x"]}}),
+        ("modprobe.rawArgs", "rawArgs cannot be set when moduleName is set"),
+    ),
+    (
+        "dra-image-variable",
+        _dra_image("container", "r/driver:${KERNEL_FULL_VERSION}"),
+        ("spec.dra.container.image", "may not use variables"),
+    ),
+    (
+        "dra-init-image-variable",
+        _dra_image("initContainer", "r/$MOD_NAME:1"),
+        ("spec.dra.initContainer.image", "may not use variables"),
+    ),
+    (
+        "device-plugin-image-variable",
+        lambda obj: obj["spec"].update(
+            dra=None, devicePlugin={"container": {"image": "r/${MOD_NAMESPACE}:1"}}
+        ),
+        ("spec.devicePlugin.container.image", "may not use variables"),
+    ),
+    (
+        "device-plugin-init-image-variable",
+        lambda obj: obj["spec"].update(
+            dra=None,
+            devicePlugin={
+                "container": {"image": "r/plugin:1"},
+                "initContainer": {"image": "r/init:$KERNEL_XYZ"},
+            },
+        ),
+        ("spec.devicePlugin.initContainer.image", "may not use variables"),
+    ),
     (
         "dra-volume-name-reserved",
         lambda obj: obj["spec"]["dra"].__setitem__("volumes", [{"name": "cdi", "emptyDir": {}}]),
@@ -193,6 +267,56 @@ async def test_example_module_is_stored_unchanged(
         modules.GROUP, modules.VERSION, namespace, modules.PLURAL, obj
     )
     assert stored["spec"] == obj["spec"]
+
+
+async def test_registry_tls_is_admitted_with_a_warning_naming_it(
+    api_client: client.ApiClient, namespace: str
+) -> None:
+    await install(api_client)
+    obj = examples.module(name=f"m-{uuid.uuid4().hex[:6]}")
+    _mappings(obj)[0]["registryTLS"] = {"insecure": True}
+    obj["spec"]["moduleLoader"]["container"]["registryTLS"] = {"insecureSkipTLSVerify": False}
+    # The warnings policy bites once the apiserver's policy informer has it
+    # (install waited for the refusing one only): dry runs until it answers.
+    for _ in range(120):
+        if await create_with_warnings(api_client, namespace, obj, dry_run=True):
+            break
+        await asyncio.sleep(0.5)
+    found = await create_with_warnings(api_client, namespace, obj)
+    assert len(found) == 2, found
+    assert "spec.moduleLoader.container.registryTLS has no effect" in found[0] + found[1]
+    assert "kernelMappings[].registryTLS has no effect" in found[0] + found[1]
+    stored = await client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, obj["metadata"]["name"]
+    )
+    assert stored["spec"] == obj["spec"]
+    # The operator's own validation (DESIGN §3: it repeats admission) takes it too.
+    validation.parse_module(stored)
+    # KMM ignores parameters and args beside rawArgs; kmm does too, and says so.
+    raw = examples.module(name=f"m-{uuid.uuid4().hex[:6]}")
+    _modprobe({"rawArgs": {"load": ["x"], "unload": ["-r", "x"]}, "parameters": ["a=1"]})(raw)
+    [ignored] = await create_with_warnings(api_client, namespace, raw, dry_run=True)
+    assert "spec.moduleLoader.container.modprobe.parameters" in ignored, ignored
+    assert "have no effect with rawArgs" in ignored, ignored
+
+
+async def test_a_module_without_no_effect_fields_gets_no_warning(
+    api_client: client.ApiClient, namespace: str
+) -> None:
+    """The control: the example (and an empty registryTLS, which KMM's Go
+    client writes for its unset struct) draws no warning, once warnings flow."""
+    await install(api_client)
+    noisy = examples.module(name=f"m-{uuid.uuid4().hex[:6]}")
+    _mappings(noisy)[0]["registryTLS"] = {"insecure": False}
+    for _ in range(120):
+        if await create_with_warnings(api_client, namespace, noisy, dry_run=True):
+            break
+        await asyncio.sleep(0.5)
+    else:
+        raise AssertionError("the warnings policy never took effect")
+    quiet = examples.module(name=f"m-{uuid.uuid4().hex[:6]}")
+    quiet["spec"]["moduleLoader"]["container"]["registryTLS"] = {}
+    assert await create_with_warnings(api_client, namespace, quiet) == []
 
 
 _REGEXP_PATH = "spec.moduleLoader.container.kernelMappings[1].regexp"

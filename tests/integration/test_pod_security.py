@@ -82,11 +82,17 @@ def _module_workloads() -> dict[str, dict[str, Any]]:
     assert target is not None
     plugin_raw = examples.module(namespace="pss")
     plugin_raw["spec"].pop("dra", None)
-    plugin_raw["spec"]["devicePlugin"] = {"container": {"image": "example.com/plugin:1"}}
+    # With init containers: they run privileged too (KMM's), judged here as well.
+    plugin_raw["spec"]["devicePlugin"] = {
+        "container": {"image": "example.com/plugin:1"},
+        "initContainer": {"image": "example.com/plugin-init:1"},
+    }
+    dra_raw = examples.dra_module(namespace="pss")
+    dra_raw["spec"]["dra"]["initContainer"] = {"image": "example.com/driver-init:1"}
     return {
         "module-loader": loaderbuilders.daemonset(loader, target),
         "device-plugin": devicepluginbuilders.daemonset(validation.parse_module(plugin_raw)),
-        "dra": drabuilders.daemonset(validation.parse_module(examples.dra_module(namespace="pss"))),
+        "dra": drabuilders.daemonset(validation.parse_module(dra_raw)),
     }
 
 

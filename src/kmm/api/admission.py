@@ -1,4 +1,5 @@
-"""The ValidatingAdmissionPolicy (and binding) for what the CRD schema cannot say.
+"""The ValidatingAdmissionPolicies (and bindings): what the CRD schema cannot
+say, and warnings for the KMM fields that have no effect in kmm.
 
 A CRD rule sees only the object; the namespace of a create request is not in
 its reach, so "namespace + name short enough that every derived label fits in
@@ -15,19 +16,88 @@ What is *not* here, and why:
 - ``build`` / ``sign`` are refused by CRD rules: pruning removes undeclared
   fields before any admission policy runs, so the CRD declares them.
 
+A second policy, bound with ``validationActions: [Warn]``, never refuses: it
+answers with a Warning header (kubectl prints it) for a KMM field kmm accepts
+but that has no effect, so a KMM manifest still applies and its author hears
+what kmm will not do (DESIGN §3: accepted with an admission warning, never
+silently ignored). A binding's actions hold for every validation of its
+policy, hence two policies rather than one.
+
 ``deploy/admission/`` holds the committed rendering; a unit test keeps them equal.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from kmm.api import labels, modules
 
-__all__ = ["BINDING_NAME", "POLICY_NAME", "name_length_expression", "render"]
+__all__ = [
+    "BINDING_NAME",
+    "POLICY_NAME",
+    "WARNINGS_BINDING_NAME",
+    "WARNINGS_POLICY_NAME",
+    "NoEffect",
+    "name_length_expression",
+    "render",
+    "warnings",
+]
 
 POLICY_NAME = f"{modules.PLURAL}.{modules.GROUP}"
 BINDING_NAME = POLICY_NAME
+WARNINGS_POLICY_NAME = f"warnings.{POLICY_NAME}"
+WARNINGS_BINDING_NAME = WARNINGS_POLICY_NAME
+
+_LOADER = "object.spec.moduleLoader"
+_CONTAINER = f"{_LOADER}.container"
+_MODPROBE = f"{_CONTAINER}.modprobe"
+
+
+def _tls_set(tls: str) -> str:
+    """CEL: the registryTLS object ``tls`` sets an option (an empty one, as
+    KMM's Go client writes for its unset struct, asks nothing)."""
+    return f"(has({tls}.insecure) || has({tls}.insecureSkipTLSVerify))"
+
+
+_REGISTRY_TLS_REASON = (
+    "has no effect in kmm: kmm never contacts a registry, the kubelet pulls the image "
+    "as its container runtime's registry configuration says"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoEffect:
+    """One no-effect field the warnings policy names: the CEL that holds when
+    the Module does not use it, and the text the API returns when it does."""
+
+    expression: str
+    message: str
+
+
+def warnings() -> list[NoEffect]:
+    """What the warnings policy checks, in order."""
+    return [
+        NoEffect(
+            f"!has({_LOADER}) || !has({_CONTAINER}.registryTLS) || "
+            f"!{_tls_set(f'{_CONTAINER}.registryTLS')}",
+            f"spec.moduleLoader.container.registryTLS {_REGISTRY_TLS_REASON}",
+        ),
+        NoEffect(
+            f"!has({_LOADER}) || {_CONTAINER}.kernelMappings.all(m, "
+            f"!has(m.registryTLS) || !{_tls_set('m.registryTLS')})",
+            f"spec.moduleLoader.container.kernelMappings[].registryTLS {_REGISTRY_TLS_REASON}",
+        ),
+        # KMM documents it ("all other properties in this object are
+        # ignored"); kmm does the same, and says so.
+        NoEffect(
+            f"!has({_LOADER}) || has({_MODPROBE}.moduleName) || "
+            f"(!has({_MODPROBE}.parameters) && !has({_MODPROBE}.args))",
+            "spec.moduleLoader.container.modprobe.parameters and "
+            "spec.moduleLoader.container.modprobe.args have no effect with rawArgs: "
+            "modprobe runs rawArgs.load and rawArgs.unload as written",
+        ),
+    ]
 
 
 def name_length_expression() -> str:
@@ -46,14 +116,13 @@ def _name_length_message() -> str:
     )
 
 
-def render() -> list[dict[str, Any]]:
-    """The policy and its binding (admissionregistration.k8s.io/v1, GA since 1.30)."""
-    policy = {
+def _policy(name: str, validations: list[dict[str, Any]], *, failure: str) -> dict[str, Any]:
+    return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": POLICY_NAME},
+        "metadata": {"name": name},
         "spec": {
-            "failurePolicy": "Fail",
+            "failurePolicy": failure,
             "matchConstraints": {
                 "resourceRules": [
                     {
@@ -64,19 +133,43 @@ def render() -> list[dict[str, Any]]:
                     }
                 ]
             },
-            "validations": [
-                {
-                    "expression": name_length_expression(),
-                    "message": _name_length_message(),
-                    "reason": "Invalid",
-                }
-            ],
+            "validations": validations,
         },
     }
-    binding = {
+
+
+def _binding(name: str, policy: str, action: str) -> dict[str, Any]:
+    return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": BINDING_NAME},
-        "spec": {"policyName": POLICY_NAME, "validationActions": ["Deny"]},
+        "metadata": {"name": name},
+        "spec": {"policyName": policy, "validationActions": [action]},
     }
-    return [policy, binding]
+
+
+def render() -> list[dict[str, Any]]:
+    """The refusing policy and its binding, then the warning one and its
+    binding (admissionregistration.k8s.io/v1, GA since 1.30)."""
+    refusing = _policy(
+        POLICY_NAME,
+        [
+            {
+                "expression": name_length_expression(),
+                "message": _name_length_message(),
+                "reason": "Invalid",
+            }
+        ],
+        failure="Fail",
+    )
+    warning = _policy(
+        WARNINGS_POLICY_NAME,
+        [{"expression": w.expression, "message": w.message} for w in warnings()],
+        # A warning that cannot be evaluated must not turn into a refusal.
+        failure="Ignore",
+    )
+    return [
+        refusing,
+        _binding(BINDING_NAME, POLICY_NAME, "Deny"),
+        warning,
+        _binding(WARNINGS_BINDING_NAME, WARNINGS_POLICY_NAME, "Warn"),
+    ]

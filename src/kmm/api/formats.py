@@ -19,9 +19,11 @@ __all__ = [
     "IMAGE_VARIABLES",
     "LABEL_VALUE_PATTERN",
     "PLACEHOLDER",
+    "VARIABLE_CHARACTERS_PATTERN",
     "dns_subdomain_error",
     "image_error",
     "label_value_error",
+    "plain_image_error",
 ]
 
 # Name, then a tag (placeholders like ${KERNEL_FULL_VERSION} allowed) and/or a
@@ -43,6 +45,8 @@ IMAGE_VARIABLES: Final = (
     "MOD_NAMESPACE",
 )
 PLACEHOLDER: Final = re.compile(r"\$\{([^}]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+# What only a placeholder puts in an image: no image reference has these.
+VARIABLE_CHARACTERS_PATTERN: Final = r"[${}]"
 
 _IMAGE = re.compile(IMAGE_PATTERN)
 _DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
@@ -58,6 +62,21 @@ def image_error(image: str) -> str | None:
         if name not in IMAGE_VARIABLES:
             return f"image {image!r} names unknown variable {name!r}; known: {', '.join(IMAGE_VARIABLES)}"
     return None
+
+
+def plain_image_error(image: str) -> str | None:
+    """Why ``image`` is not an image reference taken as written (no variables).
+
+    KMM expands variables only in kernel-mapping images (and ``sign``); a
+    device-plugin or DRA image goes to the pod verbatim, so ``$MOD_NAME`` there
+    would name an image no runtime can pull.
+    """
+    if re.search(VARIABLE_CHARACTERS_PATTERN, image):
+        return (
+            f"image {image!r} may not use variables ({', '.join(IMAGE_VARIABLES)}): "
+            "they are expanded only in moduleLoader images"
+        )
+    return image_error(image)
 
 
 def dns_subdomain_error(name: str) -> str | None:

@@ -90,6 +90,15 @@ _PARENT_COMPONENT = r"(^|/)\.\.(/|$)"
 
 PassThroughObject = Annotated[dict[str, Any], cel.PassThrough()]
 
+_MODULE_NAME_OR_RAW_ARGS_MESSAGE = "moduleName is required unless rawArgs is set"
+_RAW_ARGS_BOTH_MESSAGE = (
+    "rawArgs.load and rawArgs.unload must both be set when moduleName is unset: "
+    "modprobe runs rawArgs.load to load the module and rawArgs.unload to unload it"
+)
+_RAW_ARGS_WITH_MODULE_NAME_MESSAGE = (
+    "rawArgs cannot be set when moduleName is set: use parameters and args with moduleName, "
+    "or rawArgs alone"
+)
 VERSION_TRANSITION_MESSAGE = (
     "version may not be added to or removed from an existing Module: "
     "delete the Module and create it again with or without a version"
@@ -145,6 +154,22 @@ Image = Annotated[
     cel.Rule(
         f"self.findAll({formats.PLACEHOLDER.pattern!r}).all(v, v in {_PLACEHOLDERS!r})",
         f"may only use the variables {', '.join(formats.IMAGE_VARIABLES)}",
+    ),
+]
+# Device-plugin and DRA images go to the pod as written (KMM expands
+# variables only in kernel-mapping images); a variable would never be pulled.
+PlainImage = Annotated[
+    str,
+    Field(min_length=1, max_length=_MAX_IMAGE),
+    _checked(formats.plain_image_error),
+    cel.Rule(
+        f"!self.matches({formats.VARIABLE_CHARACTERS_PATTERN!r})",
+        f"may not use variables ({', '.join(formats.IMAGE_VARIABLES)}): "
+        "they are expanded only in moduleLoader images",
+    ),
+    cel.Rule(
+        f"self.matches({formats.IMAGE_PATTERN!r})",
+        "must name an explicit tag (name:tag) or digest (name@sha256:...)",
     ),
 ]
 DnsSubdomain = Annotated[
@@ -219,8 +244,9 @@ class LocalObjectReference(_K8sModel):
 
 
 class RegistryTLS(_Model):
-    """KMM's registry TLS options. Accepted for compatibility; kmm itself never
-    contacts a registry (the kubelet pulls images), so they change nothing."""
+    """KMM's registry TLS options: accepted for compatibility, with no effect yet
+    (admission warns when one is set). kmm never contacts a registry; the kubelet
+    pulls images as its container runtime's registry configuration says."""
 
     model_config = ConfigDict(alias_generator=None)
 
@@ -228,21 +254,43 @@ class RegistryTLS(_Model):
     insecure_skip_tls_verify: bool | None = Field(default=None, alias="insecureSkipTLSVerify")
 
 
+# KMM's ModprobeArgs lists carry MinItems=1: an empty list is refused, so
+# "set" and "non-empty" are one test (``has``) in the rules below.
+_ModprobeArgList = Annotated[list[str], Field(min_length=1)]
+
+
 class ModprobeArgs(_Model):
     """Arguments for ``modprobe`` on load and unload."""
 
-    load: list[str] | None = None
-    unload: list[str] | None = None
+    load: _ModprobeArgList | None = None
+    unload: _ModprobeArgList | None = None
 
 
 class ModprobeSpec(_Model):
     """How the loader pod runs ``modprobe``."""
 
+    # KMM's webhook rules (moduleName xor rawArgs; rawArgs needs both lists),
+    # with its messages: the loader runs rawArgs.load on load and
+    # rawArgs.unload on unload, so a half-set rawArgs could load a module it
+    # can never unload. An empty ``rawArgs: {}`` beside moduleName says nothing
+    # and KMM accepts it; so does kmm.
     cel_rules: ClassVar[tuple[cel.Rule, ...]] = (
         cel.Rule(
             "has(self.moduleName) || has(self.rawArgs)",
-            "moduleName is required unless rawArgs is set",
+            _MODULE_NAME_OR_RAW_ARGS_MESSAGE,
             ".moduleName",
+        ),
+        cel.Rule(
+            "has(self.moduleName) || !has(self.rawArgs) || "
+            "(has(self.rawArgs.load) && has(self.rawArgs.unload))",
+            _RAW_ARGS_BOTH_MESSAGE,
+            ".rawArgs",
+        ),
+        cel.Rule(
+            "!has(self.moduleName) || !has(self.rawArgs) || "
+            "(!has(self.rawArgs.load) && !has(self.rawArgs.unload))",
+            _RAW_ARGS_WITH_MODULE_NAME_MESSAGE,
+            ".rawArgs",
         ),
         cel.Rule(
             "!has(self.modulesLoadingOrder) || "
@@ -270,8 +318,13 @@ class ModprobeSpec(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> ModprobeSpec:
-        if self.module_name is None and self.raw_args is None:
-            raise ValueError("moduleName is required unless rawArgs is set")
+        raw = self.raw_args
+        if self.module_name is None and raw is None:
+            raise ValueError(_MODULE_NAME_OR_RAW_ARGS_MESSAGE)
+        if self.module_name is None and raw is not None and not (raw.load and raw.unload):
+            raise ValueError(_RAW_ARGS_BOTH_MESSAGE)
+        if self.module_name is not None and raw is not None and (raw.load or raw.unload):
+            raise ValueError(_RAW_ARGS_WITH_MODULE_NAME_MESSAGE)
         order = self.modules_loading_order
         if order is not None:
             if order[0] != self.module_name:
@@ -367,7 +420,7 @@ class ModuleLoaderSpec(_Model):
 class ContainerSpec(_Model):
     """A device-plugin or DRA driver container (KMM's DevicePluginContainerSpec)."""
 
-    image: Image
+    image: PlainImage
     command: list[str] | None = None
     args: list[str] | None = None
     env: list[PassThroughObject] | None = None
@@ -449,6 +502,8 @@ class DevicePluginSpec(_Model):
     init_container: ContainerSpec | None = None
     service_account_name: str | None = None
     volumes: DevicePluginVolumes | None = None
+    # KMM's: false keeps the service account token out of the pod.
+    automount_service_account_token: bool | None = None
 
 
 class CELDeviceSelector(_Model):
@@ -492,6 +547,7 @@ class DraSpec(_Model):
     init_container: ContainerSpec | None = None
     service_account_name: str | None = None
     volumes: DraVolumes | None = None
+    automount_service_account_token: bool | None = None
     device_classes: (
         Annotated[
             list[DeviceClassSpec],

@@ -37,7 +37,11 @@ def daemonset(module: modules.Module) -> RawObject:
         *(plugin.container.volume_mounts or ()),
     ]
     pod_spec: RawObject = {
-        **podspecs.base(module, service_account=plugin.service_account_name),
+        **podspecs.base(
+            module,
+            service_account=plugin.service_account_name,
+            automount_token=plugin.automount_service_account_token,
+        ),
         "containers": [container],
         "nodeSelector": workloadbuilders.node_selector(module),
         "volumes": [

@@ -96,7 +96,11 @@ def daemonset(module: modules.Module) -> RawObject:
         "periodSeconds": 10,
     }
     pod_spec: RawObject = {
-        **podspecs.base(module, service_account=dra.service_account_name),
+        **podspecs.base(
+            module,
+            service_account=dra.service_account_name,
+            automount_token=dra.automount_service_account_token,
+        ),
         "containers": [container],
         "nodeSelector": node_selector(module),
         "volumes": [

@@ -32,11 +32,27 @@ _CONTAINER = "module-loader"
 _FIRMWARE_HOST_PATH = "/var/lib/firmware"
 
 
-def _modprobe(module: modules.Module) -> modules.ModprobeSpec:
+def _loader(module: modules.Module) -> modules.ModuleLoaderSpec:
     loader = module.spec.module_loader
     if loader is None:
         raise ValueError("a loader DaemonSet needs spec.moduleLoader")
-    return loader.container.modprobe
+    return loader
+
+
+def _raw_args(modprobe: modules.ModprobeSpec) -> tuple[list[str], list[str]]:
+    """``rawArgs`` (load, unload), for a spec without ``moduleName``.
+
+    Validation guarantees both lists; this checks again with an error, not an
+    ``assert`` (gone under ``python -O``), so a model that bypassed validation
+    cannot yield a bare ``modprobe``.
+    """
+    raw = modprobe.raw_args
+    if raw is None or not raw.load or not raw.unload:
+        raise ValueError(
+            "spec.moduleLoader.container.modprobe: without moduleName, "
+            "rawArgs.load and rawArgs.unload must both be set"
+        )
+    return raw.load, raw.unload
 
 
 def load_commands(modprobe: modules.ModprobeSpec, target: kernels.Target) -> list[list[str]]:
@@ -51,10 +67,11 @@ def load_commands(modprobe: modules.ModprobeSpec, target: kernels.Target) -> lis
         commands.append(["modprobe", "-rva", *target.in_tree_modules_to_remove])
     if modprobe.firmware_path:
         commands.append(["cp", "-r", f"{modprobe.firmware_path}/.", _FIRMWARE_HOST_PATH])
-    if modprobe.raw_args is not None and modprobe.raw_args.load is not None:
-        commands.append(["modprobe", *modprobe.raw_args.load])
+    name = modprobe.module_name
+    if name is None:
+        load, _unload = _raw_args(modprobe)
+        commands.append(["modprobe", *load])
         return commands
-    assert modprobe.module_name is not None  # validation: moduleName unless rawArgs
     extra = list(modprobe.args.load) if modprobe.args and modprobe.args.load else []
     commands.append(
         [
@@ -63,7 +80,7 @@ def load_commands(modprobe: modules.ModprobeSpec, target: kernels.Target) -> lis
             *extra,
             "-d",
             modprobe.dir_name,
-            modprobe.module_name,
+            name,
             *(modprobe.parameters or ()),
         ]
     )
@@ -73,11 +90,12 @@ def load_commands(modprobe: modules.ModprobeSpec, target: kernels.Target) -> lis
 def unload_commands(modprobe: modules.ModprobeSpec) -> list[list[str]]:
     """The commands ``preStop`` runs: ``modprobe -rv -d <dirName> <module>``
     (with ``modulesLoadingOrder``, every listed module, in that order)."""
-    if modprobe.raw_args is not None and modprobe.raw_args.unload is not None:
-        return [["modprobe", *modprobe.raw_args.unload]]
-    assert modprobe.module_name is not None
+    name = modprobe.module_name
+    if name is None:
+        _load, unload = _raw_args(modprobe)
+        return [["modprobe", *unload]]
     extra = list(modprobe.args.unload) if modprobe.args and modprobe.args.unload else []
-    names = modprobe.modules_loading_order or [modprobe.module_name]
+    names = modprobe.modules_loading_order or [name]
     return [["modprobe", "-rv", *extra, "-d", modprobe.dir_name, *names]]
 
 
@@ -114,9 +132,8 @@ def daemonset_name(module: modules.Module, kernel: str, image: str) -> str:
 
 def daemonset(module: modules.Module, target: kernels.Target) -> RawObject:
     """The desired loader DaemonSet for one (kernel, image) pair, hash-stamped."""
-    loader = module.spec.module_loader
-    assert loader is not None
-    modprobe = _modprobe(module)
+    loader = _loader(module)
+    modprobe = loader.container.modprobe
     container_spec = loader.container
     pod_labels = pair_labels(module, target.kernel, target.image)
     node_selector = {

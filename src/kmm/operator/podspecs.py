@@ -4,7 +4,9 @@ Loader, device-plugin and DRA pods all run ``system-node-critical`` (a node
 must not evict what holds its drivers), carry the Module's tolerations (so
 they go where the Module may go, DESIGN §5), pull with its
 ``imageRepoSecret``, and run as the service account their part of the spec
-names. Each builder adds its containers and volumes to this base.
+names (device-plugin and DRA pods also take its
+``automountServiceAccountToken``, as KMM's do). Each builder adds its
+containers and volumes to this base.
 """
 
 from __future__ import annotations
@@ -19,8 +21,16 @@ __all__ = ["base", "container", "volumes"]
 RawObject = dict[str, Any]
 
 
-def base(module: modules.Module, *, service_account: str | None) -> RawObject:
-    """A pod spec with the shared fields set; containers and volumes are the caller's."""
+def base(
+    module: modules.Module,
+    *,
+    service_account: str | None,
+    automount_token: bool | None = None,
+) -> RawObject:
+    """A pod spec with the shared fields set; containers and volumes are the caller's.
+
+    ``automount_token`` None leaves the pod (and so the service account) to decide.
+    """
     spec: RawObject = {"priorityClassName": "system-node-critical"}
     if module.spec.tolerations:
         spec["tolerations"] = [
@@ -30,6 +40,8 @@ def base(module: modules.Module, *, service_account: str | None) -> RawObject:
         spec["imagePullSecrets"] = [{"name": module.spec.image_repo_secret.name}]
     if service_account:
         spec["serviceAccountName"] = service_account
+    if automount_token is not None:
+        spec["automountServiceAccountToken"] = automount_token
     return spec
 
 

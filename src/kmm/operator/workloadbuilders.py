@@ -4,8 +4,9 @@ Both build one DaemonSet per Module (per version with ordered upgrades): its
 name and pod labels carry the role and the version; it runs where the module
 is loaded (``.ready``, plus the role's own gates and the device-plugin
 version label with a version), or on ``spec.selector`` for a Module without
-``moduleLoader``; its init container mounts what the user listed. The
-builders add their containers, volumes and gates.
+``moduleLoader``; its init container mounts what the user listed and runs
+privileged, as the main container does. The builders add their containers,
+volumes and gates.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def node_selector(module: modules.Module, gates: Mapping[str, str] = {}) -> dict
 
 def init_container(spec: modules.ContainerSpec, name: str) -> RawObject:
     init = podspecs.container(spec, name)
+    # Privileged, as upstream KMM makes every device-plugin and DRA container,
+    # init containers included: the init containers of KMM Modules are
+    # written for it (mknod of device nodes, writes under /sys) and would
+    # fail here unprivileged. The pod is privileged already (its main
+    # container), so this grants the pod nothing it did not have.
+    init["securityContext"] = {"privileged": True}
     if spec.volume_mounts:
         init["volumeMounts"] = list(spec.volume_mounts)
     return init

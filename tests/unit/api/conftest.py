@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 # In the style of KMM's documented Module example (a loader with literal and
-# regexp mappings, registryTLS, a device plugin with pass-through sub-objects).
+# regexp mappings, registryTLS, a device plugin with pass-through sub-objects
+# and automountServiceAccountToken).
 UPSTREAM_STYLE = """
 apiVersion: kmm.sigs.x-k8s.io/v1beta1
 kind: Module
@@ -66,6 +67,7 @@ spec:
         configMap:
           name: some-configmap
     serviceAccountName: sa-device-plugin
+    automountServiceAccountToken: false
   imageRepoSecret:
     name: secret-name
   selector:

@@ -41,10 +41,28 @@ def test_images_without_tag_or_digest(image: str) -> None:
     assert formats.image_error(image) is not None
 
 
+@pytest.mark.parametrize(
+    ("image", "error"),
+    [
+        ("r/plugin:1", None),
+        ("host:5000/org/plugin@sha256:" + "0" * 64, None),
+        ("r/plugin", "explicit tag"),
+        ("r/$MOD_NAME:1", "may not use variables"),
+        ("r/plugin:${KERNEL_FULL_VERSION}", "may not use variables"),
+        ("r/plugin:${UNKNOWN}", "may not use variables"),
+        ("r/plugin:{1}", "may not use variables"),
+    ],
+)
+def test_plain_images_take_no_variables(image: str, error: str | None) -> None:
+    found = formats.plain_image_error(image)
+    assert found is None if error is None else error in (found or ""), found
+
+
 def test_cel_patterns_are_the_python_patterns() -> None:
     # The CRD uses these verbatim; they must stay RE2-compatible themselves.
     for pattern in (
         formats.IMAGE_PATTERN,
+        formats.VARIABLE_CHARACTERS_PATTERN,
         formats.DNS_SUBDOMAIN_PATTERN,
         formats.LABEL_VALUE_PATTERN,
     ):

@@ -64,6 +64,23 @@ def test_valid_manifests_are_accepted_unchanged(obj: Obj) -> None:
     assert _dump(module) == obj
 
 
+def test_empty_raw_args_beside_module_name_is_accepted(upstream_style: Obj) -> None:
+    """KMM accepts it (its webhook counts only non-empty rawArgs lists); it asks nothing."""
+    _loader(upstream_style)["modprobe"]["rawArgs"] = {}
+    module = validation.parse_module(copy.deepcopy(upstream_style))
+    assert _dump(module) == upstream_style
+
+
+def test_registry_tls_set_at_both_levels_is_accepted(upstream_style: Obj) -> None:
+    """It has no effect yet (admission warns); the operator's validation must
+    not refuse it, or the Module would go Degraded for a warning."""
+    tls = {"insecure": True, "insecureSkipTLSVerify": True}
+    _loader(upstream_style)["registryTLS"] = tls
+    _loader(upstream_style)["kernelMappings"][0]["registryTLS"] = tls
+    module = validation.parse_module(copy.deepcopy(upstream_style))
+    assert _dump(module) == upstream_style
+
+
 def test_upstream_style_manifest_is_accepted_unchanged(upstream_style: Obj) -> None:
     obj = upstream_style
     module = validation.parse_module(copy.deepcopy(obj))
@@ -158,10 +175,64 @@ INVALID: list[tuple[str, Callable[[Obj], None], str, str]] = [
         "explicit tag",
     ),
     (
+        "device-plugin-image-variable",
+        _set("spec.devicePlugin.container.image", "r/$MOD_NAME:1"),
+        "spec.devicePlugin.container.image",
+        "may not use variables",
+    ),
+    (
+        "device-plugin-init-image-variable",
+        _set("spec.devicePlugin.initContainer.image", "r/init:${KERNEL_FULL_VERSION}"),
+        "spec.devicePlugin.initContainer.image",
+        "may not use variables",
+    ),
+    (
         "module-name-missing",
         _set(f"{_ML}.modprobe.moduleName", _DELETE),
         "spec.moduleLoader.container.modprobe",
         "moduleName is required unless rawArgs",
+    ),
+    (
+        "raw-args-load-only",
+        _set(f"{_ML}.modprobe", {"rawArgs": {"load": ["-v", "x"]}}),
+        "spec.moduleLoader.container.modprobe",
+        "rawArgs.load and rawArgs.unload must both be set when moduleName is unset",
+    ),
+    (
+        "raw-args-unload-only",
+        _set(f"{_ML}.modprobe", {"rawArgs": {"unload": ["-rv", "x"]}}),
+        "spec.moduleLoader.container.modprobe",
+        "rawArgs.load and rawArgs.unload must both be set when moduleName is unset",
+    ),
+    (
+        "raw-args-empty",
+        _set(f"{_ML}.modprobe", {"rawArgs": {}}),
+        "spec.moduleLoader.container.modprobe",
+        "rawArgs.load and rawArgs.unload must both be set when moduleName is unset",
+    ),
+    (
+        "raw-args-empty-lists",
+        _set(f"{_ML}.modprobe", {"rawArgs": {"load": [], "unload": ["-rv", "x"]}}),
+        "spec.moduleLoader.container.modprobe.rawArgs.load",
+        "at least 1 item",
+    ),
+    (
+        "args-empty-list",
+        _set(f"{_ML}.modprobe.args", {"unload": []}),
+        "spec.moduleLoader.container.modprobe.args.unload",
+        "at least 1 item",
+    ),
+    (
+        "raw-args-with-module-name",
+        _set(f"{_ML}.modprobe.rawArgs", {"load": ["-v", "x"], "unload": ["-rv", "x"]}),
+        "spec.moduleLoader.container.modprobe",
+        "rawArgs cannot be set when moduleName is set",
+    ),
+    (
+        "raw-args-unload-with-module-name",
+        _set(f"{_ML}.modprobe.rawArgs", {"unload": ["-rv", "x"]}),
+        "spec.moduleLoader.container.modprobe",
+        "rawArgs cannot be set when moduleName is set",
     ),
     (
         "loading-order-too-short",
@@ -247,6 +318,18 @@ def _dra_module() -> Obj:
 
 
 INVALID_DRA: list[tuple[str, Callable[[Obj], None], str, str]] = [
+    (
+        "dra-image-variable",
+        _set("spec.dra.container.image", "r/driver:${KERNEL_XYZ}"),
+        "spec.dra.container.image",
+        "may not use variables",
+    ),
+    (
+        "dra-init-image-variable",
+        _set("spec.dra.initContainer", {"image": "r/${MOD_NAMESPACE}/init:1"}),
+        "spec.dra.initContainer.image",
+        "may not use variables",
+    ),
     (
         "driver-name-not-dns",
         _set("spec.dra.driverName", "Not_DNS"),

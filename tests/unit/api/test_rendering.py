@@ -127,6 +127,18 @@ def test_cross_field_rules_are_present() -> None:
     assert any(r.startswith("self.matches('^[^\\\\s@]") for r in rules)
 
 
+def test_registry_tls_is_explained_as_having_no_effect() -> None:
+    """What ``kubectl explain`` shows for both registryTLS fields."""
+    found = {
+        path: node["description"] for path, node in _walk(_root()) if path.endswith(".registryTLS")
+    }
+    assert sorted(found) == [
+        ".spec.moduleLoader.container.kernelMappings[].registryTLS",
+        ".spec.moduleLoader.container.registryTLS",
+    ]
+    assert all("no effect yet (admission warns" in text for text in found.values()), found
+
+
 def test_status_subresource_and_columns() -> None:
     version = crd.render()["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
@@ -181,11 +193,30 @@ def test_nothing_in_kmm_manifests_is_pruned(upstream_style: dict[str, Any]) -> N
 
 
 def test_admission_policy_checks_the_label_budget() -> None:
-    policy, binding = admission.render()
+    policy, binding, _warnings, _warnings_binding = admission.render()
     (validation,) = policy["spec"]["validations"]
     assert validation["expression"].endswith(f"<= {labels.MAX_NAME_AND_NAMESPACE}")
     assert validation["message"].startswith("metadata.name:")
+    assert policy["spec"]["failurePolicy"] == "Fail"
     assert binding["spec"] == {
         "policyName": policy["metadata"]["name"],
         "validationActions": ["Deny"],
     }
+
+
+def test_warnings_policy_only_warns_and_names_each_field() -> None:
+    _policy, _binding, policy, binding = admission.render()
+    assert policy["metadata"]["name"] == admission.WARNINGS_POLICY_NAME
+    assert binding["spec"] == {
+        "policyName": admission.WARNINGS_POLICY_NAME,
+        "validationActions": ["Warn"],
+    }
+    # An expression that fails to evaluate must not refuse the Module.
+    assert policy["spec"]["failurePolicy"] == "Ignore"
+    messages = [v["message"] for v in policy["spec"]["validations"]]
+    assert [m.split(" ", 1)[0] for m in messages] == [
+        "spec.moduleLoader.container.registryTLS",
+        "spec.moduleLoader.container.kernelMappings[].registryTLS",
+        "spec.moduleLoader.container.modprobe.parameters",
+    ]
+    assert all("has no effect" in m for m in messages[:2])

@@ -1,4 +1,4 @@
-"""Loader and device-plugin DaemonSet builders (pure, table-driven)."""
+"""Loader, device-plugin and DRA DaemonSet builders (pure, table-driven)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import operator_fixtures as fixtures
 import pytest
 
-from kmm.api import kernels, labels
-from kmm.operator import devicepluginbuilders, loaderbuilders, objects
+from kmm.api import examples, kernels, labels, modules, validation
+from kmm.operator import devicepluginbuilders, drabuilders, loaderbuilders, objects
 
 
 def _target(kernel: str, raw: dict[str, Any] | None = None) -> kernels.Target:
@@ -102,6 +102,26 @@ def test_modprobe_commands(modprobe: dict[str, Any], load: str, unload: str) -> 
     assert lifecycle["preStop"]["exec"]["command"][-1] == unload
 
 
+@pytest.mark.parametrize(
+    "raw_args",
+    [None, {"load": ["-v", "y"]}, {"unload": ["-rv", "y"]}, {"load": [], "unload": []}],
+)
+def test_modprobe_commands_refuse_a_spec_without_module_name_or_both_raw_args(
+    raw_args: dict[str, Any] | None,
+) -> None:
+    """Validation refuses these; the builder says so with an error too, not an
+    ``assert`` that ``python -O`` strips (it would then run a bare ``modprobe``)."""
+    modprobe = modules.ModprobeSpec.model_construct(
+        module_name=None,
+        raw_args=None if raw_args is None else modules.ModprobeArgs.model_construct(**raw_args),
+    )
+    target = _target("6.1.0-27-amd64")
+    with pytest.raises(ValueError, match=r"rawArgs\.load and rawArgs\.unload must both be set"):
+        loaderbuilders.load_commands(modprobe, target)
+    with pytest.raises(ValueError, match=r"rawArgs\.load and rawArgs\.unload must both be set"):
+        loaderbuilders.unload_commands(modprobe)
+
+
 def test_in_tree_modules_removed_first() -> None:
     raw = fixtures.module_raw()
     raw["spec"]["moduleLoader"]["container"]["kernelMappings"][1]["inTreeModulesToRemove"] = ["old"]
@@ -135,3 +155,32 @@ def test_device_plugin_selects_ready_label_or_selector(
     assert ds["spec"]["template"]["spec"]["nodeSelector"] == selector
     assert ds["metadata"]["labels"][labels.ROLE] == "device-plugin"
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "r.io/plugin:1"
+
+
+def _device_plugin_pod(**plugin: Any) -> dict[str, Any]:
+    raw = fixtures.module_raw(devicePlugin={"container": {"image": "r.io/plugin:1"}, **plugin})
+    spec: dict[str, Any] = devicepluginbuilders.daemonset(fixtures.module(raw))["spec"]["template"][
+        "spec"
+    ]
+    return spec
+
+
+def _dra_pod(**dra: Any) -> dict[str, Any]:
+    raw = examples.dra_module()
+    raw["spec"]["dra"].update(dra)
+    spec: dict[str, Any] = drabuilders.daemonset(validation.parse_module(raw))["spec"]["template"][
+        "spec"
+    ]
+    return spec
+
+
+@pytest.mark.parametrize("build", [_device_plugin_pod, _dra_pod], ids=["device-plugin", "dra"])
+@pytest.mark.parametrize(("automount", "expected"), [(False, False), (True, True), (None, None)])
+def test_automount_service_account_token_reaches_the_pod(
+    build: Any, automount: bool | None, expected: bool | None
+) -> None:
+    """KMM's field, carried as is; unset, the pod spec leaves it to the service account."""
+    fields = {} if automount is None else {"automountServiceAccountToken": automount}
+    spec = build(**fields)
+    assert spec.get("automountServiceAccountToken") == expected
+    assert ("automountServiceAccountToken" in spec) is (expected is not None)

@@ -1,7 +1,8 @@
 """Who gets which privilege, field by field: the operator's own pod none
 (Pod Security Standard ``restricted``, plus a read-only root filesystem), the
 loader root with SYS_MODULE only, the device plugin and DRA driver
-privileged (KMM's, so existing images run). No pod shares a host namespace.
+privileged, their init containers too (KMM's, so existing images run). No pod
+shares a host namespace.
 tests/integration/test_pod_security.py has the API server judge the same pods.
 """
 
@@ -48,28 +49,43 @@ def _loader() -> dict[str, Any]:
 
 
 def _device_plugin() -> dict[str, Any]:
-    raw = fixtures.module_raw(devicePlugin={"container": {"image": "r.io/plugin:1"}})
+    raw = fixtures.module_raw(
+        devicePlugin={
+            "container": {"image": "r.io/plugin:1"},
+            "initContainer": {"image": "r.io/plugin-init:1", "command": ["mknod"]},
+        }
+    )
     return devicepluginbuilders.daemonset(validation.parse_module(raw))
 
 
 def _dra() -> dict[str, Any]:
-    return drabuilders.daemonset(validation.parse_module(examples.dra_module()))
+    raw = examples.dra_module()
+    raw["spec"]["dra"]["initContainer"] = {"image": "r.io/driver-init:1"}
+    return drabuilders.daemonset(validation.parse_module(raw))
+
+
+_PRIVILEGED = {"privileged": True}
 
 
 @pytest.mark.parametrize(
-    ("build", "security"),
+    ("build", "security", "init_security"),
     [
-        (_loader, {"capabilities": {"drop": ["ALL"], "add": ["SYS_MODULE"]}, "runAsUser": 0}),
-        (_device_plugin, {"privileged": True}),
-        (_dra, {"privileged": True}),
+        (
+            _loader,
+            {"capabilities": {"drop": ["ALL"], "add": ["SYS_MODULE"]}, "runAsUser": 0},
+            [],
+        ),
+        # Upstream KMM runs device-plugin and DRA init containers privileged
+        # (they mknod and write under /sys); kmm does the same.
+        (_device_plugin, _PRIVILEGED, [_PRIVILEGED]),
+        (_dra, _PRIVILEGED, [_PRIVILEGED]),
     ],
 )
 def test_module_pods_get_their_privilege_and_nothing_more(
-    build: Any, security: dict[str, Any]
+    build: Any, security: dict[str, Any], init_security: list[dict[str, Any]]
 ) -> None:
     spec = _pod_spec(build())
     assert [c["securityContext"] for c in spec["containers"]] == [security]
+    assert [c.get("securityContext") for c in spec.get("initContainers") or ()] == init_security
     assert "securityContext" not in spec
     assert not _HOST_NAMESPACES & set(spec)
-    for init in spec.get("initContainers") or ():
-        assert "securityContext" not in init

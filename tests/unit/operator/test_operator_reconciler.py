@@ -117,10 +117,30 @@ async def test_converges_then_a_resync_writes_nothing(world: Any) -> None:
     assert writer.calls == []
 
 
-async def test_invalid_module_is_degraded_with_one_event_and_nothing_made(world: Any) -> None:
+def _untagged_image(container: dict[str, Any]) -> None:
+    container["kernelMappings"][0]["containerImage"] = "r.io/no-tag"
+
+
+def _raw_load_only(container: dict[str, Any]) -> None:
+    # Once admitted and validated, then failing an assert in the loader
+    # builder on every reconcile: no status, no Event, retried forever.
+    container["modprobe"] = {"rawArgs": {"load": ["-v", "kmod_x"]}}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (_untagged_image, "kernelMappings[0].containerImage"),
+        (_raw_load_only, "modprobe: rawArgs.load and rawArgs.unload must both be set"),
+    ],
+    ids=["untagged-image", "raw-args-load-only"],
+)
+async def test_invalid_module_is_degraded_with_one_event_and_nothing_made(
+    world: Any, mutate: Any, fragment: str
+) -> None:
     rec, writer, cached = world
     raw = fixtures.module_raw()
-    raw["spec"]["moduleLoader"]["container"]["kernelMappings"][0]["containerImage"] = "r.io/no-tag"
+    mutate(raw["spec"]["moduleLoader"]["container"])
     cached.modules.put(raw)
     await rec.reconcile("ns/m")
     assert writer.kinds() == ["status", "event"]
@@ -128,7 +148,7 @@ async def test_invalid_module_is_degraded_with_one_event_and_nothing_made(world:
         c for c in writer.calls[0][1]["status"]["conditions"] if c["type"] == conditions.DEGRADED
     )
     assert degraded["reason"] == conditions.REASON_INVALID_SPEC
-    assert "kernelMappings[0].containerImage" in degraded["message"]
+    assert fragment in degraded["message"]
     assert writer.calls[1][1][0] == "InvalidSpec"
     writer.calls.clear()
     await rec.reconcile("ns/m")
