@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -85,10 +85,13 @@ async def apply_documents(
     namespace: str | None = None,
     wait_for_kinds: float = 30.0,
     dry_run: bool = False,
+    warn: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Apply each document; return one ``kind/name created|configured`` line each.
 
-    With ``dry_run`` the API server validates and admits each document
+    The API server's warnings for a document (an admission policy's Warn
+    action names a field that has no effect, say) go to ``warn`` as they
+    come, prefixed with the document's ``kind/name``. With ``dry_run`` the API server validates and admits each document
     (schema, admission) and persists nothing. Documents without a namespace
     go to ``namespace``, else to the kubeconfig context's (as with kubectl).
     """
@@ -126,15 +129,23 @@ async def apply_documents(
             )
         except errors.ApiError as err:
             raise ApplyError(f"{kind}/{name}: {err.message or err}") from err
+        if warn is not None:
+            for text in reply.warnings:
+                warn(f"{kind.lower()}/{name}: {text}")
         verb = "created" if reply.status == 201 else "configured"
         lines.append(f"{kind.lower()}/{name} {verb}{' (dry run)' if dry_run else ''}")
     return lines
 
 
+def _warn(text: str) -> None:
+    # On stderr with kubectl's prefix, so scripts reading stdout see only results.
+    typer.echo(f"Warning: {text}", err=True)
+
+
 async def _apply(api: client.Client, text: str, namespace: str | None, dry_run: bool) -> list[str]:
     async with api:
         return await apply_documents(
-            api, load_documents(text), namespace=namespace, dry_run=dry_run
+            api, load_documents(text), namespace=namespace, dry_run=dry_run, warn=_warn
         )
 
 

@@ -17,6 +17,9 @@
   have landed: the callers' level-based loops decide); a 401 with
   credentials that can be refreshed (exec plugin, token file) is retried
   once with fresh ones. At most ``max_attempts`` attempts in all.
+- A 2xx answer's ``Warning`` headers (admission policies with the Warn
+  action, deprecated fields or versions) come back as ``Reply.warnings``,
+  their texts unquoted, as kubectl prints them.
 - ``counter`` records every request sent, and every 429 answer
   (``kube.counting``).
 - A request may carry a ``fence``: asked just before each attempt is sent
@@ -45,6 +48,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import ssl
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -69,6 +73,7 @@ __all__ = [
     "Options",
     "Query",
     "Reply",
+    "warning_texts",
 ]
 
 JSON: Final = "application/json"
@@ -111,10 +116,27 @@ class Options(TypedDict, total=False):
 
 @dataclasses.dataclass(frozen=True)
 class Reply:
-    """A 2xx answer: its status (201 tells a create from an update) and decoded body."""
+    """A 2xx answer: its status (201 tells a create from an update), decoded body
+    and the texts of its ``Warning`` headers."""
 
     status: int
     body: Any
+    warnings: tuple[str, ...] = ()
+
+
+# RFC 9111's warn-value as the API server writes it: `299 - "text"`, the text
+# a quoted-string (backslash escapes a quote or a backslash).
+_WARNING: Final = re.compile(r'\A\d{3} \S+ "((?:[^"\\]|\\.)*)"')
+_ESCAPED: Final = re.compile(r"\\(.)")
+
+
+def warning_texts(values: list[str]) -> tuple[str, ...]:
+    """The texts of ``Warning`` header values; one not in that form is kept whole."""
+    texts = []
+    for value in values:
+        found = _WARNING.match(value)
+        texts.append(_ESCAPED.sub(r"\1", found.group(1)) if found else value)
+    return tuple(texts)
 
 
 class Client:
@@ -192,16 +214,17 @@ class Client:
         finally:
             response.release()
             self._in_flight.release()
+        warnings = warning_texts(response.headers.getall("Warning", []))
         if not data:
-            return Reply(response.status, None)
+            return Reply(response.status, None, warnings)
         if response.content_type == JSON:
             try:
-                return Reply(response.status, json.loads(data))
+                return Reply(response.status, json.loads(data), warnings)
             except ValueError as err:
                 raise errors.Unavailable(
                     0, f"unreadable JSON answer: {err}", method=method, path=path
                 ) from err
-        return Reply(response.status, data.decode("utf-8", "replace"))
+        return Reply(response.status, data.decode("utf-8", "replace"), warnings)
 
     async def request(self, method: str, path: str, **options: Unpack[Options]) -> Any:
         """``send``'s decoded answer, for the callers that need no status (most)."""

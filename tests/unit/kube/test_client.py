@@ -458,3 +458,23 @@ async def test_a_fence_is_asked_before_every_attempt_and_stops_a_retry(server: S
         # Not a retriable API error: the caller must not send it again blindly.
         assert not isinstance(raised.value, errors.ApiError)
         assert await api.request("GET", "/api/v1/nodes/x", fence=lambda: True) == {"ok": True}
+
+
+async def test_warning_headers_come_back_unquoted_with_the_reply(server: Server) -> None:
+    server.script(
+        (200, {"kind": "Module"}, {"Warning": r'299 - "spec.x: say \"no\" \\ twice"'}),
+        (200, {"kind": "Module"}),
+    )
+    async with make(server) as api:
+        warned = await api.send("PATCH", "/apis/g/v1/modules/m", body={})
+        quiet = await api.send("GET", "/apis/g/v1/modules/m")
+    assert warned.warnings == ('spec.x: say "no" \\ twice',)
+    assert quiet.warnings == ()
+
+
+def test_warning_texts_keep_a_value_not_in_warn_value_form() -> None:
+    assert client.warning_texts(['299 - "a"', "free text", '199 agent "b c"']) == (
+        "a",
+        "free text",
+        "b c",
+    )
