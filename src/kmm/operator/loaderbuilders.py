@@ -16,8 +16,10 @@ modprobe.d file, ``/etc/modprobe.d/softdep.conf``, making each entry a
 ``pre:`` softdep of the one before it, so the one ``modprobe <first>`` of
 ``postStart`` loads the chain from the last entry to the first. The file is
 a pod annotation projected by the downward API, so it is in force from the
-container's start to its ``preStop``; a Module without the field gets no
-annotation, volume or mount (its template, hence its pods, unchanged).
+container's start to its ``preStop``, which removes the chain with one
+``modprobe -r`` per entry, first to last (``unload_commands`` says why). A
+Module without the field gets no annotation, volume or mount: its template,
+hence its pods, unchanged.
 
 Neighbours: ``objects`` (hash, owner), ``podspecs`` (the shared pod-spec
 fields), ``moduleloader`` (the planner that wants these), ``kmm.api.labels``
@@ -101,7 +103,8 @@ def unload_commands(modprobe: modules.ModprobeSpec) -> list[list[str]]:
     # With modulesLoadingOrder the softdep file is in force here (KMM unloads
     # in a pod without it). kmod's ``modprobe -r <name>`` removes a loaded
     # name and then its ``pre:`` softdeps if unused (recursively); a name not
-    # loaded is a success that does nothing, softdeps included. So one command
+    # loaded is a success that does nothing, softdeps included (a user's
+    # ``--first-time`` in args.unload makes it a failure). So one command
     # per name, first to last, removes whatever is left of the chain from any
     # state (an earlier partial unload, a member already gone), in unload
     # order, and a repeat does nothing. Deliberately not KMM's single
