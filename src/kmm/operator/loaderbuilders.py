@@ -113,7 +113,7 @@ def unload_commands(modprobe: modules.ModprobeSpec) -> list[list[str]]:
     # for a module already loaded, softdeps included: it would stay without
     # them. The ``&&`` chain stops at the first failure instead.
     names = modprobe.modules_loading_order or [modprobe.module_name]
-    return [["modprobe", "-rv", *extra, "-d", modprobe.dir_name, name] for name in names]
+    return [["modprobe", "-rv", *extra, "-d", modprobe.dir_name, entry] for entry in names]
 
 
 def softdep_config(order: Sequence[str]) -> str:
