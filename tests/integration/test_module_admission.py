@@ -356,3 +356,37 @@ async def test_regexp_go_refuses_is_refused_with_the_operators_message(
     assert (
         f'{_REGEXP_PATH}: Invalid value: "string": {violation.message} evaluating rule' in message
     )
+
+
+@pytest.mark.parametrize(
+    ("entry", "field"),
+    [
+        pytest.param("my kmod", "moduleName", id="space-in-module-name"),
+        pytest.param(
+            "kmm_ci_b\ninstall kmm_ci_b /bin/true", "modulesLoadingOrder[1]", id="newline"
+        ),
+        pytest.param("kmm_ci_b\v", "modulesLoadingOrder[1]", id="vertical-tab"),
+    ],
+)
+async def test_whitespace_in_a_module_name_is_refused(
+    api_client: client.ApiClient, namespace: str, entry: str, field: str
+) -> None:
+    """The CRD rule bites as the operator's check does (modulesLoadingOrder
+    entries become lines of a modprobe.d file in the loader pod)."""
+    await install(api_client)
+    obj = examples.module(name=f"m-{uuid.uuid4().hex[:6]}")
+    modprobe = obj["spec"]["moduleLoader"]["container"]["modprobe"]
+    order = modprobe["modulesLoadingOrder"]
+    if field == "moduleName":
+        modprobe["moduleName"] = order[0] = entry
+    else:
+        order[1] = entry
+    message = await refusal(api_client, namespace, obj)
+    assert message is not None, "admitted"
+    path = f"spec.moduleLoader.container.modprobe.{field}"
+    assert path in message, message
+    assert "must be a kernel module name: no whitespace" in message, message
+    with pytest.raises(validation.InvalidModuleError) as refused:
+        validation.parse_module(obj)
+    # moduleName is also modulesLoadingOrder[0]: both are named then.
+    assert path in [v.path for v in refused.value.violations]

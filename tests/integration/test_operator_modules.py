@@ -376,3 +376,63 @@ async def test_a_fresh_converge_patches_each_node_exactly_twice(
         for name in names:
             with contextlib.suppress(client.ApiException):
                 await client.CoreV1Api(api_client).delete_node(name)
+
+
+async def test_loading_order_pods_carry_the_softdep_file_and_resync_writes_nothing(
+    sandbox: testing.RunningSandbox, manifests: None, api_client: client.ApiClient, namespace: str
+) -> None:
+    """The apiserver takes the softdep file's downward-API volume as built, the
+    pods the DaemonSet controller makes carry it, and the stored DaemonSet
+    still matches the desired one (a resync writes nothing)."""
+    name = "ordered"
+    select = f"kmm-test/{namespace}"
+    chosen = sandbox.node_names[:1]
+    body = support.module_body(name, {select: "yes"})
+    body["spec"]["moduleLoader"]["container"]["modprobe"]["modulesLoadingOrder"] = [
+        "kmm_test",
+        "kmm_dep_b",
+        "kmm_dep_c",
+    ]
+    softdeps = "softdep kmm_test pre: kmm_dep_b\nsoftdep kmm_dep_b pre: kmm_dep_c\n"
+    async with (
+        support.selecting(api_client, chosen, select),
+        support.operator_in_process(sandbox.kubeconfig) as running,
+    ):
+        await support.create_module(api_client, namespace, body)
+        await testing.eventually(
+            lambda: support.converged(api_client, namespace, name, set(chosen)),
+            "ordered module loaded",
+        )
+        [ds] = await support.loader_daemonsets(api_client, namespace)
+        assert ds.spec.template.metadata.annotations == {labels.MODULES_ORDER: softdeps}
+        pods = await client.CoreV1Api(api_client).list_namespaced_pod(
+            namespace, label_selector=f"{labels.ROLE}=module-loader"
+        )
+        [pod] = pods.items
+        assert pod.metadata.annotations[labels.MODULES_ORDER] == softdeps
+        [volume] = [v for v in pod.spec.volumes if v.name == "modules-order"]
+        [item] = volume.downward_api.items
+        assert (item.path, item.field_ref.field_path) == (
+            "softdep.conf",
+            f"metadata.annotations['{labels.MODULES_ORDER}']",
+        )
+        container = pod.spec.containers[0]
+        [mount] = [m for m in container.volume_mounts if m.name == "modules-order"]
+        assert (mount.mount_path, mount.sub_path, mount.read_only) == (
+            "/etc/modprobe.d/softdep.conf",
+            "softdep.conf",
+            True,
+        )
+        assert container.lifecycle.post_start._exec.command[-1] == (
+            "modprobe -v -d /opt kmm_test debug=1"
+        )
+        assert container.lifecycle.pre_stop._exec.command[-1] == (
+            "modprobe -rv -d /opt kmm_test && modprobe -rv -d /opt kmm_dep_b"
+            " && modprobe -rv -d /opt kmm_dep_c"
+        )
+        await running.wait_idle("converged")
+        running.counter.reset()
+        running.op.resync()
+        await running.wait_idle("resync done")
+        assert dict(running.counter.writes) == {}
+        await support.delete_and_wait_clean(api_client, namespace, name)

@@ -25,6 +25,7 @@ __all__ = [
     "KERNEL_VERSION_FULL",
     "MAX_LABEL_NAME",
     "MAX_NAME_AND_NAMESPACE",
+    "MODULES_ORDER",
     "MODULE_NAME",
     "MODULE_NAMESPACE",
     "MODULE_VERSION",
@@ -70,6 +71,10 @@ KERNEL_VERSION_FULL: Final = PREFIX + "kernel-version.full"
 SPEC_HASH: Final = PREFIX + "spec-hash"
 
 FINALIZER: Final = PREFIX + "module-finalizer"
+
+# On loader pods of a Module with modulesLoadingOrder: the modprobe.d softdep
+# lines, projected into the container as a file (KMM's name and design).
+MODULES_ORDER: Final = PREFIX + "modules-order"
 
 Role = Literal["module-loader", "device-plugin", "dra"]
 

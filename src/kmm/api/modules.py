@@ -201,7 +201,23 @@ ModuleVersion = Annotated[
         "must be a valid label value (it is written to node labels)",
     ),
 ]
-ModuleName = Annotated[str, Field(min_length=1, max_length=_MAX_MODULE_NAME)]
+# A module name is one word to modprobe, and modulesLoadingOrder entries are
+# written into a modprobe.d file (loaderbuilders), where whitespace would
+# split a line or start another. One explicit class, the same in Python and RE2.
+_WHITESPACE = r"[ \t\n\v\f\r]"
+_MODULE_NAME_RULE = "must be a kernel module name: no whitespace"
+
+
+def _module_name_error(name: str) -> str | None:
+    return f"{name!r} {_MODULE_NAME_RULE}" if re.search(_WHITESPACE, name) else None
+
+
+ModuleName = Annotated[
+    str,
+    Field(min_length=1, max_length=_MAX_MODULE_NAME),
+    _checked(_module_name_error),
+    cel.Rule(f"!self.matches({_WHITESPACE!r})", _MODULE_NAME_RULE),
+]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 
 

@@ -11,6 +11,16 @@ With ``version`` set (ordered upgrades), a DaemonSet is per (kernel, image,
 version): its name and labels carry the version and its pods select the
 node label ``version-module-loader`` = that version as well as the kernel.
 
+With ``modulesLoadingOrder`` (KMM's softdep design): the pod carries a
+modprobe.d file, ``/etc/modprobe.d/softdep.conf``, making each entry a
+``pre:`` softdep of the one before it, so the one ``modprobe <first>`` of
+``postStart`` loads the chain from the last entry to the first. The file is
+a pod annotation projected by the downward API, so it is in force from the
+container's start to its ``preStop``, which removes the chain with one
+``modprobe -r`` per entry, first to last (``unload_commands`` says why). A
+Module without the field gets no annotation, volume or mount: its template,
+hence its pods, unchanged.
+
 Neighbours: ``objects`` (hash, owner), ``podspecs`` (the shared pod-spec
 fields), ``moduleloader`` (the planner that wants these), ``kmm.api.labels``
 (every name used here).
@@ -18,18 +28,31 @@ fields), ``moduleloader`` (the planner that wants these), ``kmm.api.labels``
 
 from __future__ import annotations
 
+import itertools
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from kmm.api import kernels, labels, modules
 from kmm.operator import objects, podspecs
 
-__all__ = ["daemonset", "daemonset_name", "load_commands", "pair_labels", "unload_commands"]
+__all__ = [
+    "daemonset",
+    "daemonset_name",
+    "load_commands",
+    "pair_labels",
+    "softdep_config",
+    "unload_commands",
+]
 
 RawObject = dict[str, Any]
 
 _CONTAINER = "module-loader"
 _FIRMWARE_HOST_PATH = "/var/lib/firmware"
+# KMM's names: a file of its own in modprobe.d, so the image's configuration stays in force.
+_SOFTDEP_VOLUME = "modules-order"
+_SOFTDEP_FILE = "softdep.conf"
+_SOFTDEP_PATH = "/etc/modprobe.d/" + _SOFTDEP_FILE
 
 
 def _loader(module: modules.Module) -> modules.ModuleLoaderSpec:
@@ -89,14 +112,55 @@ def load_commands(modprobe: modules.ModprobeSpec, target: kernels.Target) -> lis
 
 def unload_commands(modprobe: modules.ModprobeSpec) -> list[list[str]]:
     """The commands ``preStop`` runs: ``modprobe -rv -d <dirName> <module>``
-    (with ``modulesLoadingOrder``, every listed module, in that order)."""
+    (with ``modulesLoadingOrder``, one for each listed module, in that order)."""
     name = modprobe.module_name
     if name is None:
         _load, unload = _raw_args(modprobe)
         return [["modprobe", *unload]]
     extra = list(modprobe.args.unload) if modprobe.args and modprobe.args.unload else []
+    # With modulesLoadingOrder the softdep file is in force here (KMM unloads
+    # in a pod without it). kmod's ``modprobe -r <name>`` removes a loaded
+    # name and then its ``pre:`` softdeps if unused (recursively); a name not
+    # loaded is a success that does nothing, softdeps included (a user's
+    # ``--first-time`` in args.unload makes it a failure). So one command
+    # per name, first to last, removes whatever is left of the chain from any
+    # state (an earlier partial unload, a member already gone), in unload
+    # order, and a repeat does nothing. Deliberately not KMM's single
+    # ``modprobe -r <all>``: that goes on past a module in use and removes
+    # what it needs, and the next loader's ``modprobe <first>`` does nothing
+    # for a module already loaded, softdeps included: it would stay without
+    # them. The ``&&`` chain stops at the first failure instead.
     names = modprobe.modules_loading_order or [name]
-    return [["modprobe", "-rv", *extra, "-d", modprobe.dir_name, *names]]
+    return [["modprobe", "-rv", *extra, "-d", modprobe.dir_name, entry] for entry in names]
+
+
+def softdep_config(order: Sequence[str]) -> str:
+    """The modprobe.d text KMM writes for ``modulesLoadingOrder``: each entry
+    a ``pre:`` softdep of the one before it."""
+    return "".join(
+        f"softdep {module} pre: {before}\n" for module, before in itertools.pairwise(order)
+    )
+
+
+def _mount_softdep_file(
+    template_metadata: RawObject, pod_spec: RawObject, container: RawObject, order: Sequence[str]
+) -> None:
+    template_metadata["annotations"] = {labels.MODULES_ORDER: softdep_config(order)}
+    field = f"metadata.annotations['{labels.MODULES_ORDER}']"
+    pod_spec.setdefault("volumes", []).append(
+        {
+            "name": _SOFTDEP_VOLUME,
+            "downwardAPI": {"items": [{"path": _SOFTDEP_FILE, "fieldRef": {"fieldPath": field}}]},
+        }
+    )
+    container.setdefault("volumeMounts", []).append(
+        {
+            "name": _SOFTDEP_VOLUME,
+            "mountPath": _SOFTDEP_PATH,
+            "subPath": _SOFTDEP_FILE,
+            "readOnly": True,
+        }
+    )
 
 
 def _shell(commands: list[list[str]]) -> list[str]:
@@ -176,6 +240,9 @@ def daemonset(module: modules.Module, target: kernels.Target) -> RawObject:
                 "hostPath": {"path": "/lib/firmware", "type": "DirectoryOrCreate"},
             }
         ]
+    template_metadata: RawObject = {"labels": dict(pod_labels)}
+    if modprobe.modules_loading_order:
+        _mount_softdep_file(template_metadata, pod_spec, container, modprobe.modules_loading_order)
     return objects.stamped(
         {
             "apiVersion": "apps/v1",
@@ -189,7 +256,7 @@ def daemonset(module: modules.Module, target: kernels.Target) -> RawObject:
             "spec": {
                 "selector": {"matchLabels": dict(pod_labels)},
                 "updateStrategy": {"type": "OnDelete"},
-                "template": {"metadata": {"labels": dict(pod_labels)}, "spec": pod_spec},
+                "template": {"metadata": template_metadata, "spec": pod_spec},
             },
         }
     )

@@ -84,7 +84,7 @@ def test_name_is_deterministic_per_pair_and_fits() -> None:
         (
             {"moduleName": "x", "modulesLoadingOrder": ["x", "dep"]},
             "modprobe -v -d /opt x",
-            "modprobe -rv -d /opt x dep",
+            "modprobe -rv -d /opt x && modprobe -rv -d /opt dep",
         ),
         (
             {"moduleName": "x", "firmwarePath": "/fw"},

@@ -1,0 +1,268 @@
+"""``modulesLoadingOrder``: the loader pod's softdep file, and its hooks run
+against a ``modprobe`` with kmod's semantics (``tests/fakemodprobe.py``).
+
+The hooks are run exactly as the pod template carries them (``/bin/sh -c``),
+with the softdep file projected from the template as the kubelet projects a
+downward-API volume, so the tests prove the wiring as well as the commands.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import fakemodprobe
+import operator_fixtures as fixtures
+import pytest
+
+from kmm.api import kernels, labels
+from kmm.operator import loaderbuilders, objects
+
+KERNEL = "6.1.0-27-amd64"
+CHAIN = ("kmm_a", "kmm_b", "kmm_c")
+
+
+def _module_raw(modprobe: dict[str, Any] | None = None, **container: Any) -> dict[str, Any]:
+    raw = fixtures.module_raw()
+    if modprobe is not None:
+        raw["spec"]["moduleLoader"]["container"]["modprobe"] = modprobe
+    raw["spec"]["moduleLoader"]["container"].update(container)
+    return raw
+
+
+def _daemonset(raw: dict[str, Any], kernel: str = KERNEL) -> dict[str, Any]:
+    module = fixtures.module(raw)
+    target = kernels.target(module, kernel)
+    assert target is not None
+    return loaderbuilders.daemonset(module, target)
+
+
+def _chain_daemonset(**modprobe: Any) -> dict[str, Any]:
+    spec = {"moduleName": CHAIN[0], "parameters": ["debug=1"], "modulesLoadingOrder": list(CHAIN)}
+    return _daemonset(_module_raw({**spec, **modprobe}))
+
+
+@pytest.mark.parametrize(
+    ("order", "text"),
+    [
+        (["a", "b"], "softdep a pre: b\n"),
+        (["a", "b", "c"], "softdep a pre: b\nsoftdep b pre: c\n"),
+    ],
+)
+def test_softdep_config_is_kmms(order: list[str], text: str) -> None:
+    assert loaderbuilders.softdep_config(order) == text
+
+
+def test_loading_order_mounts_the_softdep_file() -> None:
+    ds = _chain_daemonset(firmwarePath="/fw")
+    template = ds["spec"]["template"]
+    assert template["metadata"]["annotations"] == {
+        labels.MODULES_ORDER: "softdep kmm_a pre: kmm_b\nsoftdep kmm_b pre: kmm_c\n"
+    }
+    pod = template["spec"]
+    assert [v["name"] for v in pod["volumes"]] == ["firmware", "modules-order"]
+    assert pod["volumes"][1]["downwardAPI"] == {
+        "items": [
+            {
+                "path": "softdep.conf",
+                "fieldRef": {"fieldPath": f"metadata.annotations['{labels.MODULES_ORDER}']"},
+            }
+        ]
+    }
+    container = pod["containers"][0]
+    assert container["volumeMounts"][1] == {
+        "name": "modules-order",
+        "mountPath": "/etc/modprobe.d/softdep.conf",
+        "subPath": "softdep.conf",
+        "readOnly": True,
+    }
+    lifecycle = container["lifecycle"]
+    assert lifecycle["postStart"]["exec"]["command"][-1] == (
+        "cp -r /fw/. /var/lib/firmware && modprobe -v -d /opt kmm_a debug=1"
+    )
+    assert lifecycle["preStop"]["exec"]["command"][-1] == (
+        "modprobe -rv -d /opt kmm_a && modprobe -rv -d /opt kmm_b && modprobe -rv -d /opt kmm_c"
+    )
+
+
+# -- templates of Modules without modulesLoadingOrder: pinned ----------------
+
+# Spec hashes of the whole DaemonSet, computed by the builder before
+# modulesLoadingOrder got its softdep file: a changed value is a rollout of
+# every loader pod of such a Module.
+_PINNED = {
+    ("plain", "6.8.0-45-generic"): "74492cfb4bdbdca8373d",
+    ("plain", "6.1.0-27-amd64"): "71e447c62e7dd6ed0b63",
+    ("args", "6.8.0-45-generic"): "dc90eb0a73ffd756a29f",
+    ("args", "6.1.0-27-amd64"): "8461f965bd96d49a8b93",
+    ("raw", "6.8.0-45-generic"): "9512ba3f884e19534e4d",
+    ("raw", "6.1.0-27-amd64"): "220b59cc3a84bab4f81a",
+    ("firmware", "6.8.0-45-generic"): "3c41a247d17a6b8ca537",
+    ("firmware", "6.1.0-27-amd64"): "237200fff11d0eae2156",
+    ("version", "6.8.0-45-generic"): "c71def611dcfd569eeb1",
+    ("version", "6.1.0-27-amd64"): "4d3a8d63e60ba6925636",
+}
+_VARIANTS: dict[str, dict[str, Any]] = {
+    "plain": _module_raw(),
+    "args": _module_raw(
+        {"moduleName": "x", "dirName": "/mods", "args": {"load": ["-q"], "unload": ["-q"]}}
+    ),
+    "raw": _module_raw({"rawArgs": {"load": ["-a", "y"], "unload": ["-r", "y"]}}),
+    "firmware": _module_raw({"moduleName": "x", "firmwarePath": "/fw"}),
+    "version": _module_raw(version="v1"),
+}
+
+
+@pytest.mark.parametrize(("variant", "kernel"), sorted(_PINNED))
+def test_template_without_loading_order_is_unchanged(variant: str, kernel: str) -> None:
+    assert objects.observed_hash(_daemonset(_VARIANTS[variant], kernel)) == _PINNED[variant, kernel]
+
+
+def test_plain_template_is_byte_identical() -> None:
+    """The same template, key order included (what is sent is json of it)."""
+    expected = {
+        "metadata": {
+            "labels": {
+                "kmm.node.kubernetes.io/module.name": "m",
+                "kmm.node.kubernetes.io/module.namespace": "ns",
+                "kmm.node.kubernetes.io/role": "module-loader",
+                "kmm.node.kubernetes.io/kernel-version.full": "6.1.0-27-amd64",
+                "kmm.node.kubernetes.io/image-hash": "b913ed88295dc39c",
+            }
+        },
+        "spec": {
+            "priorityClassName": "system-node-critical",
+            "containers": [
+                {
+                    "name": "module-loader",
+                    "image": "r.io/m:v1",
+                    "command": ["sleep", "infinity"],
+                    "securityContext": {
+                        "capabilities": {"drop": ["ALL"], "add": ["SYS_MODULE"]},
+                        "runAsUser": 0,
+                    },
+                    "lifecycle": {
+                        "postStart": {
+                            "exec": {"command": ["/bin/sh", "-c", "modprobe -v -d /opt kmod_x a=1"]}
+                        },
+                        "preStop": {
+                            "exec": {"command": ["/bin/sh", "-c", "modprobe -rv -d /opt kmod_x"]}
+                        },
+                    },
+                }
+            ],
+            "nodeSelector": {
+                "pick": "yes",
+                "kmm.node.kubernetes.io/kernel-version.full": "6.1.0-27-amd64",
+            },
+        },
+    }
+    template = _daemonset(_module_raw())["spec"]["template"]
+    assert json.dumps(template) == json.dumps(expected)
+
+
+# -- the hooks, run against kmod's semantics ----------------------------------
+
+_ANNOTATION = re.compile(r"^metadata\.annotations\['([^']+)'\]$")
+
+
+def _project(template: dict[str, Any], root: Path) -> None:
+    """What the kubelet does for the container's downward-API mounts: each
+    item a file holding the field; a ``subPath`` mount puts that one file at
+    ``mountPath``. Only annotations are handled (anything else fails)."""
+    pod = template["spec"]
+    volumes = {v["name"]: v for v in pod.get("volumes", ())}
+    for mount in pod["containers"][0].get("volumeMounts", ()):
+        volume = volumes[mount["name"]]
+        if "downwardAPI" not in volume:
+            continue
+        item = next(i for i in volume["downwardAPI"]["items"] if i["path"] == mount["subPath"])
+        match = _ANNOTATION.match(item["fieldRef"]["fieldPath"])
+        assert match is not None
+        target = root / mount["mountPath"].lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(template["metadata"]["annotations"][match[1]])
+
+
+class Node:
+    """One node: the fake kernel, the loader container's files, its hooks."""
+
+    def __init__(self, tmp_path: Path, ds: dict[str, Any]) -> None:
+        self.kernel = fakemodprobe.Kernel(tmp_path / "root")
+        self.kernel.provide(CHAIN, dirname="/opt", release=KERNEL)
+        self.bin = tmp_path / "bin"
+        fakemodprobe.install(self.bin, self.kernel.root)
+        template = ds["spec"]["template"]
+        _project(template, self.kernel.root)
+        self.lifecycle = template["spec"]["containers"][0]["lifecycle"]
+
+    def run(self, hook: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}"}
+        command = self.lifecycle[hook]["exec"]["command"]
+        return subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+
+
+def test_load_then_unload_through_the_softdep_file(tmp_path: Path) -> None:
+    node = Node(tmp_path, _chain_daemonset())
+    loaded = node.run("postStart")
+    assert loaded.returncode == 0, loaded.stderr
+    assert node.kernel.events() == ["insmod kmm_c", "insmod kmm_b", "insmod kmm_a debug=1"]
+    assert node.kernel.loaded() == set(CHAIN)
+    unloaded = node.run("preStop")
+    assert unloaded.returncode == 0, unloaded.stderr
+    assert node.kernel.events()[3:] == ["rmmod kmm_a", "rmmod kmm_b", "rmmod kmm_c"]
+    assert node.kernel.loaded() == set()
+
+
+_STATES = [
+    set(state) for size in range(len(CHAIN) + 1) for state in itertools.combinations(CHAIN, size)
+]
+
+
+@pytest.mark.parametrize("state", _STATES, ids=lambda s: "+".join(sorted(s)) or "none")
+def test_unload_from_any_state_removes_the_rest_in_order(tmp_path: Path, state: set[str]) -> None:
+    """Whatever an earlier partial unload, or the kernel, left loaded: it goes,
+    first to last; the hook succeeds, and again as a no-op."""
+    node = Node(tmp_path, _chain_daemonset())
+    for name in state:
+        node.kernel.load(name)
+    first = node.run("preStop")
+    assert first.returncode == 0, first.stderr
+    assert node.kernel.events() == [f"rmmod {name}" for name in CHAIN if name in state]
+    assert node.kernel.loaded() == set()
+    again = node.run("preStop")
+    assert again.returncode == 0, again.stderr
+    assert len(node.kernel.events()) == len(state)
+
+
+@pytest.mark.parametrize("state", [set(CHAIN[i:]) for i in range(len(CHAIN) + 1)])
+def test_load_completes_the_chain(tmp_path: Path, state: set[str]) -> None:
+    """From what an unload stopped part way leaves (a tail of the chain)."""
+    node = Node(tmp_path, _chain_daemonset())
+    for name in state:
+        node.kernel.load(name)
+    result = node.run("postStart")
+    assert result.returncode == 0, result.stderr
+    assert node.kernel.loaded() == set(CHAIN)
+    inserted = [event.split()[1] for event in node.kernel.events()]
+    assert inserted == [name for name in reversed(CHAIN) if name not in state]
+
+
+@pytest.mark.parametrize("busy", CHAIN)
+def test_unload_stops_at_a_module_in_use(tmp_path: Path, busy: str) -> None:
+    """Nothing after a module in use is removed: what stays loaded keeps
+    everything it was loaded after (a later ``modprobe <first>`` does
+    nothing for a loaded module, so it could not bring them back)."""
+    node = Node(tmp_path, _chain_daemonset())
+    for name in CHAIN:
+        node.kernel.load(name, refcnt=1 if name == busy else 0)
+    result = node.run("preStop")
+    assert result.returncode != 0
+    assert f"Module {busy} is in use" in result.stderr
+    stays = set(CHAIN[CHAIN.index(busy) :])
+    assert node.kernel.loaded() == stays
