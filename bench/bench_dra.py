@@ -1,4 +1,4 @@
-"""From applying a DRA Module to claim-holding pods Running, stage by stage.
+"""From applying a DRA Module to claim-holding pods Running, stage by stage, against no operator.
 
 Run: ``.venv/bin/python bench/bench_dra.py [--nodes 1 4] [--rounds 2]``
 
@@ -12,8 +12,17 @@ for each stage, when the last node reached it (so the slow stage shows):
 the DRA DaemonSet created, the driver pods Running (the emulator runs
 ``kmm driver`` as their process), the drivers registered with their node,
 slices published, claims allocated by the scheduler, claims prepared on the
-node, workloads Running. Wall-clock seconds on a shared machine: compare
-stages with each other, not runs across machines.
+node, workloads Running.
+
+The baseline, run after each of kmm's runs in a sandbox of its own, is the
+floor for the same outcome: the same emulated nodes, the same driver (the
+emulator runs ``kmm driver`` for the DaemonSet's pods), the same workloads,
+but no operator. What kmm's operator wrote for the Module (its DeviceClass,
+its DRA DaemonSet, the labels that DaemonSet's node selector asks of the
+nodes) is read back after kmm's run and applied at t=0 instead of the
+Module, without owner references or status. So each ratio is what the
+operator adds to that stage: its watch, its reconcile, the Module's
+admission. Wall-clock seconds on a shared machine: read the ratios.
 """
 
 from __future__ import annotations
@@ -96,22 +105,34 @@ def workload(name: str, node: str, template: str) -> dict[str, Any]:
     }
 
 
-async def stage_times(api: client.Client, running: list[emulator.Emulator]) -> dict[str, float]:
-    module = examples.dra_module("bench", NAMESPACE, selector={SELECT: "yes"})
-    driver = module["spec"]["dra"]["driverName"]
-    device_class = module["spec"]["dra"]["deviceClasses"][0]["name"]
+def module() -> dict[str, Any]:
+    return examples.dra_module("bench", NAMESPACE, selector={SELECT: "yes"})
+
+
+def documents(
+    names: list[str], instead_of_module: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """What is applied at t=0: the driver's RBAC, the Module (or, for the floor,
+    what the operator wrote for it), the claim template, one workload per node."""
+    device_class = module()["spec"]["dra"]["deviceClasses"][0]["name"]
     (template, _pod) = examples.dra_workload(NAMESPACE, device_class)
+    return [
+        *installation.dra_driver_rbac(NAMESPACE),
+        *([module()] if instead_of_module is None else instead_of_module),
+        template,
+        *(workload(f"w-{node}", node, template["metadata"]["name"]) for node in names),
+    ]
+
+
+async def stage_times(
+    api: client.Client,
+    running: list[emulator.Emulator],
+    instead_of_module: list[dict[str, Any]] | None,
+) -> dict[str, float]:
+    driver = module()["spec"]["dra"]["driverName"]
     names = [one.options.node.name for one in running]
     started = time.monotonic()
-    await applying.apply_documents(
-        api,
-        [
-            *installation.dra_driver_rbac(NAMESPACE),
-            module,
-            template,
-            *(workload(f"w-{node}", node, template["metadata"]["name"]) for node in names),
-        ],
-    )
+    await applying.apply_documents(api, documents(names, instead_of_module))
     reached: dict[str, float] = {}
 
     def mark(stage: str, done: bool) -> None:
@@ -160,7 +181,49 @@ async def stage_times(api: client.Client, running: list[emulator.Emulator]) -> d
     return reached
 
 
-async def one_run(count: int, scratch: pathlib.Path) -> dict[str, float]:
+# Server-kept metadata: what the floor must not send back.
+KEPT_METADATA = ("name", "namespace", "labels", "annotations")
+
+
+async def operator_writes(api: client.Client, names: list[str]) -> list[dict[str, Any]]:
+    """What the operator wrote for the Module to reach the workloads: its
+    DeviceClass, its DRA DaemonSet and the labels that DaemonSet's node
+    selector asks of the nodes, as apply documents (no owner, no status)."""
+
+    def bare(obj: dict[str, Any]) -> dict[str, Any]:
+        meta = {k: v for k, v in obj["metadata"].items() if k in KEPT_METADATA}
+        meta.get("annotations", {}).pop("deprecated.daemonset.template.generation", None)
+        return {
+            "apiVersion": obj["apiVersion"],
+            "kind": obj["kind"],
+            "metadata": meta,
+            "spec": obj["spec"],
+        }
+
+    spec = module()["spec"]["dra"]
+    device_class = await api.request(
+        "GET", resources.DEVICE_CLASSES.path(name=spec["deviceClasses"][0]["name"])
+    )
+    daemonsets = await api.request(
+        "GET", resources.DAEMONSETS.path(NAMESPACE), query={"labelSelector": f"{labels.ROLE}=dra"}
+    )
+    (daemonset,) = daemonsets["items"]
+    wanted = daemonset["spec"]["template"]["spec"]["nodeSelector"]
+    node_labels = [
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": wanted}}
+        for name in names
+    ]
+    return [
+        bare({**device_class, "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass"}),
+        *node_labels,
+        bare({**daemonset, "apiVersion": "apps/v1", "kind": "DaemonSet"}),
+    ]
+
+
+async def one_run(
+    count: int, scratch: pathlib.Path, instead_of_module: list[dict[str, Any]] | None
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """One sandbox: with the operator (``instead_of_module`` None), or the floor."""
     record = await cluster.up(
         cluster.Options(directory=scratch / "sandbox", cache_dir=paths.cache_dir(), nodes=0)
     )
@@ -172,17 +235,32 @@ async def one_run(count: int, scratch: pathlib.Path) -> dict[str, float]:
                     documents.extend(applying.load_documents(path.read_text()))
             await applying.apply_documents(api, documents)
             await asyncio.sleep(2)  # the CRD established, the policy in force
+            if instead_of_module is not None:
+                async with emulated_nodes(api, scratch, count) as running:
+                    return await stage_times(api, running, instead_of_module), []
             operator = wiring.Operator(api, workers=2, election=None)
             stop = asyncio.Event()
             task = asyncio.ensure_future(operator.run(stop))
             try:
                 async with emulated_nodes(api, scratch, count) as running:
-                    return await stage_times(api, running)
+                    reached = await stage_times(api, running, None)
+                    names = [one.options.node.name for one in running]
+                    return reached, await operator_writes(api, names)
             finally:
                 stop.set()
                 await task
     finally:
         cluster.down(record.directory)
+
+
+def run_in_scratch(
+    count: int, instead_of_module: list[dict[str, Any]] | None
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="kd", dir="/tmp"))  # short: sockets
+    try:
+        return asyncio.run(one_run(count, scratch, instead_of_module))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main() -> None:
@@ -192,22 +270,29 @@ def main() -> None:
     arguments = parser.parse_args()
     # The emulator warns while a pod waits for its driver: expected here.
     logging.basicConfig(level=logging.ERROR)
-    results: dict[int, list[dict[str, float]]] = {}
+    results: dict[str, dict[int, list[dict[str, float]]]] = {"kmm": {}, "floor": {}}
     for count in arguments.nodes:
         for _ in range(arguments.rounds):
-            scratch = pathlib.Path(tempfile.mkdtemp(prefix="kd", dir="/tmp"))  # short: sockets
-            try:
-                results.setdefault(count, []).append(asyncio.run(one_run(count, scratch)))
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
-    header = "".join(f"{f'{n} node(s)':>12}" for n in arguments.nodes)
+            # kmm first: the floor replays what its operator wrote, in a sandbox of its own.
+            reached, written = run_in_scratch(count, None)
+            results["kmm"].setdefault(count, []).append(reached)
+            reached, _ = run_in_scratch(count, written)
+            results["floor"].setdefault(count, []).append(reached)
+
+    def median(who: str, count: int, stage: str) -> float:
+        return statistics.median(r[stage] for r in results[who][count])
+
     print(
-        f"seconds from applying the Module until the last node reached each stage (median of {arguments.rounds}):"
+        "seconds from applying the Module until the last node reached each stage"
+        f" (median of {arguments.rounds}); floor: the operator's writes applied instead"
     )
+    header = "".join(f"{f'kmm {n}n':>9}{f'floor {n}n':>9}{'ratio':>7}" for n in arguments.nodes)
     print(f"  {'stage':<22}{header}")
     for stage in STAGES:
         cells = "".join(
-            f"{statistics.median(r[stage] for r in results[n]):12.2f}" for n in arguments.nodes
+            f"{median('kmm', n, stage):9.2f}{median('floor', n, stage):9.2f}"
+            f"{median('kmm', n, stage) / median('floor', n, stage):7.2f}"
+            for n in arguments.nodes
         )
         print(f"  {stage:<22}{cells}")
 
