@@ -181,11 +181,6 @@ class Manager:
     def _sync(self) -> None:
         self.store.save([info.state() for info in self.claims.values()])
 
-    def forget_prepared(self) -> None:
-        """As after a reboot or a restart: every claim must be prepared again."""
-        for info in self.claims.values():
-            info.prepared = False
-
     async def prepare(self, pod: Mapping[str, Any]) -> None:
         try:
             await self._prepare(pod)

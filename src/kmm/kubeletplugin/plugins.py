@@ -308,14 +308,6 @@ class Plugin:
     def publisher(self) -> publishing.Publisher | None:
         return self._publisher
 
-    def list_attributes_supported(self) -> bool:
-        """Whether device attributes may hold lists of values.
-
-        ``resource.k8s.io/v1`` has only scalar attributes, and without an API
-        client DRA is off; policies ask instead of assuming.
-        """
-        return False
-
     # -- serving.Handler ---------------------------------------------------
 
     def plugin_info(self) -> tuple[str, list[str]]:
