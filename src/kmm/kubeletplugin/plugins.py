@@ -36,8 +36,9 @@ What is fsynced, per call: nothing. A call's checkpoint changes are lines
 appended to the journal (one for "started", one for "completed", one for
 an unprepare, one for an undo that failed; ``checkpointing``), and CDI
 specs are written and removed without an fsync. A killed process loses none
-of it: its writes are in the page cache. What a power loss or a kernel crash loses does not matter,
-because the node reboots and every container goes with it:
+of it: its writes are in the page cache. What a power loss or a kernel crash
+loses does not matter, because the node reboots and every container goes
+with it:
 - after a reboot no claim prepared before it holds devices: the journal
   records the boot that began it (``boot_id``), every claim from an earlier
   boot is given back to the kubelet's next prepare as "started" (the
