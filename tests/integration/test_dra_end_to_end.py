@@ -256,8 +256,7 @@ async def test_cordoning_unprepares_the_evicted_workloads_claim_before_the_drive
             },
         )
         await testing.eventually(_unprepared(on), "the claim unprepared, its CDI spec gone")
-        unprepares = [c for c in on.running.manager.calls if c[0] == "NodeUnprepareResources"]
-        assert len(unprepares) == 1
+        assert on.running.manager.count("NodeUnprepareResources") == 1
         assert (
             on.running.metrics.operations.labels(
                 "NodeUnprepareResources", on.driver, "ok"

@@ -36,6 +36,7 @@ from kmm.sandbox import testing
 NAMESPACE = real.NAMESPACE
 
 NewDriver = Callable[["EmulatedNode"], real.DriverProcess]
+_METHODS = ("NodePrepareResources", "NodeUnprepareResources")
 
 
 @pytest.fixture(scope="session")
@@ -159,14 +160,11 @@ async def test_the_emulator_prepares_through_the_driver_and_unprepares_on_delete
         assert _containers(node)[state["metadata"]["uid"]] == {
             "main": list(prepared.cdi_device_ids or ())
         }
-        assert [c[0] for c in running.manager.calls] == ["NodePrepareResources"]
+        assert [running.manager.count(m) for m in _METHODS] == [1, 0]
 
         await real._delete_pod(kmm_api, pod)
         await testing.eventually(lambda: _unprepared(node, driver), "unprepared, checkpoint empty")
-        assert [c[0] for c in running.manager.calls] == [
-            "NodePrepareResources",
-            "NodeUnprepareResources",
-        ]
+        assert [running.manager.count(m) for m in _METHODS] == [1, 1]
         assert checkpoint.Store(node.kubelet_dir).path.read_bytes() == checkpoint.encode([])
 
 
@@ -194,8 +192,7 @@ async def test_a_shared_claim_waits_for_both_pods_and_a_force_deletion_still_unp
         assert real._cdi_specs(node, driver)
         await real._delete_pod(kmm_api, pods[1], force=True)
         await testing.eventually(lambda: _unprepared(node, driver), "unprepared once both are gone")
-        unprepares = [c for c in running.manager.calls if c[0] == "NodeUnprepareResources"]
-        assert len(unprepares) == 1
+        assert running.manager.count("NodeUnprepareResources") == 1
         await kmm_api.request("DELETE", resources.RESOURCE_CLAIMS.path(NAMESPACE, claim))
 
 
@@ -392,7 +389,7 @@ async def test_restart_keeps_pods_reprepare_prepares_again_and_reboot_rebuilds_c
         registered = driver.registrations()
 
         def prepares() -> int:
-            return len([c for c in running.manager.calls if c[0] == "NodePrepareResources"])
+            return running.manager.count("NodePrepareResources")
 
         async def prepared_again(count: int) -> bool:
             return prepares() == count
@@ -510,3 +507,34 @@ async def test_the_test_drivers_health_stream_is_followed_and_its_silent_devices
         assert driver.said("/v1alpha1.DRAResourceHealth/NodeWatchResources") > 0
         await real._delete_pod(kmm_api, pod)
         await testing.eventually(lambda: _unprepared(node, driver), "unprepared")
+
+
+async def test_pods_deleted_after_a_failed_prepare_leave_no_retry_behind(
+    kmm_api: kube_client.Client,
+) -> None:
+    """A pod whose prepare fails waits for its retry; deleted, gracefully or
+    by force, it must not leave that retry in the long-running emulator."""
+    async with emulated(kmm_api) as (node, running):
+        for cycle in range(6):
+            name = f"nt-{uuid.uuid4().hex[:6]}"
+            body = real._pod(name, [{"name": "dev", "resourceClaimName": f"absent-{name}"}])
+            body["spec"].pop("nodeSelector")
+            body["spec"]["terminationGracePeriodSeconds"] = 30
+            body["spec"]["nodeName"] = node.name  # bound without the scheduler: the claim is absent
+            created = await kmm_api.request("POST", resources.PODS.path(NAMESPACE), body=body)
+            uid = created["metadata"]["uid"]
+
+            async def failed(uid: str = uid) -> bool:
+                return uid in running._next_try
+
+            await testing.eventually(failed, f"{name}: its prepare failed, a retry due")
+            force = cycle % 2 == 1
+            await real._delete_pod(kmm_api, name, force=force)
+            if not force:
+                # The emulator deleted it for good, which it does after forgetting it.
+                assert uid not in running._next_try
+
+        async def no_retries() -> bool:
+            return not running._next_try
+
+        await testing.eventually(no_retries, "no retry left for pods that are gone")

@@ -30,15 +30,21 @@ from the cache and the checkpoint once its driver answered.
 ``prepared`` is memory only, as in the kubelet: a restart reloads the
 checkpoint with every claim unprepared, so running pods' claims are prepared
 again (drivers must be idempotent).
+
+What the manager keeps of its calls is bounded, since ``kmm kubelet`` runs
+for as long as a node does: ``count`` (calls per method and driver, never
+reset: what tests count) and ``recent`` (the last ``RECENT_CALLS`` calls
+with their claims, for a test's failure message or a debugger).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from kmm.kube import client, errors, resources
 from kmm.kubelet import checkpoint, registration
@@ -50,7 +56,15 @@ from kmm.kubeletplugin.protos import (
     dra_v1beta1_pb2_grpc,
 )
 
-__all__ = ["ClaimInfo", "Manager", "PrepareError", "claim_name", "uses_claim"]
+__all__ = [
+    "RECENT_CALLS",
+    "Call",
+    "ClaimInfo",
+    "Manager",
+    "PrepareError",
+    "claim_name",
+    "uses_claim",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -59,6 +73,16 @@ _STUBS: Mapping[str, tuple[Any, Any]] = {
     "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
 }
 _CALL_TIMEOUT = 45.0
+RECENT_CALLS: Final = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One NodePrepareResources or NodeUnprepareResources sent to a driver."""
+
+    method: str
+    driver: str
+    claim_uids: tuple[str, ...]
 
 
 class PrepareError(Exception):
@@ -172,19 +196,19 @@ class Manager:
         self.store = store
         self.metrics = metrics or kubelet_metrics.Metrics()
         self.claims: dict[tuple[str, str], ClaimInfo] = {}
-        self.calls: list[tuple[str, str, tuple[str, ...]]] = []  # (method, driver, claim uids)
+        self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.recent: collections.deque[Call] = collections.deque(maxlen=RECENT_CALLS)
 
     def load(self) -> None:
         """The checkpoint into the cache, every claim unprepared (a restart)."""
         self.claims = {(s.namespace, s.claim_name): ClaimInfo.of(s) for s in self.store.load()}
 
+    def count(self, method: str, driver: str | None = None) -> int:
+        """Calls of ``method`` sent so far (to ``driver``, or to any), restarts included."""
+        return sum(n for (m, d), n in self._counts.items() if m == method and driver in (None, d))
+
     def _sync(self) -> None:
         self.store.save([info.state() for info in self.claims.values()])
-
-    def forget_prepared(self) -> None:
-        """As after a reboot or a restart: every claim must be prepared again."""
-        for info in self.claims.values():
-            info.prepared = False
 
     async def prepare(self, pod: Mapping[str, Any]) -> None:
         try:
@@ -290,7 +314,8 @@ class Manager:
         pb2, grpc_module = _STUBS[plugin.version]
         stub: Any = grpc_module.DRAPluginStub(plugin.channel)
         claims = [pb2.Claim(namespace=i.namespace, name=i.name, uid=i.uid) for i in infos]
-        self.calls.append((method, driver, tuple(i.uid for i in infos)))
+        self._counts[method, driver] += 1
+        self.recent.append(Call(method, driver, tuple(i.uid for i in infos)))
         request_type = (
             pb2.NodePrepareResourcesRequest
             if method == "NodePrepareResources"

@@ -146,6 +146,8 @@ class Emulator:
         )
         self.pods = _Pods()
         self._started: set[str] = set()
+        # Pods whose prepare failed: when to try again. An entry goes when the
+        # prepare succeeds or the pod goes (``_forget``, ``_gone``).
         self._next_try: dict[str, float] = {}
         self._wipes: dict[str, asyncio.Task[None]] = {}
         self.containers: dict[str, dict[str, list[str]]] = {}  # pod uid -> container -> CDI ids
@@ -436,6 +438,7 @@ class Emulator:
 
     def _forget(self, uid: str) -> None:
         self._started.discard(uid)
+        self._next_try.pop(uid, None)
         self._completed.discard(uid)
         self._started_at.pop(uid, None)
         self._stopping.pop(uid, None)
@@ -445,8 +448,12 @@ class Emulator:
 
     async def _gone(self) -> None:
         """Pods that vanished (force-deleted): their processes killed, their
-        claims unprepared from the cache."""
+        claims unprepared from the cache, their retry forgotten."""
         present = set(self.pods.by_uid)
+        for uid in set(self._next_try) - present:
+            # A pod whose prepare failed may hold no claim and no run: nothing
+            # below would name it.
+            del self._next_try[uid]
         known = {uid for info in self.manager.claims.values() for uid in info.pod_uids}
         for uid in sorted((known | set(self.runs)) - present):
             run = self.runs.get(uid)

@@ -20,6 +20,12 @@ API access is ``kmm.kube`` (a ``kube.client.Client``, whose request counter
 shows a warm prepare makes no API call); guarded tasks and backoff are
 ``kmm.aio``'s.
 - ``protos``       generated stubs (``scripts/gen_protos.py``)
+
+Seed 004's ``ListAttributesSupported`` has no counterpart here: the pinned
+1.35 ``resource.k8s.io`` API has scalar device attributes only, so there is
+nothing to detect and no policy could use the answer. List-valued attributes
+arrive as alpha in 1.36 (KEP-5491, the ``DRAListTypeAttributes`` gate); a
+check belongs with the pin that brings them.
 """
 
 from kmm.kubeletplugin.cdi import claim_of_cdi_device, container_claims

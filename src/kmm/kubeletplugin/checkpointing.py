@@ -27,6 +27,15 @@ policy) once they are done. A crash in between leaves ``PrepareStarted``:
 the next prepare of that claim redoes the work (the policy's ``prepare`` is
 idempotent per claim) and an unprepare cleans it up.
 
+A third state, ``ReleasePending``, is a claim whose prepare failed and whose
+undo failed too: the policy may still hold its devices. It is never answered
+as prepared; the next prepare of it releases it first, and an unprepare
+releases and forgets it (``plugins``). The state came after version 1 and
+the version stayed: every file written before it reads as it did, and a
+build older than it refuses a file holding one (an unknown state) instead of
+forgetting a release. Bumping the version would refuse every file, pending
+release or not.
+
 ``boot_id`` says which boot of the node began the journal: after a reboot
 nothing prepared before it is in use any more (the plugin prepares such
 claims again when the kubelet asks), and an unsynced change a power loss
@@ -61,9 +70,10 @@ JOURNAL_NAME = "checkpoint.journal"
 # characters), so about 1,700 of them.
 JOURNAL_LIMIT = 1 << 20
 
-State = Literal["PrepareStarted", "PrepareCompleted"]
+State = Literal["PrepareStarted", "PrepareCompleted", "ReleasePending"]
 STARTED: State = "PrepareStarted"
 COMPLETED: State = "PrepareCompleted"
+RELEASE_PENDING: State = "ReleasePending"
 
 
 class PreparedDeviceDict(TypedDict):
@@ -122,7 +132,7 @@ class ClaimRecord:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> ClaimRecord:
         state = raw["state"]
-        if state not in (STARTED, COMPLETED):
+        if state not in (STARTED, COMPLETED, RELEASE_PENDING):
             raise ValueError(f"unknown claim state {state!r}")
         return cls(
             namespace=str(raw["namespace"]),

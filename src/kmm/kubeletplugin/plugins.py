@@ -23,12 +23,22 @@ failing claim is undone and answered with its error; the others are
 unaffected. Unprepare releases each claim, commits the checkpoint once,
 then removes the specs.
 
+An undo that fails (the policy's ``unprepare`` raised) leaves the policy
+perhaps holding the claim's devices, so the claim is not forgotten: it is
+recorded ``ReleasePending`` (checkpointed, so a restart keeps it) and never
+answered as prepared. The kubelet's NodeUnprepareResources for it (which
+comes: the kubelet checkpointed the claim before its prepare call) releases
+it and forgets it, as any unprepare does; a NodePrepareResources for it,
+the kubelet's retry, releases it first and only then prepares it afresh,
+or answers the release's error and keeps it pending.
+
 What is fsynced, per call: nothing. A call's checkpoint changes are lines
 appended to the journal (one for "started", one for "completed", one for
-an unprepare; ``checkpointing``), and CDI specs are written and removed
-without an fsync. A killed process loses none of it: its writes are in the
-page cache. What a power loss or a kernel crash loses does not matter,
-because the node reboots and every container goes with it:
+an unprepare, one for an undo that failed; ``checkpointing``), and CDI
+specs are written and removed without an fsync. A killed process loses none
+of it: its writes are in the page cache. What a power loss or a kernel crash
+loses does not matter, because the node reboots and every container goes
+with it:
 - after a reboot no claim prepared before it holds devices: the journal
   records the boot that began it (``boot_id``), every claim from an earlier
   boot is given back to the kubelet's next prepare as "started" (the
@@ -308,14 +318,6 @@ class Plugin:
     def publisher(self) -> publishing.Publisher | None:
         return self._publisher
 
-    def list_attributes_supported(self) -> bool:
-        """Whether device attributes may hold lists of values.
-
-        ``resource.k8s.io/v1`` has only scalar attributes, and without an API
-        client DRA is off; policies ask instead of assuming.
-        """
-        return False
-
     # -- serving.Handler ---------------------------------------------------
 
     def plugin_info(self) -> tuple[str, list[str]]:
@@ -387,8 +389,10 @@ class Plugin:
                     record = self.checkpoint.claims.get(ref.uid)
                     if record is not None and record.state == checkpointing.COMPLETED:
                         answers[ref.uid] = self._answer_prepared(ref.uid, record)
-                    else:
-                        todo.append(claim)
+                        continue
+                    if record is not None and record.state == checkpointing.RELEASE_PENDING:
+                        await self._retry_release(ref)
+                    todo.append(claim)
                 except errors.PluginError as err:
                     answers[ref.uid] = PrepareResult(error=str(err))
             if not todo:
@@ -518,15 +522,57 @@ class Plugin:
         return PrepareResult(devices=record.devices)
 
     async def _undo(self, ref: claims.ClaimRef, *, committed: bool) -> None:
-        """Take back a failed claim's prepare (and the owner's commit, if it was made)."""
+        """Take back a failed claim's prepare (and the owner's commit, if it was made).
+
+        If that fails, the claim's release is pending instead of forgotten.
+        """
         try:
             await self._policy.unprepare(ref.uid)
             self._specs.remove(ref.uid)
             if committed:
                 await self._owner.claim_released(ref)
         except Exception as err:
-            logger.error("undoing claim %s failed: %s", ref.uid, err)
+            logger.error(
+                "undoing claim %s/%s failed, its release is pending: %s",
+                ref.namespace,
+                ref.name,
+                err,
+            )
+            self._keep_pending(ref)
+            return
         self.checkpoint.claims.pop(ref.uid, None)
+
+    def _keep_pending(self, ref: claims.ClaimRef) -> None:
+        record = checkpointing.ClaimRecord(
+            namespace=ref.namespace, name=ref.name, state=checkpointing.RELEASE_PENDING
+        )
+        try:
+            self.checkpoint.commit(put={ref.uid: record})
+        except errors.CheckpointError as err:
+            # On disk it stays "started", which an unprepare after a restart
+            # releases too; only the release before a new prepare is lost then.
+            logger.error("recording claim %s's pending release failed: %s", ref.uid, err)
+            self.checkpoint.claims[ref.uid] = record
+
+    async def _release(self, ref: claims.ClaimRef) -> None:
+        """What the policy and the owner hold for a claim, given back."""
+        await self._policy.unprepare(ref.uid)
+        await self._owner.claim_released(ref)
+
+    async def _retry_release(self, ref: claims.ClaimRef) -> None:
+        """Release a claim whose release is pending, before it is prepared afresh.
+
+        Its record stays pending until the prepare's "started" replaces it.
+        """
+        try:
+            await self._release(ref)
+            self._specs.remove(ref.uid)
+        except Exception as err:
+            raise errors.ClaimError(
+                f"claim {ref.namespace}/{ref.name} not prepared: what an earlier failed "
+                f"prepare left could not be released: {err}"
+            ) from err
+        logger.info("claim %s/%s: its pending release is done", ref.namespace, ref.name)
 
     async def unprepare_resource_claims(
         self, refs: Sequence[claims.ClaimRef]
@@ -540,8 +586,7 @@ class Plugin:
                 try:
                     claims.validate_ref(ref)
                     if ref.uid in self.checkpoint.claims:
-                        await self._policy.unprepare(ref.uid)
-                        await self._owner.claim_released(ref)
+                        await self._release(ref)
                         held.append(ref)
                     # An unknown claim succeeds; a spec left by a crash still goes.
                     released.append(ref.uid)

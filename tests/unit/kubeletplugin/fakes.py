@@ -48,6 +48,7 @@ class FakePolicy:
         self.unprepare_calls = 0
         self.restored: dict[claims.ClaimUID, list[str]] = {}
         self.fail: set[str] = set()
+        self.fail_unprepare: set[str] = set()
         self.gate: asyncio.Event | None = None
         self.entered = asyncio.Event()
         self._health = health
@@ -81,6 +82,8 @@ class FakePolicy:
 
     async def unprepare(self, uid: claims.ClaimUID) -> None:
         self.unprepare_calls += 1
+        if uid in self.fail_unprepare:
+            raise RuntimeError(f"policy cannot release {uid}")
         self.prepared.pop(uid, None)
 
     def restore(

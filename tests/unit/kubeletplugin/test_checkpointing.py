@@ -121,3 +121,54 @@ def test_well_checksummed_but_malformed_content(tmp_path: pathlib.Path) -> None:
     path.write_text(json.dumps({"version": 1, "checksum": zlib.crc32(data.encode()), "data": data}))
     with pytest.raises(errors.CheckpointCorruptedError, match="malformed content"):
         checkpointing.Checkpoint(tmp_path).load()
+
+
+# Written by the build before ReleasePending (commit 74fc886), byte for byte.
+_BEFORE_RELEASE_PENDING = {
+    checkpointing.FILE_NAME: (
+        r'{"version": 1, "checksum": 1002610470, "data": "{\"bootID\":\"boot-1\",\"claims\":'
+        r"{\"u-1\":{\"devices\":[{\"cdiDeviceIDs\":[\"v/claim=u-1-0\"],\"deviceName\":\"dev0\","
+        r"\"edits\":{\"deviceNodes\":[{\"path\":\"/dev/dev0\"}]},\"poolName\":\"node\","
+        r"\"requestNames\":[\"r\"]}],\"name\":\"c1\",\"namespace\":\"ns\","
+        r'\"state\":\"PrepareCompleted\"}}}"}'
+    ),
+    checkpointing.JOURNAL_NAME: (
+        'eee7ff4a {"journal":1,"bootID":"boot-1"}\n'
+        '1bc4a43f {"drop":[],"put":{"u-2":{"devices":[],"name":"c2","namespace":"ns",'
+        '"state":"PrepareStarted"}}}\n'
+    ),
+}
+
+
+def test_a_checkpoint_written_before_release_pending_still_loads(tmp_path: pathlib.Path) -> None:
+    for name, text in _BEFORE_RELEASE_PENDING.items():
+        (tmp_path / name).write_text(text)
+    checkpoint = checkpointing.Checkpoint(tmp_path)
+    checkpoint.load(boot_id="boot-1")
+    device = checkpointing.PreparedDevice(
+        ("r",), "node", "dev0", ("v/claim=u-1-0",), {"deviceNodes": [{"path": "/dev/dev0"}]}
+    )
+    assert checkpoint.boot_id == "boot-1"
+    assert checkpoint.claims == {
+        "u-1": checkpointing.ClaimRecord("ns", "c1", checkpointing.COMPLETED, (device,)),
+        "u-2": checkpointing.ClaimRecord("ns", "c2", checkpointing.STARTED),
+    }
+
+
+def test_a_pending_release_round_trips_through_the_journal_and_the_snapshot(
+    tmp_path: pathlib.Path,
+) -> None:
+    checkpoint = checkpointing.Checkpoint(tmp_path)
+    pending = checkpointing.ClaimRecord("ns", "c", checkpointing.RELEASE_PENDING)
+    checkpoint.commit(put={UID: pending})
+    checkpoint.close()
+    again = checkpointing.Checkpoint(tmp_path)
+    again.load()
+    assert again.claims == {UID: pending}  # from the journal
+    again.save()
+    again.close()
+    third = checkpointing.Checkpoint(tmp_path)
+    third.load()
+    assert third.claims == {UID: pending}  # from the snapshot
+    assert json.loads(third.path.read_text())["version"] == 1  # the version stayed
+    third.close()
