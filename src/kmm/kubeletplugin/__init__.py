@@ -15,11 +15,11 @@ by its owner's ``Policy``. It never imports ``kmm.operator`` or
 - ``checkpointing`` the two-phase checkpoint: a snapshot and a journal
 - ``journaling``   the journal's lines, what a crash leaves of them
 - ``files``, ``errors``  atomic writes, the error tree
+- ``protos``       generated stubs (``scripts/gen_protos.py``)
 
 API access is ``kmm.kube`` (a ``kube.client.Client``, whose request counter
 shows a warm prepare makes no API call); guarded tasks and backoff are
 ``kmm.aio``'s.
-- ``protos``       generated stubs (``scripts/gen_protos.py``)
 
 Seed 004's ``ListAttributesSupported`` has no counterpart here: the pinned
 1.35 ``resource.k8s.io`` API has scalar device attributes only, so there is
