@@ -124,7 +124,9 @@ class _Flight:
     """What the cache showed of one key while writes of it were on the wire:
     the newest version, and whether the object was deleted. Any event seen
     before a write was sent is older than the write's result (etcd orders
-    them), so writes of one key overlapping in time can share one."""
+    them), so writes of one key overlapping in time can share one; a
+    deletion seen before one of them was sent costs at worst that write
+    repeated once."""
 
     writes: int = 0
     newest: str | None = None
