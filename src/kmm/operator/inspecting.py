@@ -5,7 +5,10 @@ with the planners' own rule (``upgrade.step``): ``kmm status`` and
 ``kmm upgrade`` say what the operator does next on a node, in its words. A
 pod of the Module that cannot run there (an image that does not pull, a
 container that keeps crashing) is reported as the node's ``problem``: an
-upgrade waiting on it would wait forever.
+upgrade waiting on it would wait forever. Init containers count as much as
+the others (a device plugin's or DRA driver's init container whose image
+does not pull holds its pod back just the same), and the ``Watcher``
+records a node again when a problem appears at a step it already reported.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ __all__ = [
 
 RawObject = dict[str, Any]
 
-# Container waiting reasons that do not heal by waiting.
+# Container waiting reasons that do not heal by waiting (the kubelet's
+# ErrImagePull, ImagePullBackOff, ... in pkg/kubelet/images and kuberuntime).
 STUCK_REASONS: Final = frozenset(
     {
         "ErrImagePull",
@@ -66,15 +70,34 @@ async def get_module(api: client.Client, namespace: str, name: str) -> RawObject
     return found
 
 
+def _stuck(status: Mapping[str, Any], *, init: bool) -> str | None:
+    """Why one container status cannot get on, or None."""
+    state = status.get("state") or {}
+    waiting = state.get("waiting") or {}
+    waiting_reason = waiting.get("reason")
+    if isinstance(waiting_reason, str) and waiting_reason in STUCK_REASONS:
+        message = waiting.get("message") or ""
+        return waiting_reason + (f" ({message})" if message else "")
+    # An init container that failed is run again (a DaemonSet's pods restart
+    # always) and the pod waits on it; failing again after a restart, it is
+    # crash-looping even in the moment before the kubelet says CrashLoopBackOff.
+    terminated = state.get("terminated") or {}
+    code = terminated.get("exitCode") or 0
+    if init and code != 0 and (status.get("restartCount") or 0) > 0:
+        reason = terminated.get("reason") or "Error"
+        return f"{reason}: exit code {code}, restarted {status['restartCount']} time(s)"
+    return None
+
+
 def _problem(pods: Iterable[Mapping[str, Any]]) -> str | None:
     for pod in pods:
-        for status in (pod.get("status") or {}).get("containerStatuses") or ():
-            waiting = (status.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") in STUCK_REASONS:
-                message = waiting.get("message") or ""
-                return f"pod {objects.name(pod)}: {waiting['reason']}" + (
-                    f" ({message})" if message else ""
-                )
+        pod_status = pod.get("status") or {}
+        for status in pod_status.get("initContainerStatuses") or ():
+            if (why := _stuck(status, init=True)) is not None:
+                return f"pod {objects.name(pod)}: init container {status.get('name')}: {why}"
+        for status in pod_status.get("containerStatuses") or ():
+            if (why := _stuck(status, init=False)) is not None:
+                return f"pod {objects.name(pod)}: {why}"
     return None
 
 
@@ -202,7 +225,7 @@ class Watcher:
         self.changed = asyncio.Event()
         self.steps: collections.deque[NodeState] = collections.deque()
         self._followed: set[str] = set()
-        self._said: dict[str, str] = {}
+        self._said: dict[str, tuple[str, str | None]] = {}
         self._nodes, self._pods = _Objects(self._changed), _Objects(self._changed)
         pod_resource, namespace, owned = _pods_of(module)
         self._reflectors = [
@@ -236,8 +259,11 @@ class Watcher:
     def _changed(self) -> None:
         found = self.states(only=self._followed) if self._followed else None
         for state in found or ():
-            if self._said.get(state.node) != state.step.description:
-                self._said[state.node] = state.step.description
+            # A problem may come at a step already said (the pod's image
+            # stops pulling while the node waits for it): that is news too.
+            said = (state.step.description, state.problem)
+            if self._said.get(state.node) != said:
+                self._said[state.node] = said
                 self.steps.append(state)
         self.changed.set()
 

@@ -14,6 +14,14 @@ that gap would see the old object and send the same write again. ``Pending``
 remembers, per object, the writes whose result the cache does not show yet;
 the same write is skipped until it does.
 
+``Pending`` holds an entry only while an event is still to come that clears
+it, so a leader that runs for weeks holds no more entries than it has writes
+whose events are on their way: a write that changed nothing (a delete or
+patch answered 404, a DeviceClass delete whose uid no longer matches) leaves
+none, and events that arrive while a write is on the wire (``Pending.sending``)
+count against its result, so a DELETED event that beats the DELETE's own
+reply leaves nothing behind either.
+
 Every write carries the ``fence`` the wiring gives (the leader elector's
 ``holds``): a replica whose lease may have run out sends nothing more, not
 even a retry of a throttled write (``kube.errors.Fenced``).
@@ -21,9 +29,11 @@ even a retry of a throttled write (``kube.errors.Fenced``).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from kmm.api import modules
@@ -48,13 +58,22 @@ class Pending:
     write. resourceVersions are opaque in the API contract; etcd's are
     increasing integers, which this compares, and anything else counts as
     caught up (at worst one repeated write).
+
+    A write is sent inside ``sending(key)``: the events of ``key`` seen
+    while it is on the wire are remembered (``_Flight``) and ``sent`` checks
+    its result against them, since the cache may show a write before its
+    reply comes back and no later event would then clear its entry.
     """
 
     def __init__(self) -> None:
         self._entries: dict[str, dict[str, tuple[str, str | None]]] = {}
+        self._flights: dict[str, _Flight] = {}
 
     def seen(self, key: str, version: str | None) -> None:
         """The cache shows ``key`` at ``version`` (None: deleted)."""
+        flight = self._flights.get(key)
+        if flight is not None:
+            flight.saw(version)
         parts = self._entries.get(key)
         if parts is None:
             return
@@ -64,7 +83,25 @@ class Pending:
         if not parts:
             del self._entries[key]
 
+    @contextlib.contextmanager
+    def sending(self, key: str) -> Iterator[None]:
+        """Around one write of ``key``, its ``sent`` included."""
+        flight = self._flights.setdefault(key, _Flight())
+        flight.writes += 1
+        try:
+            yield
+        finally:
+            flight.writes -= 1
+            if not flight.writes:
+                del self._flights[key]
+
     def sent(self, key: str, part: str, body: object, result: str | None) -> None:
+        """``part`` of ``key`` was written as ``body``; the cache shows it at
+        ``result`` (None: the write changed nothing, so nothing is in flight)."""
+        flight = self._flights.get(key)
+        if result is None or (flight is not None and flight.shows(result)):
+            self._forget(key, part)
+            return
         self._entries.setdefault(key, {})[part] = (_digest(body), result)
 
     def in_flight(self, key: str, part: str, version: str | None, body: object) -> bool:
@@ -73,6 +110,36 @@ class Pending:
 
     def __len__(self) -> int:
         return sum(len(parts) for parts in self._entries.values())
+
+    def _forget(self, key: str, part: str) -> None:
+        parts = self._entries.get(key)
+        if parts is not None:
+            parts.pop(part, None)
+            if not parts:
+                del self._entries[key]
+
+
+@dataclasses.dataclass
+class _Flight:
+    """What the cache showed of one key while writes of it were on the wire:
+    the newest version, and whether the object was deleted. Any event seen
+    before a write was sent is older than the write's result (etcd orders
+    them), so writes of one key overlapping in time can share one; a
+    deletion seen before one of them was sent costs at worst that write
+    repeated once."""
+
+    writes: int = 0
+    newest: str | None = None
+    gone: bool = False
+
+    def saw(self, version: str | None) -> None:
+        if version is None:
+            self.gone = True
+        elif self.newest is None or _caught_up(version, self.newest):
+            self.newest = version
+
+    def shows(self, result: str) -> bool:
+        return self.gone or (self.newest is not None and _caught_up(self.newest, result))
 
 
 def _caught_up(version: str | None, result: str | None) -> bool:
@@ -96,10 +163,10 @@ _GONE = str(2**63)
 
 
 def _deleting(observed: RawObject) -> str:
-    """The ``Pending`` part of a delete: per object (uid), not per name. The
-    cache may show the delete before the call returns, so no event clears
-    what the call records; an object made again under that name has another
-    uid, and its delete is a new write (the churn test's orphan DaemonSet)."""
+    """The ``Pending`` part of a delete: per object (uid), not per name. An
+    object made again under that name has another uid, and its delete is a
+    new write, whatever ``Pending`` still holds of the last one's (the churn
+    test's orphan DaemonSet, whose DELETED event had beaten the reply)."""
     uid = (observed.get("metadata") or {}).get("uid")
     return f"delete {uid}" if uid else "delete"
 
@@ -138,15 +205,16 @@ class Writer:
         key = f"{metadata['namespace']}/{metadata['name']}"
         if self.pending.in_flight(key, "apply", objects.resource_version(observed), desired):
             return False
-        reply = await self.api.send(
-            "PATCH",
-            resources.DAEMONSETS.path(metadata["namespace"], metadata["name"]),
-            query={"fieldManager": FIELD_MANAGER, "force": True},
-            body=desired,
-            content_type=client.APPLY_PATCH,
-            fence=self.fence,
-        )
-        self.pending.sent(key, "apply", desired, objects.resource_version(reply.body))
+        with self.pending.sending(key):
+            reply = await self.api.send(
+                "PATCH",
+                resources.DAEMONSETS.path(metadata["namespace"], metadata["name"]),
+                query={"fieldManager": FIELD_MANAGER, "force": True},
+                body=desired,
+                content_type=client.APPLY_PATCH,
+                fence=self.fence,
+            )
+            self.pending.sent(key, "apply", desired, objects.resource_version(reply.body))
         return reply.status == 201
 
     async def delete_daemonset(self, namespace: str, name: str, observed: RawObject) -> bool:
@@ -155,18 +223,18 @@ class Writer:
         part = _deleting(observed)
         if self.pending.in_flight(key, part, objects.resource_version(observed), None):
             return False
-        try:
-            await self.api.request(
-                "DELETE",
-                resources.DAEMONSETS.path(namespace, name),
-                query={"propagationPolicy": "Background"},
-                fence=self.fence,
-            )
-            deleted = True
-        except errors.NotFound:
-            deleted = False
-        self.pending.sent(key, part, None, _GONE)
-        return deleted
+        with self.pending.sending(key):
+            try:
+                await self.api.request(
+                    "DELETE",
+                    resources.DAEMONSETS.path(namespace, name),
+                    query={"propagationPolicy": "Background"},
+                    fence=self.fence,
+                )
+            except errors.NotFound:
+                return False  # gone already: nothing of ours is in flight
+            self.pending.sent(key, part, None, _GONE)
+        return True
 
     async def create_device_class(self, desired: RawObject) -> bool:
         """Create; True when created, False when skipped (in flight) or when the
@@ -175,13 +243,14 @@ class Writer:
         key = class_key(desired["metadata"]["name"])
         if self.pending.in_flight(key, "create", _ABSENT, desired):
             return False
-        try:
-            reply = await self.api.request(
-                "POST", resources.DEVICE_CLASSES.path(), body=desired, fence=self.fence
-            )
-        except errors.Conflict:
-            return False
-        self.pending.sent(key, "create", desired, objects.resource_version(reply))
+        with self.pending.sending(key):
+            try:
+                reply = await self.api.request(
+                    "POST", resources.DEVICE_CLASSES.path(), body=desired, fence=self.fence
+                )
+            except errors.Conflict:
+                return False
+            self.pending.sent(key, "create", desired, objects.resource_version(reply))
         return True
 
     async def apply_device_class(self, desired: RawObject, observed: RawObject) -> bool:
@@ -190,15 +259,16 @@ class Writer:
         key = class_key(name)
         if self.pending.in_flight(key, "apply", objects.resource_version(observed), desired):
             return False
-        reply = await self.api.request(
-            "PATCH",
-            resources.DEVICE_CLASSES.path(name=name),
-            query={"fieldManager": FIELD_MANAGER, "force": True},
-            body=desired,
-            content_type=client.APPLY_PATCH,
-            fence=self.fence,
-        )
-        self.pending.sent(key, "apply", desired, objects.resource_version(reply))
+        with self.pending.sending(key):
+            reply = await self.api.request(
+                "PATCH",
+                resources.DEVICE_CLASSES.path(name=name),
+                query={"fieldManager": FIELD_MANAGER, "force": True},
+                body=desired,
+                content_type=client.APPLY_PATCH,
+                fence=self.fence,
+            )
+            self.pending.sent(key, "apply", desired, objects.resource_version(reply))
         return True
 
     async def delete_device_class(self, name: str, observed: RawObject) -> bool:
@@ -208,20 +278,24 @@ class Writer:
         if self.pending.in_flight(key, part, objects.resource_version(observed), None):
             return False
         uid = (observed.get("metadata") or {}).get("uid")
-        try:
-            await self.api.request(
-                "DELETE",
-                resources.DEVICE_CLASSES.path(name=name),
-                body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
-                if uid
-                else None,
-                fence=self.fence,
-            )
-            deleted = True
-        except (errors.NotFound, errors.Conflict):
-            deleted = False  # gone, or replaced by another object of that name
-        self.pending.sent(key, part, None, _GONE)
-        return deleted
+        with self.pending.sending(key):
+            try:
+                await self.api.request(
+                    "DELETE",
+                    resources.DEVICE_CLASSES.path(name=name),
+                    body={
+                        "apiVersion": "v1",
+                        "kind": "DeleteOptions",
+                        "preconditions": {"uid": uid},
+                    }
+                    if uid
+                    else None,
+                    fence=self.fence,
+                )
+            except (errors.NotFound, errors.Conflict):
+                return False  # gone, or replaced by another object of that name
+            self.pending.sent(key, part, None, _GONE)
+        return True
 
     async def patch_node_labels(self, node: RawObject, change: dict[str, str | None]) -> bool:
         """Merge-patch the node's labels; False when skipped as already in flight."""
@@ -275,18 +349,19 @@ class Writer:
         self, key: str, aspect: str, path: str, patch: RawObject, identity: object = None
     ) -> None:
         """A merge patch whose object may be gone (then there is nothing to do)."""
-        try:
-            written = await self.api.request(
-                "PATCH",
-                path,
-                body=patch,
-                content_type=client.MERGE_PATCH,
-                fence=self.fence,
-            )
-        except errors.NotFound:
-            written = None
-        remembered = patch if identity is None else identity
-        self.pending.sent(key, aspect, remembered, objects.resource_version(written))
+        with self.pending.sending(key):
+            try:
+                written = await self.api.request(
+                    "PATCH",
+                    path,
+                    body=patch,
+                    content_type=client.MERGE_PATCH,
+                    fence=self.fence,
+                )
+            except errors.NotFound:
+                written = None  # so no result: nothing stays in flight
+            remembered = patch if identity is None else identity
+            self.pending.sent(key, aspect, remembered, objects.resource_version(written))
 
     async def create_event(self, event: RawObject) -> None:
         """Best effort: an Event that cannot be written is logged, never retried."""

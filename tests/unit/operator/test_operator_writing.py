@@ -9,14 +9,14 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Unpack
 
 import kubeclients
 import operator_fixtures as fixtures
 import pytest
 from scripted import Server
 
-from kmm.kube import errors
+from kmm.kube import client, errors
 from kmm.operator import reconciler, writing
 from kmm.runtime import stores
 
@@ -153,3 +153,90 @@ async def test_a_daemonset_deleted_again_after_being_made_again_is_deleted_again
     write.pending.seen("ns/ds", "9")  # its ADDED event
     assert await write.delete_daemonset("ns", "ds", again)
     assert [s.method for s in server.seen] == ["DELETE", "DELETE"]
+
+
+def _not_found(what: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": f"{what} not found",
+        "reason": "NotFound",
+        "code": 404,
+    }
+
+
+async def test_writes_answered_404_or_409_leave_nothing_in_flight(
+    writer: tuple[writing.Writer, Server],
+) -> None:
+    """A write that changed nothing has no result for an event to show, so
+    nothing may wait for one: the object is gone, or (a DeviceClass delete
+    guarded by uid) another object holds the name."""
+    write, server = writer
+    conflict = {
+        "kind": "Status",
+        "status": "Failure",
+        "reason": "Conflict",
+        "code": 409,
+        "message": "Precondition failed: UID in precondition: u1, UID in object meta: u2",
+    }
+    server.script(
+        (404, _not_found('daemonsets.apps "ds"')),
+        (404, _not_found('deviceclasses.resource.k8s.io "dc"')),
+        (409, conflict),
+        (404, _not_found('nodes "n1"')),
+        (404, _not_found('modules.kmm.sigs.x-k8s.io "m"')),
+        (404, _not_found('modules.kmm.sigs.x-k8s.io "m"')),
+    )
+    ds = {"metadata": {"name": "ds", "namespace": "ns", "uid": "u1", "resourceVersion": "5"}}
+    dc = {"metadata": {"name": "dc", "uid": "u1", "resourceVersion": "5"}}
+    module = {"metadata": {"name": "m", "namespace": "ns", "resourceVersion": "3"}}
+    assert not await write.delete_daemonset("ns", "ds", ds)
+    assert not await write.delete_device_class("dc", dc)
+    replaced = {"metadata": {"name": "dc2", "uid": "u1", "resourceVersion": "6"}}
+    assert not await write.delete_device_class("dc2", replaced)
+    await write.patch_node_labels(node("10"), {"ready": ""})
+    await write.patch_module_status(module, {"status": {"observedGeneration": 1}})
+    await write.set_finalizers(module, [])
+    assert len(server.seen) == 6
+    assert len(write.pending) == 0
+
+
+class _EventBeforeReply(client.Client):
+    """A client whose writes come back only after the informer has handed
+    ``pending`` the object's event: the cache shows each write before its
+    reply does (the race a loaded API server makes)."""
+
+    pending: writing.Pending
+    events: list[tuple[str, str | None]]
+
+    async def send(self, method: str, path: str, **options: Unpack[client.Options]) -> client.Reply:
+        reply = await super().send(method, path, **options)
+        key, version = self.events.pop(0)
+        self.pending.seen(key, version)
+        return reply
+
+
+async def test_events_that_beat_the_reply_leave_nothing_in_flight() -> None:
+    async with Server() as server:
+        api = _EventBeforeReply(kubeclients.for_server(server.url).access, max_attempts=1)
+        async with api:
+            write = writing.Writer(api)
+            api.pending = write.pending
+            ok = {"kind": "Status", "status": "Success"}
+            server.script(
+                (200, ok),
+                (200, ok),
+                (201, {"metadata": {"resourceVersion": "7"}}),
+                (200, {"metadata": {"resourceVersion": "12"}}),
+            )
+            api.events = [("ns/ds", None), (writing.class_key("dc"), None)]
+            api.events += [("ns/ds", "7"), ("n1", "12")]
+            ds = {"metadata": {"name": "ds", "namespace": "ns", "uid": "u1"}}
+            assert await write.delete_daemonset("ns", "ds", ds)
+            assert await write.delete_device_class("dc", {"metadata": {"name": "dc"}})
+            desired = {"metadata": {"name": "ds", "namespace": "ns"}, "spec": {}}
+            assert await write.apply_daemonset(desired, None)
+            assert await write.patch_node_labels(node("10"), {"ready": ""})
+            assert len(server.seen) == 4
+            assert len(write.pending) == 0
