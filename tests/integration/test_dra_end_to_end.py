@@ -239,9 +239,22 @@ async def test_cordoning_unprepares_the_evicted_workloads_claim_before_the_drive
         pod = await _workload(kmm_api, namespace, on)
         await cordoned(api_client, on.node.name)
         target = labels.dra_target(namespace, "demo")
-        # Cordoned while the claim is in use: the driver stays.
-        await asyncio.sleep(3)
-        assert on.node.name in await dra.labelled(api_client, target)
+        ready = labels.dra_ready(namespace, "demo")
+        # Cordoned while the claim is in use: the driver stays. The operator
+        # sends all of a node's label changes in one patch. Its ready label
+        # taken off after the cordon, the node as it caches it shows both:
+        # the label put back proves a reconcile saw the cordon, and the patch
+        # that put it back would have taken the target off with it.
+        await client.CoreV1Api(api_client).patch_node(
+            on.node.name, {"metadata": {"labels": {ready: None}}}
+        )
+
+        async def patched_again() -> bool:
+            found = await upgrades.node_labels(api_client, on.node.name)
+            return ready in found or target not in found  # the latter: wrongly
+
+        await testing.eventually(patched_again, "the ready label put back")
+        assert target in await upgrades.node_labels(api_client, on.node.name)
         assert on.running.registry.usable(on.driver)
 
         # Evicted, as a drain does; the claim unprepared through the driver,

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import test_kubelet_emulator as emulated_nodes
@@ -194,8 +195,65 @@ def _prepares(driver: real.Driver) -> int:
     return driver.said("kmm.kubeletplugin.serving: NodePrepareResources: ")
 
 
+class Restarting(Protocol):
+    """A node's kubelet restarted, and what it did after: ``synced`` once a
+    pod sync has run on the restarted state (any prepare it would make is
+    made by then); ``prepare_attempts`` since the restart, failed ones too."""
+
+    async def restart(self) -> None: ...
+
+    async def synced(self) -> bool: ...
+
+    async def prepare_attempts(self) -> float: ...
+
+
+@dataclasses.dataclass
+class RealKubelet:
+    """The kubelet process, restarted; its own ``/metrics`` start at 0 again."""
+
+    sandbox: cluster.state.SandboxState
+    node: kubeletnodes.KubeletNode
+
+    async def restart(self) -> None:
+        await restarting.restart(self.sandbox.directory, f"kubelet/{self.node.name}")
+
+    async def synced(self) -> bool:
+        return await real.kubelet_synced_a_pod(self.node, self.sandbox.directory / "pki")
+
+    async def prepare_attempts(self) -> float:
+        found = await real.kubelet_count(
+            self.node,
+            self.sandbox.directory / "pki",
+            "dra_operations_duration_seconds_count",
+            operation_name="PrepareResources",
+        )
+        assert found is not None
+        return found
+
+
+@dataclasses.dataclass
+class EmulatedKubelet:
+    """The emulator, restarted in place; its counters read from the restart on."""
+
+    running: emulator.Emulator
+    syncs: float = 0.0
+    attempts: float = 0.0
+
+    async def restart(self) -> None:
+        self.attempts = emulated_nodes.pod_operations(self.running, "PrepareResources")
+        await self.running.restart()
+        # Passes of the pod loop wait for the restart: the next one sees it.
+        self.syncs = emulated_nodes.pod_syncs(self.running)
+
+    async def synced(self) -> bool:
+        return emulated_nodes.pod_syncs(self.running) > self.syncs
+
+    async def prepare_attempts(self) -> float:
+        return emulated_nodes.pod_operations(self.running, "PrepareResources") - self.attempts
+
+
 async def _failure_and_restart(
-    api: kube_client.Client, node: Any, driver: real.Driver, restart: Any
+    api: kube_client.Client, node: Any, driver: real.Driver, kubelet: Restarting
 ) -> dict[str, Any]:
     """A pod whose driver is away, then back; a kubelet restart under a running
     pod; a second pod on the same claim after it."""
@@ -229,10 +287,13 @@ async def _failure_and_restart(
     await testing.eventually(lambda: real._running(api, first), "Running once back", bound=120)
     prepared = _prepares(driver)
     registered = driver.registrations()
-    await restart()
+    # The count that must not move after the restart counted the prepares before it.
+    assert await kubelet.prepare_attempts() > 0
+    await kubelet.restart()
     await testing.eventually(real._registered(driver, registered), "registered again", bound=120)
     await testing.eventually(lambda: real._published(api, driver), "republished", bound=120)
-    await asyncio.sleep(5)
+    await testing.eventually(kubelet.synced, "a pod sync after the restart", bound=120)
+    seen["prepare attempts after the restart"] = await kubelet.prepare_attempts()
     seen["prepares after the restart"] = _prepares(driver) - prepared
     after = await api.request("GET", resources.PODS.path(NAMESPACE, first))
     seen["restarts"] = [s["restartCount"] for s in after["status"]["containerStatuses"]]
@@ -255,15 +316,15 @@ async def test_a_failing_prepare_and_a_kubelet_restart_look_the_same_on_both(
 ) -> None:
     async with cluster.api_client(both.kubeconfig) as api:
         kubelet_node = cluster.kubelet_node(both.directory, f"{kubeletnodes.NODE_PREFIX}0")
-
-        async def restart_kubelet() -> None:
-            await restarting.restart(both.directory, f"kubelet/{kubelet_node.name}")
-
         async with emulated_node(api) as (emulated_one, running):
             results = []
-            for node, restart in ((kubelet_node, restart_kubelet), (emulated_one, running.restart)):
+            kubelets: tuple[tuple[Any, Restarting], ...] = (
+                (kubelet_node, RealKubelet(both, kubelet_node)),
+                (emulated_one, EmulatedKubelet(running)),
+            )
+            for node, kubelet in kubelets:
                 async with real.running_driver(both, node, api) as driver:
-                    results.append(await _failure_and_restart(api, node, driver, restart))
+                    results.append(await _failure_and_restart(api, node, driver, kubelet))
         assert results[1] == results[0]
         assert results[0]["event"][0] == "FailedPrepareDynamicResources"
         assert results[0]["phase while away"] == "Pending"
@@ -271,5 +332,6 @@ async def test_a_failing_prepare_and_a_kubelet_restart_look_the_same_on_both(
         # 1.35 prepares only when it creates a pod's sandbox: not for a running
         # pod after a restart, but for a new pod of a claim it holds (marked
         # unprepared by the restart), which the driver must answer again.
+        assert results[0]["prepare attempts after the restart"] == 0
         assert results[0]["prepares after the restart"] == 0
         assert results[0]["prepares for a new pod of the claim"] == 1

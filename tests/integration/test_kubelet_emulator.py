@@ -131,6 +131,26 @@ async def _unprepared(node: EmulatedNode, driver: real.Driver) -> bool:
     return not real._cdi_specs(node, driver) and not _claims(node)
 
 
+def counted(running: emulator.Emulator, name: str, **labels: str) -> float:
+    """The sum of the emulator's samples ``name`` carrying ``labels`` (its
+    ``metrics``): how a test knows it had its turn."""
+    return sum(
+        sample.value
+        for family in running.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def pod_operations(running: emulator.Emulator, operation: str) -> float:
+    """``PrepareResources`` / ``UnprepareResources`` of a pod's claims, failed ones too."""
+    return counted(running, "kmm_kubelet_dra_pod_operations_total", operation=operation)
+
+
+def pod_syncs(running: emulator.Emulator) -> float:
+    return counted(running, "kmm_kubelet_pod_syncs_total")
+
+
 async def test_the_emulator_prepares_through_the_driver_and_unprepares_on_delete(
     new_driver: NewDriver, kmm_api: kube_client.Client
 ) -> None:
@@ -187,8 +207,19 @@ async def test_a_shared_claim_waits_for_both_pods_and_a_force_deletion_still_unp
             await testing.eventually(lambda p=pod: real._running(kmm_api, p), f"{pod} Running")
         (shared,) = _claims(node)
         assert len(shared.pod_uids or ()) == 2
+        second = await real._pod_state(kmm_api, pods[1])
+        assert second is not None
+        unprepared = pod_operations(running, "UnprepareResources")
+        # The pod goes at once (grace 0): the emulator's unprepare of it,
+        # counted once done, proves it decided about the shared claim.
         await real._delete_pod(kmm_api, pods[0])
-        await asyncio.sleep(1)
+
+        async def first_unprepared() -> bool:
+            return pod_operations(running, "UnprepareResources") > unprepared
+
+        await testing.eventually(first_unprepared, "the first pod unprepared")
+        (kept,) = _claims(node)
+        assert kept.pod_uids == {second["metadata"]["uid"]}
         assert real._cdi_specs(node, driver)
         await real._delete_pod(kmm_api, pods[1], force=True)
         await testing.eventually(lambda: _unprepared(node, driver), "unprepared once both are gone")
@@ -296,12 +327,26 @@ async def test_a_driver_away_longer_than_the_delay_loses_its_slices_not_one_back
         real.running(new_driver(node), kmm_api) as driver,
     ):
         (first,) = await real._slices(kmm_api, driver)
-        # Back within the delay: nothing wiped.
+        # Back within the delay: nothing wiped. The emulator counts how each
+        # absence of a driver ended, returned or wiped: once this one ended,
+        # its wipe had its chance.
+        absences = "kmm_kubelet_driver_absences_total"
+        ended = counted(running, absences, driver=driver.name)
         registered = driver.registrations()
         await driver.kill()
+
+        async def away() -> bool:
+            return not running.registry.usable(driver.name)
+
+        await testing.eventually(away, "the driver's connection lost")
         await driver.start()
         await testing.eventually(real._registered(driver, registered), "registered again")
-        await asyncio.sleep(4)
+
+        async def absence_ended() -> bool:
+            return counted(running, absences, driver=driver.name) > ended
+
+        await testing.eventually(absence_ended, "the driver's absence ended")
+        assert counted(running, absences, driver=driver.name, outcome="wiped") == 0
         assert [s["metadata"]["uid"] for s in await real._slices(kmm_api, driver)] == [
             first["metadata"]["uid"]
         ]
@@ -394,10 +439,21 @@ async def test_restart_keeps_pods_reprepare_prepares_again_and_reboot_rebuilds_c
         async def prepared_again(count: int) -> bool:
             return prepares() == count
 
+        attempts = pod_operations(running, "PrepareResources")
+        assert attempts > 0  # the count that must not move counted the pod's prepare
         await running.restart()
+        # Passes of the pod loop wait for the restart: the next one is the
+        # first to see the restarted state.
+        syncs = pod_syncs(running)
         await testing.eventually(real._registered(driver, registered), "registered again")
         await testing.eventually(lambda: real._published(kmm_api, driver), "republished")
-        await asyncio.sleep(2)
+
+        async def synced() -> bool:
+            return pod_syncs(running) > syncs
+
+        await testing.eventually(synced, "a pod sync after the restart")
+        # Not even an attempt (one that failed for want of the driver counts).
+        assert pod_operations(running, "PrepareResources") == attempts
         assert prepares() == 1  # as in 1.35: a running pod's sandbox survives, no prepare
         after = await kmm_api.request("GET", resources.PODS.path(NAMESPACE, pod))
         assert after["metadata"]["uid"] == before["metadata"]["uid"]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kmm.cli import paths
 from kmm.kube import client as kube_client
@@ -373,20 +374,61 @@ async def test_version_and_kubelet_version_are_the_pinned_release(
     assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("fakeRuntime://")
 
 
-def _kubelet_get(node: kubeletnodes.KubeletNode, path: str, pki_dir: Path | None = None) -> int:
-    """The status of a GET on the kubelet's own API (as the admin when ``pki_dir``)."""
+def _kubelet_open(node: kubeletnodes.KubeletNode, path: str, pki_dir: Path | None) -> Any:
+    """A GET on the kubelet's own API (as the admin when ``pki_dir``)."""
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE  # the kubelet's serving certificate is self-signed
     if pki_dir is not None:
         context.load_cert_chain(pki_dir / "admin.crt", pki_dir / "admin.key")
+    return urllib.request.urlopen(
+        f"https://127.0.0.1:{node.port}{path}", context=context, timeout=10
+    )
+
+
+def _kubelet_get(node: kubeletnodes.KubeletNode, path: str, pki_dir: Path | None = None) -> int:
+    """The status of a GET on the kubelet's own API (as the admin when ``pki_dir``)."""
     try:
-        with urllib.request.urlopen(
-            f"https://127.0.0.1:{node.port}{path}", context=context, timeout=10
-        ) as reply:
+        with _kubelet_open(node, path, pki_dir) as reply:
             return int(reply.status)
     except urllib.error.HTTPError as err:
         return int(err.code)
+
+
+def _kubelet_metrics(node: kubeletnodes.KubeletNode, pki_dir: Path) -> str:
+    with _kubelet_open(node, "/metrics", pki_dir) as reply:
+        text: str = reply.read().decode()
+    return text
+
+
+async def kubelet_count(
+    node: kubeletnodes.KubeletNode, pki_dir: Path, name: str, **labels: str
+) -> float | None:
+    """The sum of the kubelet's samples ``name`` that carry ``labels`` (its
+    ``/metrics``, read as the admin), 0 before any was counted; None while it
+    does not answer (restarting). How tests know the kubelet had its turn: a
+    counter of the work it did (pod syncs, DRA operations) moved."""
+    try:
+        text = await asyncio.to_thread(_kubelet_metrics, node, pki_dir)
+    except OSError:  # refused, reset, or an HTTP error (urllib's are OSErrors)
+        return None
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+async def kubelet_synced_a_pod(node: kubeletnodes.KubeletNode, pki_dir: Path) -> bool:
+    """Whether a freshly started kubelet's pod workers synced a pod they found
+    running (``create``: its first sync in this process, whose counters start
+    at 0): then the SyncPod that would have created a sandbox, and prepared
+    the pod's claims for it, has returned."""
+    count = await kubelet_count(
+        node, pki_dir, "kubelet_pod_worker_duration_seconds_count", operation_type="create"
+    )
+    return bool(count)
 
 
 def test_the_kubelet_api_is_local_and_never_anonymous(
@@ -446,9 +488,25 @@ async def test_a_shared_claim_is_unprepared_once_and_a_force_deleted_pod_too(
         (shared,) = _checkpoint(node)
         assert len(shared["PodUIDs"]) == 2
         assert driver.said("prepared") == 1
+        second = await _pod_state(api, pods[1])
+        assert second is not None
+        pki_dir = kubelet_sandbox.directory / "pki"
+        operation = {"operation_name": "UnprepareResources"}
+        name = "dra_operations_duration_seconds_count"
+        unprepared = await kubelet_count(node, pki_dir, name, **operation)
+        assert unprepared is not None
 
+        # The pod goes at once (grace 0): the kubelet's UnprepareResources for
+        # it, counted once done, proves it decided about the shared claim.
         await _delete_pod(api, pods[0])
-        await asyncio.sleep(3)  # the kubelet's pod sync runs; nothing may be unprepared
+
+        async def first_unprepared() -> bool:
+            count = await kubelet_count(node, pki_dir, name, **operation)
+            return count is not None and count > unprepared
+
+        await testing.eventually(first_unprepared, "the first pod's UnprepareResources", bound=120)
+        (kept,) = _checkpoint(node)
+        assert list(kept["PodUIDs"]) == [second["metadata"]["uid"]]
         assert _cdi_specs(node, driver)
         assert driver.said("released") == 0
         await _delete_pod(api, pods[1], force=True)
@@ -474,6 +532,10 @@ async def test_restarts_of_the_kubelet_and_of_the_driver_keep_running_pods(
         assert before is not None
         registered = driver.said("registered with the kubelet")
         spec_before = [p.read_text() for p in _cdi_specs(node, driver)]
+        pki_dir = kubelet_sandbox.directory / "pki"
+        prepares = ("dra_operations_duration_seconds_count", "PrepareResources")
+        # The counter that must stay at 0 after the restart counted this pod's prepare.
+        assert await kubelet_count(node, pki_dir, prepares[0], operation_name=prepares[1])
 
         await restarting.restart(kubelet_sandbox.directory, f"kubelet/{NODE}")
 
@@ -483,7 +545,11 @@ async def test_restarts_of_the_kubelet_and_of_the_driver_keep_running_pods(
         await testing.eventually(registered_again, "registered with the new kubelet", bound=120)
         # The kubelet wipes the node's slices at startup; the driver republishes.
         await testing.eventually(lambda: _published(api, driver), "republished", bound=120)
-        await asyncio.sleep(3)
+        await testing.eventually(
+            lambda: kubelet_synced_a_pod(node, pki_dir), "a pod synced after the restart", bound=120
+        )
+        # Not even an attempt (one that failed for want of the driver counts).
+        assert await kubelet_count(node, pki_dir, prepares[0], operation_name=prepares[1]) == 0
         after = await _pod_state(api, pod)
         assert after is not None
         assert after["metadata"]["uid"] == before["metadata"]["uid"]

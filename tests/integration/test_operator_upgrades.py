@@ -75,11 +75,15 @@ class Recorder:
     def ordered(self) -> list[Change]:
         return sorted(self.changes, key=lambda c: c.revision)
 
-    async def _stream(self, path: str, on: Callable[[dict[str, Any]], None]) -> None:
+    async def _stream(
+        self, path: str, on: Callable[[dict[str, Any]], None], listed: asyncio.Event
+    ) -> None:
         listing = await self.api.request("GET", path)
         for item in listing["items"]:
             on({"type": "ADDED", "object": item, "initial": True})
         version = listing["metadata"]["resourceVersion"]
+        # The watch starts at the list's version: from here no change is missed.
+        listed.set()
         while True:
             with contextlib.suppress(kube_errors.Unavailable):
                 async for event in self.api.watch(path, query={"resourceVersion": version}):
@@ -134,15 +138,25 @@ class Recorder:
 
     @contextlib.asynccontextmanager
     async def recording(self) -> AsyncIterator[Recorder]:
+        sources: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
+            (resources.NODES.path(), self._node),
+            (resources.PODS.path(self.namespace), self._pod),
+            (resources.DAEMONSETS.path(self.namespace), self._daemonset),
+        ]
+        listed = [asyncio.Event() for _ in sources]
         streams = [
-            asyncio.ensure_future(self._stream(resources.NODES.path(), self._node)),
-            asyncio.ensure_future(self._stream(resources.PODS.path(self.namespace), self._pod)),
-            asyncio.ensure_future(
-                self._stream(resources.DAEMONSETS.path(self.namespace), self._daemonset)
-            ),
+            asyncio.ensure_future(self._stream(path, on, done))
+            for (path, on), done in zip(sources, listed, strict=True)
         ]
         try:
-            await asyncio.sleep(1.0)  # the lists are in
+
+            async def lists_in() -> bool:
+                for stream in streams:
+                    if stream.done():
+                        stream.result()  # a failed list fails the test here
+                return all(done.is_set() for done in listed)
+
+            await testing.eventually(lists_in, "the recorder's lists in", interval=0.05)
             yield self
         finally:
             for stream in streams:

@@ -17,7 +17,7 @@ import pytest
 from kmm.kube import client as kube_client
 from kmm.kube import resources
 from kmm.kubeletplugin import claims, publishing
-from kmm.sandbox import testing
+from kmm.sandbox import cluster, testing
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +92,7 @@ async def test_publishing_300_devices(
 
 
 async def test_a_slice_deleted_by_someone_else_is_published_again(
-    publisher: tuple[publishing.Publisher, kube_client.Client],
+    sandbox: testing.RunningSandbox, publisher: tuple[publishing.Publisher, kube_client.Client]
 ) -> None:
     """As after the kubelet's wipe of a node's slices: the running publisher
     sees the deletion on its watch and publishes again."""
@@ -109,9 +109,24 @@ async def test_a_slice_deleted_by_someone_else_is_published_again(
             return len(found) == 1 and found[0]["metadata"]["name"] != first["metadata"]["name"]
 
         await testing.eventually(back, "the slice published again")
-        # Its own writes seen on the watch make no further writes.
+        # Its own writes seen on the watch make no further writes. Someone
+        # else's edit that changes no device comes after them on the watch:
+        # once the publisher synced past it, it had seen its own writes too.
         settled = writes(api)
-        await asyncio.sleep(2)
+        changes = pub.changes
+        (again,) = await pub.list_slices()
+        async with cluster.api_client(sandbox.kubeconfig) as someone:
+            await someone.request(
+                "PATCH",
+                resources.RESOURCE_SLICES.path(name=again["metadata"]["name"]),
+                body={"metadata": {"labels": {"example.com/edited": "yes"}}},
+                content_type=kube_client.MERGE_PATCH,
+            )
+
+        async def synced_past_the_edit() -> bool:
+            return pub.synced_changes > changes
+
+        await testing.eventually(synced_past_the_edit, "a sync after the edit")
         assert writes(api) == settled
     finally:
         running.cancel()

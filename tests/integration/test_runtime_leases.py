@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -15,10 +16,14 @@ from kubernetes_asyncio import client
 
 from kmm.kube import client as kube_client
 from kmm.runtime import leaderelection
+from kmm.sandbox import cluster, testing
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 60.0
+LEASE_DURATION = 4.0
+RETRY_PERIOD = 0.5
+LEASES = "coordination.k8s.io/leases"
 
 
 def make(api: kube_client.Client, namespace: str, identity: str) -> leaderelection.LeaderElector:
@@ -27,9 +32,9 @@ def make(api: kube_client.Client, namespace: str, identity: str) -> leaderelecti
         identity,
         namespace=namespace,
         name="kmm-test-lock",
-        lease_duration=4.0,
+        lease_duration=LEASE_DURATION,
         renew_deadline=3.0,
-        retry_period=0.5,
+        retry_period=RETRY_PERIOD,
     )
 
 
@@ -43,10 +48,15 @@ async def eventually(predicate: Callable[[], bool], *, poll: float = 0.05) -> No
 
 
 class Candidate:
-    def __init__(self, elector: leaderelection.LeaderElector) -> None:
+    def __init__(self, elector: leaderelection.LeaderElector, api: kube_client.Client) -> None:
         self.elector = elector
+        self.api = api  # its own: its requests are its attempts
         self.stop = asyncio.Event()
         self.task = asyncio.ensure_future(elector.run(self.stop))
+
+    def reads(self) -> int:
+        """Lease reads sent: one per attempt to acquire or renew."""
+        return self.api.counter.requests[("GET", LEASES)]
 
     async def release(self) -> None:
         self.stop.set()
@@ -61,16 +71,20 @@ class Candidate:
 
 @contextlib.asynccontextmanager
 async def candidates(
-    api: kube_client.Client, namespace: str
+    sandbox: testing.RunningSandbox, namespace: str
 ) -> AsyncIterator[tuple[Candidate, Candidate]]:
-    a = Candidate(make(api, namespace, "a"))
-    b = Candidate(make(api, namespace, "b"))
-    try:
-        yield a, b
-    finally:
-        for candidate in (a, b):
-            if not candidate.task.done():
-                await candidate.release()
+    async with (
+        cluster.api_client(sandbox.kubeconfig) as api_a,
+        cluster.api_client(sandbox.kubeconfig) as api_b,
+    ):
+        a = Candidate(make(api_a, namespace, "a"), api_a)
+        b = Candidate(make(api_b, namespace, "b"), api_b)
+        try:
+            yield a, b
+        finally:
+            for candidate in (a, b):
+                if not candidate.task.done():
+                    await candidate.release()
 
 
 async def read_lease(api_client: client.ApiClient, namespace: str) -> client.V1Lease:
@@ -80,14 +94,21 @@ async def read_lease(api_client: client.ApiClient, namespace: str) -> client.V1L
 
 
 async def test_only_one_leads_and_a_released_lease_is_taken_over(
-    api_client: client.ApiClient, kmm_api: kube_client.Client, namespace: str
+    sandbox: testing.RunningSandbox, api_client: client.ApiClient, namespace: str
 ) -> None:
-    async with candidates(kmm_api, namespace) as (a, b):
+    async with candidates(sandbox, namespace) as (a, b):
         await eventually(lambda: a.elector.is_leader() or b.elector.is_leader())
-        # Give the follower several retry periods to (wrongly) grab the lease too.
-        await asyncio.sleep(2.0)
-        assert a.elector.is_leader() != b.elector.is_leader()
         leader, follower = (a, b) if a.elector.is_leader() else (b, a)
+        # The follower's attempts are at least a retry period apart on its
+        # clock: after this many, more than a lease duration has passed since
+        # the first found the lease held, so a follower that took a held lease,
+        # or missed the leader's renewals, would have taken it by the last.
+        # (A read is sent once the attempt before it is decided.)
+        attempts = math.ceil(LEASE_DURATION / RETRY_PERIOD) + 2
+        first = follower.reads()
+        await eventually(lambda: follower.reads() > first + attempts)
+        assert leader.elector.is_leader()
+        assert not follower.elector.is_leader()
         lease = await read_lease(api_client, namespace)
         assert lease.spec.holder_identity == leader.elector.identity
         assert lease.spec.lease_duration_seconds == 4
@@ -101,9 +122,9 @@ async def test_only_one_leads_and_a_released_lease_is_taken_over(
 
 
 async def test_the_follower_takes_over_when_the_leader_dies(
-    api_client: client.ApiClient, kmm_api: kube_client.Client, namespace: str
+    sandbox: testing.RunningSandbox, api_client: client.ApiClient, namespace: str
 ) -> None:
-    async with candidates(kmm_api, namespace) as (a, b):
+    async with candidates(sandbox, namespace) as (a, b):
         await eventually(lambda: a.elector.is_leader() or b.elector.is_leader())
         leader, follower = (a, b) if a.elector.is_leader() else (b, a)
         await leader.die()

@@ -78,8 +78,8 @@ async def test_each_component_stopped_and_started_keeps_the_data(
     )
     for component in ("etcd", "kube-apiserver", "controller-manager", "scheduler", "kwok"):
         before = _pids(faulty.directory)
-        assert faulty.stop(component) is True
-        assert faulty.stop(component) is False  # stopping twice is a no-op
+        assert await faulty.stop(component) is True
+        assert await faulty.stop(component) is False  # stopping twice is a no-op
         full = {"controller-manager": "kube-controller-manager", "scheduler": "kube-scheduler"}
         full_name = full.get(component, component)
         record = state.load(faulty.directory)

@@ -38,7 +38,9 @@ last two; the emulator does not, so tests need not wait a minute).
 emulate a kubelet restart, the same with every running pod's claims
 prepared again (a stricter test of a driver's idempotence), and a node
 reboot on a running emulator (``kmm kubelet`` maps SIGHUP, SIGUSR2 and
-SIGUSR1 to them). ``/metrics`` (``metrics``) counts and times the calls to drivers.
+SIGUSR1 to them). ``/metrics`` (``metrics``) counts and times the calls to drivers,
+and counts pod syncs, the pods' prepares and unprepares, and how drivers'
+absences ended.
 
 Containers (``processes``): those of ``process_image`` (kmm's own image by
 default) run as local processes, so their pods finish (Succeeded or Failed,
@@ -69,6 +71,9 @@ from kmm.kubelet import metrics as kubelet_metrics
 __all__ = ["Emulator", "Options"]
 
 _log = logging.getLogger(__name__)
+
+# The cancellation message of a pending wipe whose driver came back in time.
+_RETURNED = "returned"
 
 
 def _now() -> str:
@@ -182,20 +187,37 @@ class Emulator:
 
     def _plugins_changed(self, driver: str) -> None:
         pending = self._wipes.pop(driver, None)
+        usable = self.registry.usable(driver)
         if pending is not None:
-            pending.cancel()
-        if not self.registry.usable(driver):
+            # Why travels with the cancellation: the wipe itself records how
+            # the absence ended, so a wipe that is not cancelled cannot be
+            # counted as a return.
+            pending.cancel(_RETURNED if usable else None)
+        if not usable:
             self._wipes[driver] = asyncio.get_running_loop().create_task(self._wipe_later(driver))
         self.pods.changed.set()  # pods waiting for this driver may proceed
 
     async def _wipe_later(self, driver: str) -> None:
-        await asyncio.sleep(self.options.wipe_delay)
-        if not self.registry.usable(driver):
-            _log.info(
-                "driver %s gone for %.0f s: wiping its slices", driver, self.options.wipe_delay
-            )
-            await self.wipe(driver)
+        try:
+            await asyncio.sleep(self.options.wipe_delay)
+            if not self.registry.usable(driver):
+                _log.info(
+                    "driver %s gone for %.0f s: wiping its slices", driver, self.options.wipe_delay
+                )
+                await self.wipe(driver)
+                self._absence_ended(driver, "wiped")
+            else:
+                self._absence_ended(driver, "returned")
+        except asyncio.CancelledError as cancelled:
+            # Back in time (or during the wipe); a restart's or a stop's
+            # cancellation ends no absence.
+            if cancelled.args == (_RETURNED,):
+                self._absence_ended(driver, "returned")
+            raise
         self._wipes.pop(driver, None)
+
+    def _absence_ended(self, driver: str, outcome: str) -> None:
+        self.metrics.driver_absences.labels(driver, outcome).inc()
 
     # -- health ----------------------------------------------------------
 
@@ -269,6 +291,7 @@ class Emulator:
         try:
             await self.manager.prepare(pod)
         except dra.PrepareError as err:
+            self.metrics.pod_operations.labels("PrepareResources", "error").inc()
             self._next_try[uid] = loop.time() + self.options.retry
             loop.call_later(self.options.retry, self.pods.changed.set)
             _log.warning(
@@ -278,6 +301,7 @@ class Emulator:
                 pod, "FailedPrepareDynamicResources", f"Failed to prepare dynamic resources: {err}"
             )
             return
+        self.metrics.pod_operations.labels("PrepareResources", "ok").inc()
         self._next_try.pop(uid, None)
         spec = pod.get("spec") or {}
         self.containers[uid] = {
@@ -389,9 +413,11 @@ class Emulator:
         try:
             await self.manager.unprepare(uid)
         except dra.PrepareError as err:
+            self.metrics.pod_operations.labels("UnprepareResources", "error").inc()
             _log.warning("pod %s: %s; retrying", what, err)
             asyncio.get_running_loop().call_later(self.options.retry, self.pods.changed.set)
             return False
+        self.metrics.pod_operations.labels("UnprepareResources", "ok").inc()
         return True
 
     async def _complete(self, pod: Mapping[str, Any], run: processes.PodRun) -> None:
@@ -493,6 +519,7 @@ class Emulator:
             self.pods.changed.clear()
             async with self._turn:
                 await self.sync_pods()
+            self.metrics.pod_syncs.inc()
 
     async def restart(self, *, reboot: bool = False, reprepare: bool = False) -> None:
         """What a kubelet restart does to DRA: every plugin registered anew, the

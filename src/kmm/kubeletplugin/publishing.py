@@ -115,6 +115,12 @@ class Publisher:
         self._changed = asyncio.Event()
         self._changed.set()
         self.syncs = 0
+        # Changes to the pool's slices seen on the watch (someone's deletion
+        # or edit, a relist), and how many of them the last completed sync
+        # had seen when it began: once ``synced_changes`` reaches a value
+        # ``changes`` had, everything the watch showed until then is acted on.
+        self.changes = 0
+        self.synced_changes = 0
         self.in_sync = asyncio.Event()
         self._owner_ref: dict[str, Any] | None = None
         self._owner_looked_up = False
@@ -151,16 +157,19 @@ class Publisher:
     # wipe, someone's edit), or a relist (events may have been missed).
     def replace(self, items: list[dict[str, Any]], resource_version: str) -> None:
         del items, resource_version
+        self.changes += 1
         self._changed.set()
 
     def apply(self, event: listwatch.WatchEvent) -> None:
         if event["type"] in ("DELETED", "MODIFIED"):
+            self.changes += 1
             self._changed.set()
 
     async def _sync_loop(self) -> None:
         while True:
             await self._changed.wait()
             self._changed.clear()
+            seen = self.changes
             try:
                 await self.sync()
             except kube_errors.ApiError as err:
@@ -177,6 +186,7 @@ class Publisher:
                 self._changed.set()
             else:
                 self._delays.reset()
+                self.synced_changes = seen
                 if not self._changed.is_set():
                     self.in_sync.set()
 

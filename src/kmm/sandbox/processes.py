@@ -4,15 +4,21 @@ A component runs in a session of its own (so it outlives ``kmm sandbox up``
 and a stop signal reaches its whole group) with its output in a log file. A
 record keeps the pid *and* the kernel's start time of that pid: a pid can be
 reused after the process dies, and ``down`` must never signal a stranger.
+
+Waiting for a stopped process sleeps on a pidfd (readable once the process
+has exited) rather than polling: ``stop`` and ``kill`` block in poll(2), for
+the CLI; ``stop_async`` and ``kill_async`` await it on the running loop, for
+tests that stop a component while their own coroutines keep running.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
+import select
 import signal
-import time
 from pathlib import Path
 
 __all__ = ["Process", "launch", "log_tail"]
@@ -62,31 +68,117 @@ class Process:
             pass
         return 0
 
-    def stop(self, *, grace_seconds: float = 10.0) -> None:
-        """SIGTERM the component's process group, SIGKILL it after the grace."""
+    def _handle(self) -> int | None:
+        """A pidfd of this very process, or None when it is gone.
+
+        Opened before the start time is checked again: if the ticks still
+        match then, the descriptor holds our process and not a later one that
+        reused the pid, and it stays ours however long we wait on it.
+        """
+        try:
+            handle = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return None
         if not self.alive():
-            return
+            os.close(handle)
+            return None
+        return handle
+
+    def _signal_group(self, signum: signal.Signals) -> None:
+        # Called with a pidfd of the leader held, so the pid (the group's id)
+        # still names our group.
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_seconds
-        while time.monotonic() < deadline:
-            if not self.alive():
-                return
-            time.sleep(0.05)
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
-            while self.alive():
-                time.sleep(0.05)
+            os.killpg(self.pid, signum)
+
+    def stop(self, *, grace_seconds: float = 10.0) -> None:
+        """SIGTERM the component's process group, SIGKILL it after the grace.
+
+        Blocks the calling thread (the CLI's way); on an event loop use
+        ``stop_async``, which lets the loop run meanwhile.
+        """
+        handle = self._handle()
+        if handle is None:
+            return
+        try:
+            self._signal_group(signal.SIGTERM)
+            if not _wait_exit(handle, grace_seconds):
+                self._signal_group(signal.SIGKILL)
+                _wait_exit(handle, None)
+        finally:
+            os.close(handle)
+            self._reap()
 
     def kill(self) -> None:
-        """SIGKILL the component's process group at once (a crash: no shutdown)."""
-        if not self.alive():
+        """SIGKILL the component's process group and wait for it to die (a
+        crash: no shutdown). Waits without spinning; SIGKILL is brief, so a
+        hook on an event loop may call it."""
+        handle = self._handle()
+        if handle is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
-        while self.alive():
-            time.sleep(0.01)
+        try:
+            self._signal_group(signal.SIGKILL)
+            _wait_exit(handle, None)
+        finally:
+            os.close(handle)
+            self._reap()
+
+    async def stop_async(self, *, grace_seconds: float = 10.0) -> None:
+        """``stop`` for a caller on an event loop: the loop runs while the
+        component shuts down (an operator under test on the same loop is
+        not frozen by its API server going away)."""
+        handle = self._handle()
+        if handle is None:
+            return
+        try:
+            self._signal_group(signal.SIGTERM)
+            if not await _await_exit(handle, grace_seconds):
+                self._signal_group(signal.SIGKILL)
+                await _await_exit(handle, None)
+        finally:
+            os.close(handle)
+            self._reap()
+
+    async def kill_async(self) -> None:
+        """``kill`` for a caller on an event loop."""
+        handle = self._handle()
+        if handle is None:
+            return
+        try:
+            self._signal_group(signal.SIGKILL)
+            await _await_exit(handle, None)
+        finally:
+            os.close(handle)
+            self._reap()
+
+
+def _wait_exit(handle: int, timeout: float | None) -> bool:
+    """Block until the process behind pidfd ``handle`` exits; False on timeout.
+
+    A pidfd turns readable when its process exits (a zombie counts), so this
+    sleeps in poll(2) instead of polling /proc.
+    """
+    poller = select.poll()
+    poller.register(handle, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))
+
+
+async def _await_exit(handle: int, timeout: float | None) -> bool:
+    """``_wait_exit`` on the running loop: a reader on the pidfd, no thread."""
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+
+    def readable() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(handle, readable)
+    try:
+        await asyncio.wait_for(exited, timeout)
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(handle)
+    return True
 
 
 def launch(

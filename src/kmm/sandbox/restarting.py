@@ -5,7 +5,9 @@ the way a control-plane upgrade or a crash does. A component is started
 again from its recorded command line, port and log (which continues), so
 etcd comes back on its data directory with every object, and the API server
 on the same address clients already hold. ``restart`` is ``stop`` then
-``start``: one code path for the three. ``kill`` is a crash: SIGKILL, no
+``start``: one code path for the three. ``stop`` blocks (the CLI's);
+``stop_async``, which ``restart`` and the test helpers use, lets the event
+loop run while the component shuts down. ``kill`` is a crash: SIGKILL, no
 graceful shutdown (an API server stopping gracefully first drains its
 requests; one that crashes resets them).
 
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from kmm.sandbox import cluster, errors, health, processes, state
 
-__all__ = ["ALIASES", "kill", "restart", "running", "start", "stop"]
+__all__ = ["ALIASES", "kill", "restart", "running", "start", "stop", "stop_async"]
 
 ALIASES = {
     "controller-manager": "kube-controller-manager",
@@ -52,6 +54,15 @@ def stop(directory: Path, component: str) -> bool:
     process = record.launched[_find(record, component)]
     was_running = process.alive()
     process.stop()
+    return was_running
+
+
+async def stop_async(directory: Path, component: str) -> bool:
+    """``stop`` for a caller on an event loop, which keeps running meanwhile."""
+    record = cluster.status(directory)
+    process = record.launched[_find(record, component)]
+    was_running = process.alive()
+    await process.stop_async()
     return was_running
 
 
@@ -90,5 +101,5 @@ async def start(directory: Path, component: str, *, timeout: float = 180.0) -> p
 
 async def restart(directory: Path, component: str, *, timeout: float = 180.0) -> processes.Process:
     """``stop`` then ``start``: the component comes back on its data."""
-    stop(directory, component)
+    await stop_async(directory, component)
     return await start(directory, component, timeout=timeout)

@@ -47,10 +47,11 @@ class RunningSandbox:
             kernels=kernels,
         )
 
-    def stop(self, component: str) -> bool:
+    async def stop(self, component: str) -> bool:
         """Stop ``component`` (``etcd``, ``kube-apiserver``, ``scheduler`` ...);
-        False if it was not running."""
-        return restarting.stop(self.directory, component)
+        False if it was not running. The loop runs meanwhile: an operator on
+        it keeps working while the component shuts down."""
+        return await restarting.stop_async(self.directory, component)
 
     def kill(self, component: str) -> bool:
         """Crash ``component`` (SIGKILL, at once); False if it was not running.
@@ -67,7 +68,7 @@ class RunningSandbox:
     @contextlib.asynccontextmanager
     async def stopped(self, component: str, *, timeout: float = 180.0) -> AsyncIterator[None]:
         """``component`` is down for the block and running again after it."""
-        self.stop(component)
+        await self.stop(component)
         try:
             yield
         finally:
