@@ -24,6 +24,7 @@ __all__ = [
     "REASON_KERNEL_MAPPING_FAILED",
     "REASON_NODES_NOT_READY",
     "REASON_NO_MATCHING_NODES",
+    "REASON_RECONCILE_FAILED",
     "REASON_RESOURCE_API_UNAVAILABLE",
     "REASON_ROLLING_OUT",
     "find",
@@ -44,6 +45,9 @@ REASON_KERNEL_MAPPING_FAILED: Final = "KernelMappingFailed"
 REASON_RESOURCE_API_UNAVAILABLE: Final = "ResourceAPIUnavailable"
 REASON_DEVICE_CLASS_CONFLICT: Final = "DeviceClassConflict"
 REASON_DEVICE_CLASS_REFUSED: Final = "DeviceClassRefused"
+# Planning or sending failed in a way retrying alone may not fix (a bug, an
+# object the API server refuses); the message names the step.
+REASON_RECONCILE_FAILED: Final = "ReconcileFailed"
 
 Status = Literal["True", "False", "Unknown"]
 

@@ -1,8 +1,10 @@
 """Kubernetes Events about a Module (core/v1), built purely and sent by ``writing``.
 
 Events go out for what a user wants to see in ``kubectl describe module``:
-DaemonSets created and deleted, and a spec the operator refuses (the
-validation it repeats from admission); and on the Node (``kubectl describe
+DaemonSets created and deleted, a spec the operator refuses (the
+validation it repeats from admission), and a reconcile that failed
+(``ReconcileFailed``, once per distinct message, not per retry: the
+reconciler remembers the last one per Module); and on the Node (``kubectl describe
 node``), the module loaded or unloaded there. They are written only on a
 change, never on a no-op reconcile.
 """

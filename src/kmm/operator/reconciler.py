@@ -15,6 +15,12 @@ Level-based (``runtime.controllers.Reconciler``). For a live Module it:
    just before it goes, with a Node Event when ``.ready`` comes or goes;
 5. writes the status (``status``) only when a field it owns changes, and
    counts-only changes at most once per ``STATUS_INTERVAL`` (requeued).
+When a step raises (a planner's bug, an object the API server refuses), the
+Module shows it before the controller retries the key with backoff
+(``failures``): Degraded ``ReconcileFailed`` naming the step, and a Warning
+Event once per distinct message, not once per retry; the next reconcile that
+goes through sets Degraded back. Conflicts, throttling and an unavailable
+API server are retried without showing.
 For a Module being deleted it removes its node labels and its DeviceClasses
 (cluster-scoped: nothing namespaced can own them), then the finalizer; the
 garbage collector deletes the DaemonSets it owns (seed 000 step 6).
@@ -43,6 +49,7 @@ from kmm.operator import (
     deviceplugin,
     dra,
     events,
+    failures,
     moduleloader,
     nodelabels,
     objects,
@@ -120,8 +127,22 @@ class ModuleReconciler:
         # hash, its message). The same class is not sent again (it would be
         # refused again, every reconcile); a changed one is.
         self._refused: dict[str, dict[str, tuple[str | None, str]]] = {}
+        # Per failing Module, the failure message its last Warning Event
+        # gave; gone once a reconcile of the key goes through (the Module
+        # recovered, or is gone).
+        self._shown: dict[str, str] = {}
 
     async def reconcile(self, key: str) -> controllers.Result:
+        try:
+            result = await self._reconcile(key)
+        except Exception as err:
+            if not failures.transient(err):
+                await self._show_failure(key, failures.describe(err))
+            raise  # the controller retries the key with its backoff
+        self._shown.pop(key, None)
+        return result
+
+    async def _reconcile(self, key: str) -> controllers.Result:
         raw = self.caches.modules.get(key)
         if raw is None:
             # Normally the finalizer cleaned up; labels left behind (the
@@ -140,58 +161,69 @@ class ModuleReconciler:
             await self._clean_up(raw, namespace, name, finalizers)
             return controllers.Result()
         if labels.FINALIZER not in finalizers:
-            await self.writer.set_finalizers(raw, [*finalizers, labels.FINALIZER])
+            with failures.step("adding the finalizer"):
+                await self.writer.set_finalizers(raw, [*finalizers, labels.FINALIZER])
         try:
             module = validation.parse_module(raw)
         except validation.InvalidModuleError as err:
             await self._refuse(raw, str(err))
             return controllers.Result()
 
-        view = self._view(raw, module, key)
-        loader = moduleloader.plan(view)
-        plugin = deviceplugin.plan(view, loader)
-        driver = dra.plan(view, loader)
+        with failures.step("reading the caches"):
+            view = self._view(raw, module, key)
+        with failures.step("planning the module loader"):
+            loader = moduleloader.plan(view)
+        with failures.step("planning the device plugin"):
+            plugin = deviceplugin.plan(view, loader)
+        with failures.step("planning the DRA driver"):
+            driver = dra.plan(view, loader)
         devices = driver if driver.enabled else plugin
-        moving = upgrade.plan(view, loader, devices)
+        with failures.step("planning the ordered upgrade"):
+            moving = upgrade.plan(view, loader, devices)
         concerns: tuple[plans.Plan, ...] = (loader, plugin, driver, moving)
         await self._send_daemonsets(raw, [ds for plan in concerns for ds in plan.apply])
         await self._delete_daemonsets(raw, [name for plan in concerns for name in plan.delete])
         problems = await self._send_device_classes(raw, key, view, driver)
-        await self._patch_labels(nodelabels.merge(view.nodes(), concerns), view)
+        with failures.step("merging the node labels"):
+            changes = nodelabels.merge(view.nodes(), concerns)
+        await self._patch_labels(changes, view)
         if loader.versions:
             self._versions.setdefault(key, {}).update(loader.versions)
 
-        versioned = view.version is not None
-        selected = len(view.selected)
-        seen = status.Observed(
-            selected=selected,
-            loader=status.counts(selected, loader.current, versioned=versioned)
-            if module.spec.module_loader is not None
-            else None,
-            plugin=status.counts(len(plugin.wanted), plugin.current, versioned=versioned)
-            if plugin.enabled
-            else None,
-            dra=status.counts(len(driver.wanted), driver.current, versioned=versioned)
-            if driver.enabled
-            else None,
-            targeted=len(loader.targeted),
-            ready=len(loader.loaded),
-            plugin_wanted=len(devices.wanted),
-            plugin_ready=len(devices.ready & devices.wanted),
-            mapping_errors=loader.grouping.errors,
-            devices="DRA drivers" if driver.enabled else "device plugins",
-            problems=problems,
-        )
-        new = status.compute(raw, seen, now=self.now())
+        with failures.step("computing the status"):
+            seen = _observed(module, view, loader, plugin, driver, problems)
+            new = status.compute(raw, seen, now=self.now())
         if not status.differs(raw, new):
             return controllers.Result()
         if status.only_progress(raw, new):
             wait = self._status_written.get(key, -1e9) + self.status_interval - self.monotonic()
             if wait > 0:
                 return controllers.Result(requeue_after=wait)
-        if await self.writer.patch_module_status(raw, status.patch_body(new)):
+        with failures.step("writing the status"):
+            written = await self.writer.patch_module_status(raw, status.patch_body(new))
+        if written:
             self._status_written[key] = self.monotonic()
         return controllers.Result()
+
+    async def _show_failure(self, key: str, message: str) -> None:
+        """Degraded with ``message``, and a Warning Event unless it is the one
+        shown last. Best effort: the failure itself is raised on and retried."""
+        raw = self.caches.modules.get(key)
+        if raw is None:
+            return
+        new = status.failed(raw, message, now=self.now())
+        if status.differs(raw, new):
+            try:
+                await self.writer.patch_module_status(raw, status.patch_body(new))
+            except Exception as err:
+                _log.warning("%s: status not written: %s", key, err)
+        if self._shown.get(key) == message:
+            return
+        self._shown[key] = message
+        try:
+            await self._event(raw, "Warning", conditions.REASON_RECONCILE_FAILED, message)
+        except Exception as err:
+            _log.warning("%s: event not written: %s", key, err)
 
     def _view(self, raw: RawObject, module: modules.Module, key: str) -> views.ModuleView:
         cached = self.caches
@@ -235,7 +267,11 @@ class ModuleReconciler:
         refused = self._refused.setdefault(key, {})
         for name in plan.classes_delete:
             refused.pop(name, None)
-            if await self.writer.delete_device_class(name, view.device_classes.get(name) or {}):
+            with failures.step(f"deleting DeviceClass {name}"):
+                deleted = await self.writer.delete_device_class(
+                    name, view.device_classes.get(name) or {}
+                )
+            if deleted:
                 await self._event(
                     raw, "Normal", "DeviceClassDeleted", f"deleted DeviceClass {name}"
                 )
@@ -251,21 +287,24 @@ class ModuleReconciler:
                 )
                 continue
             observed = view.device_classes.get(name)
-            try:
-                if observed is None:
-                    if await self.writer.create_device_class(desired):
-                        await self._event(
-                            raw, "Normal", "DeviceClassCreated", f"created DeviceClass {name}"
-                        )
+            # A refusal (Invalid) is this class's problem, kept and shown
+            # below; any other failure ends the reconcile.
+            with failures.step(f"sending DeviceClass {name}"):
+                try:
+                    if observed is None:
+                        if await self.writer.create_device_class(desired):
+                            await self._event(
+                                raw, "Normal", "DeviceClassCreated", f"created DeviceClass {name}"
+                            )
+                    else:
+                        await self.writer.apply_device_class(desired, observed)
+                except errors.Invalid as err:
+                    message = f"{_class_field(view, name)}: the API server refused DeviceClass {name}: {err.message}"
+                    refused[name] = (digest, message)
+                    problems.append(status.Problem(conditions.REASON_DEVICE_CLASS_REFUSED, message))
+                    await self._event(raw, "Warning", "DeviceClassRefused", message)
                 else:
-                    await self.writer.apply_device_class(desired, observed)
-            except errors.Invalid as err:
-                message = f"{_class_field(view, name)}: the API server refused DeviceClass {name}: {err.message}"
-                refused[name] = (digest, message)
-                problems.append(status.Problem(conditions.REASON_DEVICE_CLASS_REFUSED, message))
-                await self._event(raw, "Warning", "DeviceClassRefused", message)
-            else:
-                refused.pop(name, None)
+                    refused.pop(name, None)
         for name, why in sorted(plan.conflicts.items()):
             problems.append(
                 status.Problem(
@@ -278,21 +317,27 @@ class ModuleReconciler:
 
     async def _remove_device_classes(self, key: str) -> None:
         for observed in self.caches.device_classes.by_index(caches.MODULE_INDEX, key):
-            await self.writer.delete_device_class(observed["metadata"]["name"], observed)
+            name = observed["metadata"]["name"]
+            with failures.step(f"deleting DeviceClass {name}"):
+                await self.writer.delete_device_class(name, observed)
 
     async def _send_daemonsets(self, raw: RawObject, desired: list[RawObject]) -> None:
         namespace = raw["metadata"]["namespace"]
         for obj in desired:
             ds_name = obj["metadata"]["name"]
             observed = self.caches.daemonsets.get(f"{namespace}/{ds_name}")
-            if await self.writer.apply_daemonset(obj, observed):
+            with failures.step(f"applying DaemonSet {ds_name}"):
+                created = await self.writer.apply_daemonset(obj, observed)
+            if created:
                 await self._event(raw, "Normal", "DaemonSetCreated", f"created DaemonSet {ds_name}")
 
     async def _delete_daemonsets(self, raw: RawObject, names: list[str]) -> None:
         namespace = raw["metadata"]["namespace"]
         for ds_name in names:
             observed = self.caches.daemonsets.get(f"{namespace}/{ds_name}") or {}
-            if await self.writer.delete_daemonset(namespace, ds_name, observed):
+            with failures.step(f"deleting DaemonSet {ds_name}"):
+                deleted = await self.writer.delete_daemonset(namespace, ds_name, observed)
+            if deleted:
                 await self._event(raw, "Normal", "DaemonSetDeleted", f"deleted DaemonSet {ds_name}")
 
     async def _refuse(self, raw: RawObject, message: str) -> None:
@@ -301,7 +346,9 @@ class ModuleReconciler:
             return
         # One Event per refusal: a reconcile in the cache gap (the status
         # write not seen yet) finds the same patch in flight and says nothing.
-        if await self.writer.patch_module_status(raw, status.patch_body(new)):
+        with failures.step("writing the status"):
+            written = await self.writer.patch_module_status(raw, status.patch_body(new))
+        if written:
             await self._event(raw, "Warning", "InvalidSpec", message)
 
     async def _clean_up(
@@ -311,7 +358,8 @@ class ModuleReconciler:
             return
         await self._remove_labels(namespace, name)
         await self._remove_device_classes(f"{namespace}/{name}")
-        await self.writer.set_finalizers(raw, [f for f in finalizers if f != labels.FINALIZER])
+        with failures.step("removing the finalizer"):
+            await self.writer.set_finalizers(raw, [f for f in finalizers if f != labels.FINALIZER])
 
     async def _remove_labels(self, namespace: str, name: str) -> None:
         """Every label the operator put on nodes for the Module (the user's own
@@ -326,9 +374,9 @@ class ModuleReconciler:
         for node in labelled:
             for key in owned:
                 gone.want(node["metadata"]["name"], key, None)
-        await self._patch_labels(
-            nodelabels.merge({n["metadata"]["name"]: n for n in labelled}, [gone]), None
-        )
+        with failures.step("merging the node labels"):
+            changes = nodelabels.merge({n["metadata"]["name"]: n for n in labelled}, [gone])
+        await self._patch_labels(changes, None)
 
     async def _patch_labels(
         self, changes: nodelabels.LabelChanges, view: views.ModuleView | None
@@ -343,7 +391,8 @@ class ModuleReconciler:
                 if node is None:
                     return
                 change = nodelabels.still_needed(node, change)
-                sent = bool(change) and await self.writer.patch_node_labels(node, change)
+                with failures.step(f"patching the labels of node {node_name}"):
+                    sent = bool(change) and await self.writer.patch_node_labels(node, change)
                 if sent and view is not None:
                     await self._ready_event(view, node, change)
 
@@ -392,6 +441,39 @@ class ModuleReconciler:
                 instance=self.instance,
             )
         )
+
+
+def _observed(
+    module: modules.Module,
+    view: views.ModuleView,
+    loader: moduleloader.LoaderPlan,
+    plugin: deviceplugin.PluginPlan,
+    driver: dra.DraPlan,
+    problems: list[status.Problem],
+) -> status.Observed:
+    """What the reconcile saw, for ``status.compute``."""
+    versioned = view.version is not None
+    selected = len(view.selected)
+    devices = driver if driver.enabled else plugin
+    return status.Observed(
+        selected=selected,
+        loader=status.counts(selected, loader.current, versioned=versioned)
+        if module.spec.module_loader is not None
+        else None,
+        plugin=status.counts(len(plugin.wanted), plugin.current, versioned=versioned)
+        if plugin.enabled
+        else None,
+        dra=status.counts(len(driver.wanted), driver.current, versioned=versioned)
+        if driver.enabled
+        else None,
+        targeted=len(loader.targeted),
+        ready=len(loader.loaded),
+        plugin_wanted=len(devices.wanted),
+        plugin_ready=len(devices.ready & devices.wanted),
+        mapping_errors=loader.grouping.errors,
+        devices="DRA drivers" if driver.enabled else "device plugins",
+        problems=problems,
+    )
 
 
 def _class_field(view: views.ModuleView, name: str) -> str:

@@ -9,7 +9,8 @@ DaemonSets' lagging counters:
 
 - Degraded: True with ``InvalidSpec``, ``KernelMappingFailed`` or a DRA
   problem (``ResourceAPIUnavailable``, ``DeviceClassConflict``,
-  ``DeviceClassRefused``), else False;
+  ``DeviceClassRefused``), else False; ``failed`` sets it alone, True with
+  ``ReconcileFailed``, when planning or sending raised (``failures``);
 - Ready: True when every targeted node has the module loaded (and its device
   plugin or DRA driver Ready where one should run), and no DRA problem
   stands in the way; ``NoMatchingNodes`` when none is targeted;
@@ -36,6 +37,7 @@ __all__ = [
     "compute",
     "counts",
     "differs",
+    "failed",
     "invalid",
     "only_progress",
     "patch_body",
@@ -193,6 +195,37 @@ def invalid(raw: Mapping[str, Any], message: str, *, now: str) -> modules.Module
         dra=old.dra if old is not None else None,
         conditions=found,
         observed_generation=generation,
+    )
+
+
+def failed(raw: Mapping[str, Any], message: str, *, now: str) -> modules.ModuleStatus:
+    """Status of a Module whose reconcile raised: Degraded (``ReconcileFailed``).
+
+    Everything else stays as last computed: the counts and Ready may still be
+    true, and ``observedGeneration`` says which spec was last reconciled in
+    full. A Ready or Progressing never computed is Unknown; the next reconcile
+    that goes through (``compute``) sets all three again.
+    """
+    old = _old(raw)
+    generation = (raw.get("metadata") or {}).get("generation")
+    found = conditions.set_condition(
+        old.conditions if old is not None else None, conditions.DEGRADED, "True",
+        reason=conditions.REASON_RECONCILE_FAILED, message=message, now=now,
+        observed_generation=generation,
+    )  # fmt: skip
+    for type_ in (conditions.READY, conditions.PROGRESSING):
+        if conditions.find(found, type_) is None:
+            found = conditions.set_condition(
+                found, type_, "Unknown",
+                reason=conditions.REASON_RECONCILE_FAILED, message=message, now=now,
+                observed_generation=generation,
+            )  # fmt: skip
+    return modules.ModuleStatus(
+        module_loader=old.module_loader if old is not None else None,
+        device_plugin=old.device_plugin if old is not None else None,
+        dra=old.dra if old is not None else None,
+        conditions=found,
+        observed_generation=old.observed_generation if old is not None else None,
     )
 
 

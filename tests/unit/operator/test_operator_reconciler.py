@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import operator_fixtures as fixtures
 import pytest
 
+from kmm.aio import clocks
 from kmm.api import conditions, labels
-from kmm.operator import caches, reconciler, views, writing
-from kmm.runtime import stores
+from kmm.kube import errors
+from kmm.operator import caches, failures, moduleloader, reconciler, views, writing
+from kmm.runtime import controllers, stores, workqueue
 
 K68, K61, KEL9 = fixtures.KERNELS
 
@@ -286,3 +289,195 @@ async def test_a_stale_view_does_not_repeat_a_label_write(
     writer.calls.clear()
     await rec.reconcile("ns/m")
     assert [c for c in writer.calls if c[0] == "labels"] == []
+
+
+class RaisingPlanner:
+    """``moduleloader.plan`` made to raise ``errors[i]`` on its i-th call, then plan."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+        self.real = moduleloader.plan
+
+    def __call__(self, view: views.ModuleView) -> moduleloader.LoaderPlan:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return self.real(view)
+
+
+def _condition(cached: reconciler.Caches, type_: str) -> dict[str, Any]:
+    module = cached.modules.get("ns/m")
+    assert module is not None
+    found: dict[str, Any] = next(c for c in module["status"]["conditions"] if c["type"] == type_)
+    return found
+
+
+def _warnings(writer: RecordingWriter) -> list[tuple[str, str]]:
+    return [c[1] for c in writer.calls if c[0] == "event" and c[1][0] == "ReconcileFailed"]
+
+
+async def test_a_raising_planner_degrades_the_module_with_one_event_per_message(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rec, writer, cached = world
+    boom = RuntimeError("boom")
+    planner = RaisingPlanner(boom, boom, boom, KeyError("kernel"), KeyError("kernel"))
+    monkeypatch.setattr(moduleloader, "plan", planner)
+    cached.modules.put(fixtures.module_raw())
+    for _ in range(3):
+        with pytest.raises(Exception, match="boom"):
+            await rec.reconcile("ns/m")
+    degraded = _condition(cached, conditions.DEGRADED)
+    assert (degraded["status"], degraded["reason"]) == ("True", conditions.REASON_RECONCILE_FAILED)
+    assert degraded["message"] == "planning the module loader: RuntimeError: boom"
+    assert _warnings(writer) == [("ReconcileFailed", degraded["message"])]
+    assert writer.kinds().count("status") == 1  # the same failure: written once
+    # Another failure: its own Event, once.
+    for _ in range(2):
+        with pytest.raises(Exception, match="kernel"):
+            await rec.reconcile("ns/m")
+    assert _condition(cached, conditions.DEGRADED)["message"] == (
+        "planning the module loader: KeyError: 'kernel'"
+    )
+    assert [m for _, m in _warnings(writer)] == [
+        "planning the module loader: RuntimeError: boom",
+        "planning the module loader: KeyError: 'kernel'",
+    ]
+    # The fault gone: the Module converges and Degraded goes back.
+    await rec.reconcile("ns/m")
+    assert planner.calls == 6
+    degraded = _condition(cached, conditions.DEGRADED)
+    assert (degraded["status"], degraded["reason"]) == ("False", conditions.REASON_AS_EXPECTED)
+    assert writer.kinds().count("apply") == 2
+    # Recovered, the memory of the last failure is gone: the same failure
+    # again is news, and gets its Event.
+    planner.errors = [boom]
+    with pytest.raises(Exception, match="boom"):
+        await rec.reconcile("ns/m")
+    assert len(_warnings(writer)) == 3
+
+
+async def test_the_failure_memory_goes_with_the_module(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rec, writer, cached = world
+    monkeypatch.setattr(moduleloader, "plan", RaisingPlanner(*[RuntimeError("boom")] * 2))
+    cached.modules.put(fixtures.module_raw())
+    with pytest.raises(Exception, match="boom"):
+        await rec.reconcile("ns/m")
+    assert rec._shown == {"ns/m": "planning the module loader: RuntimeError: boom"}
+    cached.modules.delete("ns/m")
+    await rec.reconcile("ns/m")
+    assert rec._shown == {}
+    cached.modules.put(fixtures.module_raw())  # made again, failing the same way
+    with pytest.raises(Exception, match="boom"):
+        await rec.reconcile("ns/m")
+    assert len(_warnings(writer)) == 2
+
+
+class RefusingWriter(RecordingWriter):
+    """The API server refuses the DaemonSets kmm sends, with ``error``."""
+
+    def __init__(self, cached: reconciler.Caches, error: Exception) -> None:
+        super().__init__(cached)
+        self.error = error
+
+    async def apply_daemonset(self, desired: dict, observed: dict | None) -> bool:
+        self.calls.append(("apply", desired["metadata"]["name"]))
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        errors.Invalid(422, "spec.template.spec.containers[0].volumeMounts[0].name: Not found"),
+        errors.Forbidden(403, "daemonsets.apps is forbidden"),
+    ],
+    ids=["invalid", "forbidden"],
+)
+async def test_an_object_the_api_server_refuses_degrades_the_module(
+    world: Any, error: errors.ApiError
+) -> None:
+    _, _, cached = world
+    writer = RefusingWriter(cached, error)
+    rec = reconciler.ModuleReconciler(cached, writer, now=lambda: "2026-01-01T00:00:00Z")  # type: ignore[arg-type]
+    cached.modules.put(fixtures.module_raw())
+    for _ in range(3):
+        with pytest.raises(failures.StepFailed, match=re.escape(error.message)):
+            await rec.reconcile("ns/m")
+    degraded = _condition(cached, conditions.DEGRADED)
+    assert degraded["status"] == "True"
+    assert degraded["message"].startswith("applying DaemonSet ")
+    assert degraded["message"].endswith(str(error))
+    assert _warnings(writer) == [("ReconcileFailed", degraded["message"])]
+    # Nothing says Ready while nothing could be made.
+    assert _condition(cached, conditions.READY)["status"] == "Unknown"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        errors.Conflict(409, "the object has been modified"),
+        errors.Unavailable(503, "etcd leader changed"),
+        errors.Throttled(429, "slow down"),
+        errors.Fenced("PATCH", "/apis/apps/v1/daemonsets"),
+    ],
+    ids=["conflict", "unavailable", "throttled", "fenced"],
+)
+async def test_a_transient_failure_is_retried_without_degrading(
+    world: Any, error: Exception
+) -> None:
+    _, _, cached = world
+    writer = RefusingWriter(cached, error)
+    rec = reconciler.ModuleReconciler(cached, writer, now=lambda: "2026-01-01T00:00:00Z")  # type: ignore[arg-type]
+    cached.modules.put(fixtures.module_raw())
+    with pytest.raises(type(error)) as raised:
+        await rec.reconcile("ns/m")
+    assert raised.value is error
+    assert "status" not in writer.kinds()
+    assert _warnings(writer) == []
+
+
+async def test_a_long_failure_message_is_bounded(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rec, writer, cached = world
+    monkeypatch.setattr(moduleloader, "plan", RaisingPlanner(ValueError("x" * 5000)))
+    cached.modules.put(fixtures.module_raw())
+    with pytest.raises(Exception, match="xxx"):
+        await rec.reconcile("ns/m")
+    message = _condition(cached, conditions.DEGRADED)["message"]
+    assert len(message) <= failures.MAX_MESSAGE
+    assert message.startswith("planning the module loader: ValueError: xxx")
+    assert message.endswith("…")
+    assert _warnings(writer) == [("ReconcileFailed", message)]
+
+
+async def test_a_failing_module_is_retried_with_backoff_until_it_converges(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the real controller: each failure is retried after the key's
+    growing backoff; the Module converges on the first success."""
+    rec, writer, cached = world
+    planner = RaisingPlanner(*[RuntimeError("boom")] * 3)
+    monkeypatch.setattr(moduleloader, "plan", planner)
+    cached.modules.put(fixtures.module_raw())
+    clock = clocks.FakeClock()
+    queue: workqueue.WorkQueue[str] = workqueue.WorkQueue(
+        "module", clock, backoff=workqueue.ItemBackoff(base=1.0, max_delay=60.0)
+    )
+    controller = controllers.Controller("module", rec, queue=queue, clock=clock)
+    controller.enqueue("ns/m")
+    await controller.process_one()
+    for failures_so_far, delay in ((1, 1.0), (2, 2.0), (3, 4.0)):
+        assert queue.failures("ns/m") == failures_so_far
+        clock.advance(delay - 0.001)
+        assert len(queue) == 0  # not before its backoff
+        clock.advance(0.001)
+        assert len(queue) == 1
+        await controller.process_one()
+    assert planner.calls == 4
+    assert queue.failures("ns/m") == 0  # success forgot the backoff
+    assert _condition(cached, conditions.DEGRADED)["status"] == "False"
+    assert len(_warnings(writer)) == 1

@@ -1,0 +1,208 @@
+"""A reconcile that keeps failing shows on the Module, on the sandbox.
+
+Two faults: the module loader's planner made to raise for one Module (the
+function the reconciler calls, replaced for the test), and a DaemonSet the
+operator builds that the real API server refuses (422). Each must end as
+Degraded ``ReconcileFailed`` naming what failed and exactly one Warning
+Event however often the key is retried, and the Module must converge once
+the fault is gone. Retries are counted, not waited for: a wrapper around
+the operator's reconciler counts the reconciles of the key that raised.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import pytest
+import test_operator_support as support
+from kubernetes_asyncio import client
+
+from kmm.api import conditions, labels, modules
+from kmm.operator import moduleloader, views, wiring
+from kmm.runtime import controllers
+from kmm.sandbox import testing
+
+manifests = support.manifests
+
+Obj = dict[str, Any]
+
+
+class CountingFailures:
+    """Wraps the operator's reconciler; counts, per key, the reconciles that raised."""
+
+    def __init__(self, inner: controllers.Reconciler) -> None:
+        self.inner = inner
+        self.raised: collections.Counter[str] = collections.Counter()
+
+    async def reconcile(self, key: str) -> controllers.Result:
+        try:
+            return await self.inner.reconcile(key)
+        except Exception:
+            self.raised[key] += 1
+            raise
+
+    @classmethod
+    def install(cls, op: wiring.Operator) -> CountingFailures:
+        wrapper = cls(op.counting.inner)
+        op.counting.inner = wrapper
+        return wrapper
+
+
+async def _warnings(api: client.ApiClient, namespace: str, name: str) -> list[Any]:
+    """The Warning Events ``ReconcileFailed`` about the Module ``name``."""
+    listing = await client.CoreV1Api(api).list_namespaced_event(namespace)
+    return [
+        e
+        for e in listing.items
+        if e.reason == conditions.REASON_RECONCILE_FAILED
+        and e.type == "Warning"
+        and e.involved_object.kind == modules.KIND
+        and e.involved_object.name == name
+    ]
+
+
+async def _degraded(api: client.ApiClient, namespace: str, name: str) -> Obj | None:
+    return support.condition(await support.get_module(api, namespace, name), "Degraded")
+
+
+async def test_a_raising_planner_degrades_its_module_once_and_it_converges_after(
+    sandbox: testing.RunningSandbox,
+    manifests: None,
+    api_client: client.ApiClient,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name = "failing"
+    select = f"kmm-test/{namespace}"
+    node = sandbox.node_names[0]
+    real = moduleloader.plan
+    armed = True
+
+    def planner(view: views.ModuleView) -> moduleloader.LoaderPlan:
+        # Only this test's Module: another test's operator shares nothing
+        # with this one, but the function is the process's.
+        if armed and (view.namespace, view.name) == (namespace, name):
+            raise RuntimeError("injected planner failure")
+        return real(view)
+
+    monkeypatch.setattr(moduleloader, "plan", planner)
+    counted: list[CountingFailures] = []
+    async with (
+        support.selecting(api_client, [node], select),
+        support.operator_in_process(
+            sandbox.kubeconfig, prepare=lambda op: counted.append(CountingFailures.install(op))
+        ) as running,
+    ):
+        failures = counted[0]
+        await support.create_module(
+            api_client, namespace, support.module_body(name, {select: "yes"})
+        )
+        message = "planning the module loader: RuntimeError: injected planner failure"
+
+        async def shown() -> bool:
+            degraded = await _degraded(api_client, namespace, name)
+            return (
+                degraded is not None
+                and degraded["status"] == "True"
+                and degraded["reason"] == conditions.REASON_RECONCILE_FAILED
+                and degraded["message"] == message
+            )
+
+        await testing.eventually(shown, "Degraded naming the failed planner")
+        # One key is reconciled by one worker at a time: once the fourth
+        # failure is counted, the three before it have written all they
+        # were going to write, their Events included.
+        key = f"{namespace}/{name}"
+        await testing.eventually(
+            lambda: _true(failures.raised[key] >= 4), "the failing key retried"
+        )
+        warnings = await _warnings(api_client, namespace, name)
+        assert [(w.message, w.count) for w in warnings] == [(message, 1)]
+        assert await support.loader_daemonsets(api_client, namespace) == []
+
+        armed = False
+        await testing.eventually(
+            lambda: support.converged(api_client, namespace, name, {node}),
+            "converged once the planner works",
+        )
+        await running.wait_idle("converged")
+        degraded = await _degraded(api_client, namespace, name)
+        assert degraded is not None
+        assert (degraded["status"], degraded["reason"]) == ("False", conditions.REASON_AS_EXPECTED)
+        assert len(await _warnings(api_client, namespace, name)) == 1
+        await support.delete_and_wait_clean(api_client, namespace, name)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_a_daemonset_the_api_server_refuses_degrades_the_module(
+    sandbox: testing.RunningSandbox, manifests: None, api_client: client.ApiClient, namespace: str
+) -> None:
+    """A device-plugin container mounting a volume the pod does not have:
+    admission lets it by, the API server refuses the DaemonSet (422)."""
+    name = "refused"
+    select = f"kmm-test/{namespace}"
+    node = sandbox.node_names[0]
+    plugin: Obj = {
+        "container": {
+            "image": "example.com/plugin:1",
+            "volumeMounts": [{"name": "nowhere", "mountPath": "/nowhere"}],
+        }
+    }
+    counted: list[CountingFailures] = []
+    async with (
+        support.selecting(api_client, [node], select),
+        support.operator_in_process(
+            sandbox.kubeconfig, prepare=lambda op: counted.append(CountingFailures.install(op))
+        ),
+    ):
+        failures = counted[0]
+        await support.create_module(
+            api_client, namespace, support.module_body(name, {select: "yes"}, devicePlugin=plugin)
+        )
+
+        async def shown() -> bool:
+            degraded = await _degraded(api_client, namespace, name)
+            return degraded is not None and degraded["status"] == "True"
+
+        await testing.eventually(shown, "Degraded naming the refused DaemonSet")
+        degraded = await _degraded(api_client, namespace, name)
+        assert degraded is not None
+        assert degraded["reason"] == conditions.REASON_RECONCILE_FAILED
+        assert degraded["message"].startswith(f"applying DaemonSet {name}-device-plugin")
+        assert "422" in degraded["message"]
+        assert '.name: Not found: "nowhere"' in degraded["message"]
+        key = f"{namespace}/{name}"
+        await testing.eventually(
+            lambda: _true(failures.raised[key] >= 4), "the failing key retried"
+        )
+        warnings = await _warnings(api_client, namespace, name)
+        assert [w.message for w in warnings] == [degraded["message"]]
+
+        # Fixed: the next reconcile sends a DaemonSet the API server takes.
+        await client.CustomObjectsApi(api_client).patch_namespaced_custom_object(
+            modules.GROUP,
+            modules.VERSION,
+            namespace,
+            modules.PLURAL,
+            name,
+            {"spec": {"devicePlugin": {"container": {"volumeMounts": None}}}},
+            _content_type="application/merge-patch+json",
+        )
+        plugin_key = labels.device_plugin_ready(namespace, name)
+
+        async def converged() -> bool:
+            if not await support.converged(api_client, namespace, name, {node}):
+                return False
+            degraded = await _degraded(api_client, namespace, name)
+            nodes = await support.node_labels(api_client)
+            return (
+                degraded is not None and degraded["status"] == "False" and plugin_key in nodes[node]
+            )
+
+        await testing.eventually(converged, "module and device plugin ready once fixed")
+        assert len(await _warnings(api_client, namespace, name)) == 1
+        await support.delete_and_wait_clean(api_client, namespace, name)
