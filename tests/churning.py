@@ -207,6 +207,16 @@ class Churn:
             body["metadata"]["labels"][GPU] = "yes"
         return body
 
+    def node_object(self, name: str) -> Obj:
+        """The node as the churn has made it: labels, kernel, cordon and taint."""
+        state = self.nodes[name]
+        body = self._node_body(name)
+        body["spec"] = {
+            "unschedulable": state.cordoned,
+            "taints": [dict(_TAINT)] if state.tainted else [],
+        }
+        return body
+
     def _random_module(self) -> _Module:
         count = self.rng.randint(1, 3)
         return _Module(
