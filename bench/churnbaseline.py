@@ -22,7 +22,8 @@ would otherwise raise its own baseline):
 
 After each input the model (``tests/expectations.py``) is evaluated and one
 write is counted per change of its outputs: a node's required labels (a new
-node's only when it needs any), a DaemonSet wanted, changed or no longer
+node's only when it needs any; a ``kernel-version.full`` the spec lets a
+node keep is not counted as removed), a DaemonSet wanted, changed or no longer
 wanted (not those of a deleted Module: the garbage collector deletes them),
 plus a finalizer write per Module created or deleted. Status patches and
 Events have no baseline (how often counts are worth writing is policy).
@@ -142,10 +143,9 @@ class _Model:
                 pod.ready = False
 
 
-def _outputs(expected: expectations.Expected) -> tuple[dict[str, str], dict[str, str], set[str]]:
-    """Each node's required labels, each wanted DaemonSet's spec (by
-    identity), and the identities of those that roll their pods."""
-    required = {n: json.dumps(found, sort_keys=True) for n, found in expected.labels.items()}
+def _daemonsets(expected: expectations.Expected) -> tuple[dict[str, str], set[str]]:
+    """Each wanted DaemonSet's spec (by identity), and the identities of
+    those that roll their pods."""
     wanted = {
         json.dumps(dict(w.identity), sort_keys=True): json.dumps(
             [w.image, dict(w.node_selector), list(w.tolerations)], sort_keys=True
@@ -155,7 +155,24 @@ def _outputs(expected: expectations.Expected) -> tuple[dict[str, str], dict[str,
     rolling = {
         json.dumps(dict(w.identity), sort_keys=True) for w in expected.daemonsets if not w.on_delete
     }
-    return required, wanted, rolling
+    return wanted, rolling
+
+
+def _node_labels(
+    expected: expectations.Expected, before: Mapping[str, Mapping[str, str]]
+) -> dict[str, dict[str, str]]:
+    """The operator labels each node carries once they are right: the
+    required ones, and a ``kernel-version.full`` no longer required kept
+    while the spec allows it (it never asks for that label to go)."""
+    found = {}
+    for node, required in expected.labels.items():
+        now = dict(required)
+        kept = before.get(node, {}).get(labels.KERNEL_VERSION_FULL)
+        allowed = expected.allowed.get(node, {}).get(labels.KERNEL_VERSION_FULL)
+        if labels.KERNEL_VERSION_FULL not in now and kept is not None and kept == allowed:
+            now[labels.KERNEL_VERSION_FULL] = kept
+        found[node] = now
+    return found
 
 
 def baseline(
@@ -176,7 +193,8 @@ def baseline(
     # A device plugin's pod is wanted only once its node's loader pod is in the view.
     while any([model.observe_pod(pod) for pod in start["pods"]]):
         model.evaluate()
-    required, wanted, _ = _outputs(model.evaluate())
+    expected = model.evaluate()
+    carried, (wanted, _) = _node_labels(expected, {}), _daemonsets(expected)
     found = collections.Counter[str]()
     ordered = sorted(inputs, key=lambda i: i.revision)
     for index, item in enumerate(ordered):
@@ -195,8 +213,9 @@ def baseline(
                 into[item.name] = item.body
         if index + 1 < len(ordered) and ordered[index + 1].revision == item.revision:
             continue  # one revision, one state (a relist's pods)
-        labels_now, wanted_now, rolling = _outputs(model.evaluate())
-        found["node label patch"] += _label_writes(required, labels_now)
+        expected = model.evaluate()
+        carried_now, (wanted_now, rolling) = _node_labels(expected, carried), _daemonsets(expected)
+        found["node label patch"] += _label_writes(carried, carried_now)
         # The garbage collector, not the operator, deletes a deleted Module's DaemonSets.
         changed = [
             key
@@ -208,10 +227,10 @@ def baseline(
         rolled = [key for key in changed if key in rolling and key in wanted]
         if rolled:
             model.roll(rolled)
-            required = labels_now
-            labels_now, wanted_now, _ = _outputs(model.evaluate())
-            found["node label patch"] += _label_writes(required, labels_now)
-        required, wanted = labels_now, wanted_now
+            carried = carried_now
+            carried_now = _node_labels(model.evaluate(), carried)
+            found["node label patch"] += _label_writes(carried, carried_now)
+        carried, wanted = carried_now, wanted_now
     found["finalizer"] = finalizers
     return dict(found)
 
@@ -224,6 +243,8 @@ def _placement(pod: Mapping[str, Any]) -> tuple[str, bool] | None:
     return str(node), expectations.is_ready(pod)
 
 
-def _label_writes(before: Mapping[str, str], after: Mapping[str, str]) -> int:
-    """Nodes whose required labels changed (a new node's: only if it needs any)."""
-    return sum(value != before.get(node, "{}") for node, value in after.items())
+def _label_writes(
+    before: Mapping[str, Mapping[str, str]], after: Mapping[str, Mapping[str, str]]
+) -> int:
+    """Nodes whose labels changed (a new node's: only if it needs any)."""
+    return sum(value != before.get(node, {}) for node, value in after.items())
