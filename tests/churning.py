@@ -365,8 +365,11 @@ class Churn:
             )
             return self._record(kind, name, None)
         if kind == "module-selector":
+            dropped = dict.fromkeys(state.selector)
             state.selector = dict(self.rng.choice([s for s in SELECTORS if s != state.selector]))
-            return await self._patch_module(kind, name, {"selector": state.selector})
+            # A merge patch merges maps: a key the new selector lacks goes only as null.
+            selector = {**dropped, **state.selector}
+            return await self._patch_module(kind, name, {"selector": selector})
         if kind in ("module-mappings", "module-image"):
             if kind == "module-mappings":
                 state.mappings = self.rng.sample(range(len(MAPPINGS)), self.rng.randint(1, 3))
