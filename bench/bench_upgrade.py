@@ -9,13 +9,16 @@ v1, every node labelled for v1 and at ``.version.ready=v1``, the operator
 idle. Both make the same transition, v1 -> v2 on every node in batches of
 ``--batch``:
 
+Both are timed alike, by a watch on the nodes in this process: from the
+first node showing the admin's user label v2 to every node showing
+``.version.ready=v2``; in both, the v2 DaemonSets exist before that.
+
 1. The operator's run (the operator in process on a client of its own,
    whose counter says what it wrote): the admin's change, the Module's
-   image and version set to v2, then ``kmm upgrade --to v2 --batch N`` (its
-   command function in a thread: its own client and event loop, no
-   interpreter start), which relabels each batch and follows it until
-   every node carries ``.version.ready=v2``. Timed from the Module's patch
-   to the command's return.
+   image and version set to v2; once the operator has made the v2
+   DaemonSets, ``kmm upgrade --to v2 --batch N`` as a process (its
+   interpreter starts before the first label it writes, outside the time),
+   which relabels each batch and follows it until every node is on v2.
 2. The floor, with no operator: the operator's run is undone (Module,
    DaemonSets, pods and labels gone, waited for) and the v1 state made
    again, then the operator is stopped, and a bare script writes what the
@@ -35,10 +38,11 @@ idle. Both make the same transition, v1 -> v2 on every node in batches of
    - ``.ready`` on; wait until the v2 device-plugin pod is Ready;
    - ``.version.ready=v2`` and ``.device-plugin-ready`` on;
 
-   and the v1 DaemonSets deleted once the last batch left them. Timed from
-   the first DaemonSet create to the last label patch.
+   and the v1 DaemonSets deleted once the last batch left them.
 
-Printed: both times, the ratio, and each run's API writes.
+Both runs must end in the same state (each node's labels of the Module,
+where its pods run and are Ready, the DaemonSets); the script stops if
+they do not. Printed: both times, the ratio, and each run's API writes.
 """
 
 from __future__ import annotations
@@ -46,16 +50,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import io
+import dataclasses
 import os
 import pathlib
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from kmm.api import labels, modules
-from kmm.cli import applying, upgrading
+from kmm.cli import applying
 from kmm.kube import client, errors, listwatch, objects, reflecting, resources
 from kmm.operator import wiring
 from kmm.runtime import stores
@@ -66,6 +71,7 @@ NAME = "up"
 KERNEL = "6.8.0-45-generic"
 DEPLOY = pathlib.Path(__file__).resolve().parents[1] / "deploy"
 SELECT = "bench-upgrade"
+KMM = pathlib.Path(sys.executable).with_name("kmm")
 MODULES = resources.Resource(modules.GROUP, modules.VERSION, modules.PLURAL)
 BOUND = 900.0
 
@@ -182,28 +188,98 @@ async def undo(api: client.Client, nodes: Sequence[str]) -> None:
 # -- the operator's run ------------------------------------------------------
 
 
+class Progress:
+    """The selected nodes, kept by a watch: when the first took the user
+    label ``version`` (the admin's first change) and when all carried
+    ``.version.ready`` = ``version``. Both runs are timed by it, so the
+    watch's lag is on both sides."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.nodes: dict[str, dict[str, str]] = {}
+        self.first: float | None = None
+        self.finished = asyncio.Event()
+        self.last = 0.0
+        self.synced = asyncio.Event()
+
+    def replace(self, items: list[dict[str, Any]], resource_version: str) -> None:
+        self.nodes = {objects.name(n): dict(objects.labels(n)) for n in items}
+        self._seen()
+        self.synced.set()
+
+    def apply(self, event: listwatch.WatchEvent) -> None:
+        if event["type"] == "BOOKMARK":
+            return
+        name = objects.name(event["object"])
+        if event["type"] == "DELETED":
+            self.nodes.pop(name, None)
+        else:
+            self.nodes[name] = dict(objects.labels(event["object"]))
+        self._seen()
+
+    def _seen(self) -> None:
+        now = time.perf_counter()
+        if self.first is None and any(
+            found.get(KEYS["user"]) == self.version for found in self.nodes.values()
+        ):
+            self.first = now
+        if self.nodes and all(
+            found.get(KEYS["done"]) == self.version for found in self.nodes.values()
+        ):
+            if not self.finished.is_set():
+                self.last = now
+            self.finished.set()
+
+    def took(self) -> float:
+        if self.first is None or not self.finished.is_set():
+            raise SystemExit(f"the nodes never all reached {self.version}")
+        return self.last - self.first
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    api: client.Client, resource: resources.Resource, sink: Any, **where: Any
+) -> AsyncIterator[None]:
+    """``sink`` kept by a reflector on ``resource`` until the block ends (synced first)."""
+    source = listwatch.ApiListWatch(api, resource, namespace=where.pop("namespace", None))
+    task = asyncio.ensure_future(reflecting.Reflector(resource.plural, source, sink, **where).run())
+    try:
+        await sink.synced.wait()
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def operator_run(
     api: client.Client, kubeconfig: pathlib.Path, nodes: list[str], batch: int
 ) -> float:
-    """The admin's change and ``kmm upgrade``, timed (its output kept apart)."""
-    printed = io.StringIO()
-    started = time.perf_counter()
+    """The admin's change: the Module to v2; once the operator has made the
+    v2 DaemonSets, ``kmm upgrade`` (a process; its start is before the
+    first label it writes, so outside the time)."""
     await api.request(
         "PATCH",
         MODULES.path(NAMESPACE, NAME),
         body={"spec": module_body("v2")["spec"]},
         content_type=client.MERGE_PATCH,
     )
-    try:
-        with contextlib.redirect_stdout(printed):
-            await asyncio.to_thread(
-                upgrading.upgrade, f"{NAMESPACE}/{NAME}", nodes, "v2", batch=batch,
-                timeout=600.0, kubeconfig=kubeconfig, context=None,
-            )  # fmt: skip
-    except BaseException:
-        print(printed.getvalue()[-3000:])
-        raise
-    return time.perf_counter() - started
+    await until(lambda: _has(api, "v2"), "the v2 DaemonSets")
+    progress = Progress("v2")
+    async with watching(api, resources.NODES, progress, label_selector=SELECT):
+        argv = [str(KMM), "upgrade", f"--kubeconfig={kubeconfig}", f"{NAMESPACE}/{NAME}", *nodes,
+                "--to", "v2", "--batch", str(batch), "--timeout", "600"]  # fmt: skip
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        printed, _ = await process.communicate()
+        if process.returncode != 0:
+            raise SystemExit(f"kmm upgrade failed: {printed.decode()[-3000:]}")
+        await asyncio.wait_for(progress.finished.wait(), BOUND)
+    return progress.took()
+
+
+async def _has(api: client.Client, version: str) -> bool:
+    return len(await daemonsets_of(api, version)) == 2  # the loader (one kernel), the plugin
 
 
 async def daemonsets_of(api: client.Client, version: str) -> list[dict[str, Any]]:
@@ -296,8 +372,8 @@ async def floor(
     batch: int,
     new: list[dict[str, Any]],
     old: list[str],
-) -> tuple[float, int]:
-    """The writes and waits the guarantee needs, no operator; (seconds, writes)."""
+) -> int:
+    """The writes and waits the guarantee needs, no operator; the writes."""
     module = await api.request("GET", MODULES.path(NAMESPACE, NAME))
     owner = {
         "apiVersion": modules.API_VERSION,
@@ -314,7 +390,6 @@ async def floor(
         writes += len(group)
         await asyncio.gather(*(patch_labels(api, n, change) for n in group))
 
-    started = time.perf_counter()
     await asyncio.gather(
         *(
             api.request(
@@ -352,7 +427,7 @@ async def floor(
             lambda g=group: all_ready(pods, g, "device-plugin", "v2"), "v2 device plugins Ready"
         )
         await each(group, {KEYS["done"]: "v2", KEYS["plugin-ready"]: ""})
-    return time.perf_counter() - started, writes
+    return writes
 
 
 # -- both ----------------------------------------------------------------------
@@ -374,6 +449,78 @@ async def _serves(api: client.Client) -> bool:
     return True
 
 
+async def end_state(api: client.Client) -> dict[str, Any]:
+    """What a finished upgrade leaves, once no pod is terminating: each
+    node's labels of the Module, where its pods run (role, version, Ready),
+    its DaemonSets' names. Both runs must leave the same."""
+    deadline = time.monotonic() + BOUND
+    while True:
+        pods = (await api.request("GET", resources.PODS.path(NAMESPACE)))["items"]
+        daemonsets = (await api.request("GET", resources.DAEMONSETS.path(NAMESPACE)))["items"]
+        going = [p for p in pods if p["metadata"].get("deletionTimestamp")]
+        old = [d for d in daemonsets if objects.labels(d).get(labels.MODULE_VERSION) == "v1"]
+        if not going and not old:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(
+                f"never settled: {len(going)} pods terminating, {len(old)} v1 DaemonSets"
+            )
+        await asyncio.sleep(0.2)
+    keys = set(KEYS.values())
+    return {
+        "nodes": {
+            name: {k: v for k, v in found.items() if k in keys}
+            for name, found in (await node_labels(api)).items()
+        },
+        "pods": sorted(
+            (
+                str(p["spec"].get("nodeName")),
+                objects.labels(p).get(labels.ROLE, ""),
+                objects.labels(p).get(labels.MODULE_VERSION, ""),
+                _ready(p),
+            )
+            for p in pods
+        ),
+        "daemonsets": sorted(objects.name(d) for d in daemonsets),
+    }
+
+
+@dataclasses.dataclass
+class Measured:
+    took: float
+    writes: int  # the operator's
+    floor_took: float
+    floor_writes: int
+    operator_end: dict[str, Any]
+    floor_end: dict[str, Any]
+
+
+async def measure(kubeconfig: pathlib.Path, nodes: list[str], batch: int) -> Measured:
+    """Both runs on the sandbox of ``kubeconfig`` (the CRD installed)."""
+    async with cluster.api_client(kubeconfig) as api:
+        async with cluster.api_client(kubeconfig) as own, operator(own) as op:
+            await at_v1(api, nodes, op)
+            before = own.counter.total_writes
+            took = await operator_run(api, kubeconfig, nodes, batch)
+            writes = own.counter.total_writes - before
+            new = await daemonsets_of(api, "v2")
+            operator_end = await end_state(api)
+        await undo(api, nodes)
+        async with cluster.api_client(kubeconfig) as own, operator(own) as op:
+            await at_v1(api, nodes, op)
+        old = [objects.name(ds) for ds in await daemonsets_of(api, "v1")]
+        pods, progress = Pods(), Progress("v2")
+        async with (
+            watching(api, resources.PODS, pods, namespace=NAMESPACE),
+            watching(api, resources.NODES, progress, label_selector=SELECT),
+        ):
+            floor_writes = await floor(api, pods, nodes, batch, new, old)
+            await asyncio.wait_for(progress.finished.wait(), BOUND)
+        floor_took = progress.took()
+        floor_end = await end_state(api)
+    return Measured(took, writes, floor_took, floor_writes, operator_end, floor_end)
+
+
 async def main(args: argparse.Namespace) -> None:
     directory = pathlib.Path(tempfile.mkdtemp(prefix="kmm-bench-upgrade-"))
     cache = pathlib.Path(os.environ.get("KMM_CACHE_DIR", pathlib.Path.home() / ".cache" / "kmm"))
@@ -390,33 +537,21 @@ async def main(args: argparse.Namespace) -> None:
     try:
         async with cluster.api_client(record.kubeconfig) as api:
             await install(api)
-            async with cluster.api_client(record.kubeconfig) as own, operator(own) as op:
-                await at_v1(api, nodes, op)
-                before = own.counter.total_writes
-                took = await operator_run(api, record.kubeconfig, nodes, args.batch)
-                writes = own.counter.total_writes - before
-                new = await daemonsets_of(api, "v2")
-            await undo(api, nodes)
-            async with cluster.api_client(record.kubeconfig) as own, operator(own) as op:
-                await at_v1(api, nodes, op)
-            old = [objects.name(ds) for ds in await daemonsets_of(api, "v1")]
-            pods = Pods()
-            source = listwatch.ApiListWatch(api, resources.PODS, namespace=NAMESPACE)
-            watching = asyncio.ensure_future(reflecting.Reflector("pods", source, pods).run())
-            try:
-                await pods.synced.wait()
-                floor_took, floor_writes = await floor(api, pods, nodes, args.batch, new, old)
-            finally:
-                watching.cancel()
-                await asyncio.gather(watching, return_exceptions=True)
-        print(f"{len(nodes)} nodes, v1 -> v2 in batches of {args.batch}; same start for both runs")
+        found = await measure(record.kubeconfig, nodes, args.batch)
+        if found.operator_end != found.floor_end:
+            raise SystemExit(
+                f"the floor did not end where the operator did:\n{found.operator_end}\n"
+                f"{found.floor_end}"
+            )
+        took, writes = found.took, found.writes
+        print(f"{len(nodes)} nodes, v1 -> v2 in batches of {args.batch}; same start and end")
         print(
             f"operator + kmm upgrade: {took:.1f} s, {writes + len(nodes) + 1} API writes"
             f" (the operator's {writes}, {writes / len(nodes):.1f} per node; the admin's"
             f" Module patch and {len(nodes)} user labels)"
         )
-        print(f"floor (bare script):    {floor_took:.1f} s, {floor_writes} API writes")
-        print(f"ratio operator/floor:   {took / floor_took:.2f}")
+        print(f"floor (bare script):    {found.floor_took:.1f} s, {found.floor_writes} API writes")
+        print(f"ratio operator/floor:   {took / found.floor_took:.2f}")
     finally:
         cluster.down(directory)
 
