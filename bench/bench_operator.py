@@ -23,7 +23,9 @@ Run: ``.venv/bin/python bench/bench_operator.py [--nodes 500] [--cached-nodes 50
    node ``.ready`` once its loader pod is Ready, and writes the operator's
    final status once every node is. Timed like the operator's run, from the
    Module's create; the DaemonSet controller, scheduler and KWOK bringing
-   the pods to Ready are in both. Printed: its time and writes, and the
+   the pods to Ready are in both. Both runs must end in the same state (node
+   labels, pods Ready, DaemonSets, the Module's finalizer and status); the
+   script stops if they do not. Printed: its time and writes, and the
    operator/floor ratios.
 4. Memory: ``--cached-nodes`` minus ``--nodes`` bare Node objects (no KWOK
    annotation, realistic payloads: conditions, addresses, capacity, 20
@@ -459,6 +461,93 @@ async def operator_rss(
         await asyncio.wait_for(process.wait(), 30)
 
 
+async def end_state(api: kube_client.Client, name: str) -> dict[str, Any]:
+    """What convergence leaves: each node's kernel and ``.ready`` labels,
+    where loader pods run (kernel, image) and are Ready, the DaemonSets'
+    names and node selectors, the Module's finalizers and status. The
+    operator's run and the floor must leave the same."""
+    ready_key = labels.ready(NAMESPACE, name)
+    listed = await api.request("GET", resources.NODES.path())
+    pods = (await api.request("GET", resources.PODS.path(NAMESPACE)))["items"]
+    daemonsets = (await api.request("GET", resources.DAEMONSETS.path(NAMESPACE)))["items"]
+    module = await api.request("GET", MODULES.path(NAMESPACE, name))
+    return {
+        "nodes": {
+            n["metadata"]["name"]: {
+                k: v
+                for k, v in (n["metadata"].get("labels") or {}).items()
+                if k in (labels.KERNEL_VERSION_FULL, ready_key)
+            }
+            for n in listed["items"]
+        },
+        "pods": sorted(
+            (
+                str(p["spec"].get("nodeName")),
+                (p["metadata"].get("labels") or {}).get(labels.KERNEL_VERSION_FULL, ""),
+                (p["metadata"].get("labels") or {}).get(labels.IMAGE_HASH, ""),
+                any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in (p.get("status") or {}).get("conditions") or ()
+                ),
+            )
+            for p in pods
+        ),
+        "daemonsets": sorted(
+            (d["metadata"]["name"], json.dumps(d["spec"]["template"]["spec"]["nodeSelector"]))
+            for d in daemonsets
+        ),
+        "finalizers": module["metadata"].get("finalizers"),
+        "status": module.get("status"),
+    }
+
+
+async def install(kmm_api: kube_client.Client, api: client.ApiClient) -> None:
+    docs = applying.load_documents((DEPLOY / "crd" / "modules.kmm.sigs.x-k8s.io.yaml").read_text())
+    docs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    await applying.apply_documents(kmm_api, docs)
+    deadline = time.monotonic() + 120
+    while True:  # the CRD serves once Established
+        try:
+            await client.CustomObjectsApi(api).list_namespaced_custom_object(
+                modules.GROUP, modules.VERSION, NAMESPACE, modules.PLURAL
+            )
+            break
+        except client.ApiException:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+    await cluster.wait_default_account(kmm_api, NAMESPACE, timeout=120)
+
+
+@dataclasses.dataclass
+class Measured:
+    total: float
+    pods_ready: float
+    counts: Counter[tuple[str, str]]
+    made: Converged
+    floor_time: float
+    floor_writes: int
+    operator_end: dict[str, Any]
+    floor_end: dict[str, Any]
+
+
+async def measure(
+    kmm_api: kube_client.Client, api: client.ApiClient, kubeconfig: pathlib.Path, nodes: list[str]
+) -> Measured:
+    """The operator converges a Module; undone; the floor converges it again."""
+    name, total, pods_ready, counts = await converge(api, kubeconfig, len(nodes))
+    operator_end = await end_state(kmm_api, name)
+    made = await capture(kmm_api, name)
+    await reset(kmm_api, made, nodes)
+    floor_time = await floor(api, made, nodes, module_body(name))
+    # finalizer, DaemonSets, kernel and .ready labels, status (the Module's create apart)
+    floor_writes = 1 + len(made.daemonsets) + 2 * len(made.kernels) + 1
+    floor_end = await end_state(kmm_api, name)
+    return Measured(
+        total, pods_ready, counts, made, floor_time, floor_writes, operator_end, floor_end
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
     directory = pathlib.Path(tempfile.mkdtemp(prefix="kmm-bench-"))
     cache = pathlib.Path(os.environ.get("KMM_CACHE_DIR", pathlib.Path.home() / ".cache" / "kmm"))
@@ -473,22 +562,14 @@ async def main(args: argparse.Namespace) -> None:
     try:
         independent = await independent_client(record.kubeconfig)
         async with cluster.api_client(record.kubeconfig) as kmm_api, independent as api:
-            docs = applying.load_documents(
-                (DEPLOY / "crd" / "modules.kmm.sigs.x-k8s.io.yaml").read_text()
-            )
-            docs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-            await applying.apply_documents(kmm_api, docs)
-            while True:  # the CRD serves once Established
-                try:
-                    await client.CustomObjectsApi(api).list_namespaced_custom_object(
-                        modules.GROUP, modules.VERSION, NAMESPACE, modules.PLURAL
-                    )
-                    break
-                except client.ApiException:
-                    await asyncio.sleep(0.5)
-            await asyncio.sleep(2)  # the default ServiceAccount of the new namespace
-
-            name, total, pods_ready, counts = await converge(api, record.kubeconfig, args.nodes)
+            await install(kmm_api, api)
+            found = await measure(kmm_api, api, record.kubeconfig, record.node_names)
+            if found.operator_end != found.floor_end:
+                raise SystemExit(
+                    f"the floor did not end where the operator did:\n{found.operator_end}\n"
+                    f"{found.floor_end}"
+                )
+            total, pods_ready, counts = found.total, found.pods_ready, found.counts
             written = sum(counts.values())
             print(
                 f"converged: {total:.2f} s from create to {args.nodes} .ready labels + status Ready"
@@ -499,15 +580,11 @@ async def main(args: argparse.Namespace) -> None:
             print(f"  operator API writes: {written}")
             for (verb, resource), count in sorted(counts.items()):
                 print(f"    {verb:6} {resource:40} {count}")
-            made = await capture(kmm_api, name)
-            await reset(kmm_api, made, record.node_names)
-            floor_time = await floor(api, made, record.node_names, module_body(name))
-            # finalizer, DaemonSets, kernel and .ready labels, status (the Module's create apart)
-            floor_writes = 1 + len(made.daemonsets) + 2 * len(made.kernels) + 1
+            floor_time, floor_writes = found.floor_time, found.floor_writes
             print(
-                f"floor: the same Module, {len(made.daemonsets)} DaemonSets, node labels and status"
-                f" written directly ({PARALLEL} in flight), the same {args.nodes} pods waited for:"
-                f" {floor_time:.2f} s, {floor_writes} writes"
+                f"floor: the same Module, {len(found.made.daemonsets)} DaemonSets, node labels and"
+                f" status written directly ({PARALLEL} in flight), the same {args.nodes} pods"
+                f" waited for, the same end: {floor_time:.2f} s, {floor_writes} writes"
             )
             print(
                 f"  ratio converge/floor: {total / floor_time:.2f}x;"

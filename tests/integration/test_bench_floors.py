@@ -23,6 +23,7 @@ from kmm.sandbox import cluster, testing
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 
+import bench_operator
 import bench_upgrade
 
 
@@ -42,4 +43,24 @@ async def test_the_upgrade_floor_ends_where_the_operator_does(
     done = labels.version_ready(bench_upgrade.NAMESPACE, bench_upgrade.NAME)
     ends = {node: have.get(done) for node, have in found.operator_end["nodes"].items()}
     assert ends == dict.fromkeys(small.node_names, "v2")
+    assert found.floor_end == found.operator_end
+
+
+@pytest.fixture(scope="module")
+def five() -> Iterator[testing.RunningSandbox]:
+    kernels = bench_operator.KERNELS
+    with lifecycle.own_sandbox("bo", nodes=len(kernels), kernels=kernels) as sandbox:
+        yield sandbox
+
+
+async def test_the_convergence_floor_ends_where_the_operator_does(
+    five: testing.RunningSandbox,
+) -> None:
+    independent = await bench_operator.independent_client(five.kubeconfig)
+    async with cluster.api_client(five.kubeconfig) as kmm_api, independent as api:
+        await bench_operator.install(kmm_api, api)
+        found = await bench_operator.measure(kmm_api, api, five.kubeconfig, five.node_names)
+
+    assert len(found.operator_end["daemonsets"]) == len(bench_operator.KERNELS)
+    assert [ready for *_, ready in found.operator_end["pods"]] == [True] * len(five.node_names)
     assert found.floor_end == found.operator_end
