@@ -207,6 +207,16 @@ class Churn:
             body["metadata"]["labels"][GPU] = "yes"
         return body
 
+    def node_object(self, name: str) -> Obj:
+        """The node as the churn has made it: labels, kernel, cordon and taint."""
+        state = self.nodes[name]
+        body = self._node_body(name)
+        body["spec"] = {
+            "unschedulable": state.cordoned,
+            "taints": [dict(_TAINT)] if state.tainted else [],
+        }
+        return body
+
     def _random_module(self) -> _Module:
         count = self.rng.randint(1, 3)
         return _Module(
@@ -355,8 +365,11 @@ class Churn:
             )
             return self._record(kind, name, None)
         if kind == "module-selector":
+            dropped = dict.fromkeys(state.selector)
             state.selector = dict(self.rng.choice([s for s in SELECTORS if s != state.selector]))
-            return await self._patch_module(kind, name, {"selector": state.selector})
+            # A merge patch merges maps: a key the new selector lacks goes only as null.
+            selector = {**dropped, **state.selector}
+            return await self._patch_module(kind, name, {"selector": selector})
         if kind in ("module-mappings", "module-image"):
             if kind == "module-mappings":
                 state.mappings = self.rng.sample(range(len(MAPPINGS)), self.rng.randint(1, 3))
