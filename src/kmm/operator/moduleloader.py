@@ -15,7 +15,9 @@ Ordered upgrades (``version`` set, seed 003): DaemonSets are per (kernel,
 image, version) and run only on nodes whose ``version-module-loader`` label
 names their version (``upgrade`` moves that label). A node is targeted when
 it carries that label, and loaded when a loader pod of the Module of that
-version and the node's kernel is Ready there. A DaemonSet of another version
+version and the node's kernel is Ready there. A node whose label was taken
+away keeps ``.ready`` until its loader pod is gone, since the pod unloads the
+module on its way out (``preStop``), and the upgrade's next step waits on it. A DaemonSet of another version
 than the Module's is deleted once ``status.desiredNumberScheduled`` is 0, and
 never before: nodes still run it.
 
@@ -87,6 +89,9 @@ class LoaderPlan(plans.Plan):
     loaded: set[str] = dataclasses.field(default_factory=set)
     # With a version: the version each loaded node runs.
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    # With a version: nodes whose loader label is gone and whose loader pod is
+    # not yet (it unloads on its way out); they keep `.ready` meanwhile.
+    unloading: set[str] = dataclasses.field(default_factory=set)
 
 
 def plan(view: views.ModuleView) -> LoaderPlan:
@@ -173,6 +178,17 @@ def plan(view: views.ModuleView) -> LoaderPlan:
         }
         result.targeted = {n for n in node_pairs if n in running} | result.loaded
         result.versions = {n: running[n] for n in result.loaded}
+        # Its loader label gone, a node is not unloaded until its loader pod
+        # is gone too: that pod unloads in preStop, and `.ready` is what the
+        # upgrade waits on before the next version's loader may start there
+        # (seed 003: unload, then load). So `.ready` stays while it goes; it
+        # is never added for a pod that did not load.
+        result.unloading = {
+            node
+            for node in (str((pod.get("spec") or {}).get("nodeName") or "") for pod in pods)
+            if node in nodes and node not in running and ready_key in _labels(nodes[node])
+        }
     for node in nodes:
-        result.want(node, ready_key, "" if node in result.loaded else None)
+        keep = node in result.loaded or node in result.unloading
+        result.want(node, ready_key, "" if keep else None)
     return result

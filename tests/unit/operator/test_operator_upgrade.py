@@ -121,6 +121,38 @@ def test_planner_walks_each_node_one_step() -> None:
     assert ".ready is set" in plan.steps["d"].description
 
 
+def test_ready_stays_until_the_old_loader_pod_is_gone() -> None:
+    """The loader label removed, the old pod still unloads in preStop: the
+    module is loaded until that pod is gone, so the new loader waits."""
+    v1 = _versioned("v1")
+    node = fixtures.node("a", K68, extra={USER: "v2", READY: ""})
+    [old_loader] = moduleloader.plan(
+        _with(v1, [fixtures.node("a", K68, extra={USER: "v1", LOADER: "v1"})], [])
+    ).apply
+    terminating = fixtures.pod(old_loader, "a", ready=False)
+    terminating["metadata"]["deletionTimestamp"] = "2026-12-02T00:00:00Z"
+    leaving = _with(_versioned("v2"), [node], [old_loader], [terminating])
+    loader = moduleloader.plan(leaving)
+    assert loader.labels["a"][READY] == ""  # kept: it is still being unloaded
+    assert loader.loaded == set()
+    step = upgrade.plan(leaving, loader, deviceplugin.plan(leaving, loader))
+    assert LOADER not in step.labels.get("a", {})  # the new version waits
+    assert ".ready is set" in step.steps["a"].description
+
+    gone = _with(_versioned("v2"), [node], [old_loader], [])
+    assert moduleloader.plan(gone).labels["a"][READY] is None
+    unloaded = _with(_versioned("v2"), [fixtures.node("a", K68, extra={USER: "v2"})], [old_loader])
+    loader = moduleloader.plan(unloaded)
+    step = upgrade.plan(unloaded, loader, deviceplugin.plan(unloaded, loader))
+    assert step.labels["a"][LOADER] == "v2"  # and only now the next version's loader
+
+    # A pod that never loaded (not Ready, no `.ready`) is given no `.ready`.
+    never = fixtures.node("b", K68, extra={USER: "v2"})
+    failed = fixtures.pod(old_loader, "b", ready=False)
+    loader = moduleloader.plan(_with(_versioned("v2"), [never], [old_loader], [failed]))
+    assert loader.labels.get("b", {}).get(READY) is None
+
+
 def test_version_ready_marks_the_finished_nodes() -> None:
     done = fixtures.node("a", K68, extra={USER: "v2", LOADER: "v2", PLUGIN: "v2"})
     half = fixtures.node("b", K68, extra={USER: "v2", LOADER: "v2"})
