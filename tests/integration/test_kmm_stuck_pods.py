@@ -25,7 +25,7 @@ from typing import Any
 import test_operator_support as support
 from kubernetes_asyncio import client
 
-from kmm.api import labels
+from kmm.api import labels, modules
 from kmm.kube import client as kube_client
 from kmm.kube import errors, resources
 from kmm.sandbox import testing
@@ -121,6 +121,32 @@ def image_pull_backoff() -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
+async def module_in(api: client.ApiClient, namespace: str, select: str) -> AsyncIterator[None]:
+    """The Module, gone again before the test ends: no operator runs here to
+    finalize it, and one a later test's operator found in a namespace still
+    terminating would keep that test's finalizer forever."""
+    await support.create_module(api, namespace, module(select))
+    objects = client.CustomObjectsApi(api)
+    try:
+        yield
+    finally:
+        await objects.delete_namespaced_custom_object(
+            modules.GROUP, modules.VERSION, namespace, modules.PLURAL, NAME
+        )
+
+        async def gone() -> bool:
+            try:
+                await objects.get_namespaced_custom_object(
+                    modules.GROUP, modules.VERSION, namespace, modules.PLURAL, NAME
+                )
+            except client.ApiException as err:
+                return err.status == 404
+            return False
+
+        await testing.eventually(gone, "the test's Module deleted")
+
+
+@contextlib.asynccontextmanager
 async def node_without_kwok(api: kube_client.Client, select: str) -> AsyncIterator[str]:
     """A Node no KWOK manages (nothing but the test writes its pods' statuses)."""
     name = f"kmm-nokubelet-{uuid.uuid4().hex[:6]}"
@@ -183,8 +209,11 @@ async def test_kmm_status_names_an_init_container_whose_image_does_not_pull(
     namespace: str,
 ) -> None:
     select = f"kmm-stuck-{uuid.uuid4().hex[:6]}"
-    await support.create_module(api_client, namespace, module(select))
-    async with node_without_kwok(kmm_api, select) as node, pod_on(kmm_api, namespace, node) as pod:
+    async with (
+        module_in(api_client, namespace, select),
+        node_without_kwok(kmm_api, select) as node,
+        pod_on(kmm_api, namespace, node) as pod,
+    ):
         await stick(kmm_api, namespace, pod)
         status = await asyncio.create_subprocess_exec(
             str(KMM), "status", f"--kubeconfig={sandbox.kubeconfig}", f"{namespace}/{NAME}",
@@ -210,8 +239,11 @@ async def test_kmm_upgrade_stops_on_an_init_container_that_gets_stuck_while_it_w
     the step stays the same and the problem is new. No operator runs, so
     nothing else would end the wait before ``--timeout``."""
     select = f"kmm-stuck-{uuid.uuid4().hex[:6]}"
-    await support.create_module(api_client, namespace, module(select))
-    async with node_without_kwok(kmm_api, select) as node, pod_on(kmm_api, namespace, node) as pod:
+    async with (
+        module_in(api_client, namespace, select),
+        node_without_kwok(kmm_api, select) as node,
+        pod_on(kmm_api, namespace, node) as pod,
+    ):
         upgrade = await asyncio.create_subprocess_exec(
             str(KMM), "upgrade", f"--kubeconfig={sandbox.kubeconfig}", f"{namespace}/{NAME}",
             node, "--to", "v1", "--timeout", "120",
