@@ -382,6 +382,76 @@ async def test_removing_the_version_label_unloads_until_it_comes_back(
         await remove(api_client, namespace)
 
 
+UNLOADING = "kmm-test/unloading"
+
+
+async def hold(api: kube_client.Client, namespace: str, pod: str, finalizers: Any) -> None:
+    await api.request(
+        "PATCH",
+        resources.PODS.path(namespace, pod),
+        body={"metadata": {"finalizers": finalizers}},
+        content_type=kube_client.MERGE_PATCH,
+    )
+
+
+async def test_the_next_loader_waits_for_the_old_loader_pod_to_go(
+    sandbox: testing.RunningSandbox,
+    manifests: None,
+    api_client: client.ApiClient,
+    kmm_api: kube_client.Client,
+    namespace: str,
+) -> None:
+    """The old loader pod unloads the module in ``preStop``: while it is still
+    there (held by a finalizer, as a kubelet holds it while the hook runs)
+    the node keeps ``.ready`` and the v2 loader label waits; once the pod is
+    gone the node moves on."""
+    node = sandbox.node_names[0]
+    k = keys(namespace)
+    core = client.CoreV1Api(api_client)
+    async with (
+        support.operator_in_process(sandbox.kubeconfig) as running,
+        module_on(api_client, namespace, [node], "v1") as select,
+    ):
+        [old] = [
+            pod.metadata.name
+            for pod in (
+                await core.list_namespaced_pod(
+                    namespace, label_selector=f"{labels.ROLE}=module-loader"
+                )
+            ).items
+            if pod.spec.node_name == node
+        ]
+        await hold(kmm_api, namespace, old, [UNLOADING])
+        try:
+            await set_module_version(api_client, namespace, select, "v2")
+            await set_version(api_client, namespace, node, "v2")
+
+            async def unloading() -> bool:
+                pod = await core.read_namespaced_pod(old, namespace)
+                loader = (await node_labels(api_client, node)).get(k["loader"])
+                return pod.metadata.deletion_timestamp is not None and loader != "v1"
+
+            await testing.eventually(unloading, "loader label v1 gone, the old pod terminating")
+            # Proof the operator had its chance: a later change to the node
+            # reached its cache and every reconcile it caused has run.
+            await core.patch_node(node, {"metadata": {"labels": {"kmm-test/poke": "1"}}})
+
+            async def cached_poke() -> bool:
+                found = running.op.nodes.store.get(node) or {}
+                return found.get("metadata", {}).get("labels", {}).get("kmm-test/poke") == "1"
+
+            await testing.eventually(cached_poke, "the poke in the operator's node cache")
+            await running.wait_idle("settled after the poke")
+            found = await node_labels(api_client, node)
+            assert k["ready"] in found, "unloaded while the old loader pod is still there"
+            assert k["loader"] not in found, "the v2 loader beside the old one's unload"
+        finally:
+            await hold(kmm_api, namespace, old, None)
+            await core.patch_node(node, {"metadata": {"labels": {"kmm-test/poke": None}}})
+        await wait_on(api_client, namespace, [node], "v2")
+        await remove(api_client, namespace)
+
+
 @contextlib.asynccontextmanager
 async def operator_process(
     kubeconfig: Path, log: Path
