@@ -190,24 +190,26 @@ class Converged:
     kernels: dict[str, str]  # node -> its kernel-version.full label
 
 
+def as_written(found: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """A DaemonSet the operator made, as a bare script creates it again: its
+    name, labels, annotations and spec (no owner, status or server fields)."""
+    metadata = found["metadata"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": metadata["name"],
+            "namespace": namespace,
+            "labels": metadata.get("labels") or {},
+            "annotations": metadata.get("annotations") or {},
+        },
+        "spec": found["spec"],
+    }
+
+
 async def capture(api: kube_client.Client, name: str) -> Converged:
     listing = await api.request("GET", resources.DAEMONSETS.path(NAMESPACE))
-    daemonsets = []
-    for found in listing["items"]:
-        metadata = found["metadata"]
-        daemonsets.append(
-            {
-                "apiVersion": "apps/v1",
-                "kind": "DaemonSet",
-                "metadata": {
-                    "name": metadata["name"],
-                    "namespace": NAMESPACE,
-                    "labels": metadata.get("labels") or {},
-                    "annotations": metadata.get("annotations") or {},
-                },
-                "spec": found["spec"],
-            }
-        )
+    daemonsets = [as_written(found, NAMESPACE) for found in listing["items"]]
     module = await api.request("GET", MODULES.path(NAMESPACE, name))
     listed = await api.request("GET", resources.NODES.path())
     kernels = {

@@ -59,6 +59,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+import bench_operator
+
 from kmm.api import labels, modules
 from kmm.cli import applying
 from kmm.kube import client, errors, listwatch, objects, reflecting, resources
@@ -289,20 +291,7 @@ async def daemonsets_of(api: client.Client, version: str) -> list[dict[str, Any]
     for ds in listing["items"]:
         if objects.labels(ds).get(labels.MODULE_VERSION) != version:
             continue
-        metadata = ds["metadata"]
-        found.append(
-            {
-                "apiVersion": "apps/v1",
-                "kind": "DaemonSet",
-                "metadata": {
-                    "name": metadata["name"],
-                    "namespace": NAMESPACE,
-                    "labels": metadata.get("labels") or {},
-                    "annotations": metadata.get("annotations") or {},
-                },
-                "spec": ds["spec"],
-            }
-        )
+        found.append(bench_operator.as_written(ds, NAMESPACE))
     return found
 
 

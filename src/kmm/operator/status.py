@@ -189,13 +189,7 @@ def invalid(raw: Mapping[str, Any], message: str, *, now: str) -> modules.Module
             reason=conditions.REASON_INVALID_SPEC, message=message, now=now,
             observed_generation=generation,
         )  # fmt: skip
-    return modules.ModuleStatus(
-        module_loader=old.module_loader if old is not None else None,
-        device_plugin=old.device_plugin if old is not None else None,
-        dra=old.dra if old is not None else None,
-        conditions=found,
-        observed_generation=generation,
-    )
+    return _counts_kept(old, found, observed_generation=generation)
 
 
 def failed(raw: Mapping[str, Any], message: str, *, now: str) -> modules.ModuleStatus:
@@ -220,12 +214,24 @@ def failed(raw: Mapping[str, Any], message: str, *, now: str) -> modules.ModuleS
                 reason=conditions.REASON_RECONCILE_FAILED, message=message, now=now,
                 observed_generation=generation,
             )  # fmt: skip
+    return _counts_kept(
+        old, found, observed_generation=old.observed_generation if old is not None else None
+    )
+
+
+def _counts_kept(
+    old: modules.ModuleStatus | None,
+    found: list[modules.Condition] | None,
+    *,
+    observed_generation: int | None,
+) -> modules.ModuleStatus:
+    """``old``'s counts (none if there was no status) with these conditions."""
     return modules.ModuleStatus(
         module_loader=old.module_loader if old is not None else None,
         device_plugin=old.device_plugin if old is not None else None,
         dra=old.dra if old is not None else None,
         conditions=found,
-        observed_generation=old.observed_generation if old is not None else None,
+        observed_generation=observed_generation,
     )
 
 
