@@ -167,7 +167,11 @@ def apply(
         bool, typer.Option("--dry-run", help="Validate and admit on the server; persist nothing.")
     ] = False,
 ) -> None:
-    """Server-side apply every document of a YAML file (field manager "kmm")."""
+    """Server-side apply every document of a YAML file (field manager "kmm").
+
+    The API server's warnings (an admission policy naming a field with no
+    effect, say) are printed on stderr as "Warning: kind/name: text".
+    """
     text = "\n---\n".join(
         sys.stdin.read() if name == "-" else Path(name).read_text() for name in filename
     )

@@ -72,7 +72,8 @@ __all__ = ["Emulator", "Options"]
 
 _log = logging.getLogger(__name__)
 
-# The cancellation message of a pending wipe whose driver came back in time.
+# How a driver's absence ended when it came back in time: the outcome label,
+# and the cancellation message of its pending wipe.
 _RETURNED = "returned"
 
 
@@ -207,12 +208,12 @@ class Emulator:
                 await self.wipe(driver)
                 self._absence_ended(driver, "wiped")
             else:
-                self._absence_ended(driver, "returned")
+                self._absence_ended(driver, _RETURNED)
         except asyncio.CancelledError as cancelled:
             # Back in time (or during the wipe); a restart's or a stop's
             # cancellation ends no absence.
             if cancelled.args == (_RETURNED,):
-                self._absence_ended(driver, "returned")
+                self._absence_ended(driver, _RETURNED)
             raise
         self._wipes.pop(driver, None)
 
