@@ -10,51 +10,15 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import namespacing
 import pytest
 
-from kmm.sandbox import addressing, fabric, namespaces, processes
-
-
-class _Launcher:
-    """The sandbox launcher's seam, keeping what it launched to stop it."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.launched: list[processes.Process] = []
-
-    def launch(self, name: str, argv: list[str], *, health_url: str) -> processes.Process:
-        process = processes.launch(
-            name, argv, log=self.directory / f"{name.replace('/', '-')}.log", health_url=health_url
-        )
-        self.launched.append(process)
-        return process
-
-    def stop_all(self) -> None:
-        for process in reversed(self.launched):
-            process.stop(grace_seconds=5)
-
-
-def _host_network() -> tuple[str, str, str]:
-    def ip(*argv: str) -> str:
-        return subprocess.run(["ip", *argv], capture_output=True, text=True, check=True).stdout
-
-    return ip("-o", "addr"), ip("-o", "link"), ip("-o", "route", "show", "table", "all")
-
-
-def _namespace_ids(kind: str) -> set[str]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                found.add(os.readlink(entry / "ns" / kind))
-            except OSError:
-                continue
-    return found
+from kmm.sandbox import addressing, fabric, namespaces
 
 
 @pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[_Launcher]:
-    launcher = _Launcher(tmp_path)
+def launcher(tmp_path: Path) -> Iterator[namespacing.Launcher]:
+    launcher = namespacing.Launcher(tmp_path)
     try:
         yield launcher
     finally:
@@ -65,7 +29,7 @@ def _in(holder: namespaces.Holder, *argv: str) -> str:
     return namespaces.run_in(holder, list(argv))
 
 
-def _fabric_of_two(launcher: _Launcher) -> tuple[fabric.Fabric, list[namespaces.Holder]]:
+def _fabric_of_two(launcher: namespacing.Launcher) -> tuple[fabric.Fabric, list[namespaces.Holder]]:
     fab = fabric.create(launcher, launcher.directory)
     holders = [namespaces.start_holder(launcher, f"node/{i}", mount=True) for i in range(2)]
     for index, holder in enumerate(holders):
@@ -73,7 +37,7 @@ def _fabric_of_two(launcher: _Launcher) -> tuple[fabric.Fabric, list[namespaces.
     return fab, holders
 
 
-def test_addresses_and_routes_inside_with_no_default_route(launcher: _Launcher) -> None:
+def test_addresses_and_routes_inside_with_no_default_route(launcher: namespacing.Launcher) -> None:
     fab, holders = _fabric_of_two(launcher)
 
     assert f"inet {addressing.GATEWAY}/24" in _in(
@@ -105,7 +69,7 @@ def test_addresses_and_routes_inside_with_no_default_route(launcher: _Launcher) 
 
 
 def test_nodes_reach_each_other_and_the_gateway_and_nothing_outside(
-    launcher: _Launcher,
+    launcher: namespacing.Launcher,
 ) -> None:
     fab, holders = _fabric_of_two(launcher)
     listeners = {
@@ -141,8 +105,10 @@ def test_socket_in_a_namespace_that_is_gone_fails_clearly(tmp_path: Path) -> Non
     assert raised.value.errno == errno.ENOENT
 
 
-def test_the_host_gains_nothing_and_nothing_outlives_the_holders(launcher: _Launcher) -> None:
-    before = _host_network()
+def test_the_host_gains_nothing_and_nothing_outlives_the_holders(
+    launcher: namespacing.Launcher,
+) -> None:
+    before = namespacing.host_network()
     mounts_before = Path("/proc/self/mountinfo").read_text()
     fab, holders = _fabric_of_two(launcher)
     # A mount in a node's private mount namespace stays there.
@@ -157,7 +123,7 @@ def test_the_host_gains_nothing_and_nothing_outlives_the_holders(launcher: _Laun
         check=True,
     ).stdout
     assert "kmm-test" in inside
-    assert _host_network() == before
+    assert namespacing.host_network() == before
     assert Path("/proc/self/mountinfo").read_text() == mounts_before
     net_ids = {os.readlink(h.net_path) for h in (fab.holder, *holders)}
     mnt_ids = {os.readlink(h.mnt_path) for h in holders}
@@ -165,9 +131,9 @@ def test_the_host_gains_nothing_and_nothing_outlives_the_holders(launcher: _Laun
 
     launcher.stop_all()
 
-    assert not net_ids & _namespace_ids("net")
-    assert not mnt_ids & _namespace_ids("mnt")
-    assert _host_network() == before
+    assert not net_ids & namespacing.namespace_ids("net")
+    assert not mnt_ids & namespacing.namespace_ids("mnt")
+    assert namespacing.host_network() == before
     assert Path("/proc/self/mountinfo").read_text() == mounts_before
 
 
