@@ -685,3 +685,18 @@ async def test_nodes_meet_the_api_server_on_the_gateway(
                 answer += chunk
     assert answer.startswith(b"HTTP/1.1 ")
     assert b'"gitVersion": "v1.35.4"' in answer
+
+
+async def test_a_restarted_relay_serves_again(
+    kubelet_sandbox: cluster.state.SandboxState,
+    node: kubeletnodes.KubeletNode,
+    api: kube_client.Client,
+) -> None:
+    # Its listeners come back on the same ports (some in TIME_WAIT) and its
+    # unix socket at the same path; its counters start again at 0.
+    await restarting.restart(kubelet_sandbox.directory, "relay")
+    restarted = cluster.status(kubelet_sandbox.directory)
+    assert _relay_stats(restarted)["connects"] == 0
+    assert await api.request("GET", f"{resources.NODES.path(name=NODE)}/proxy/healthz") == "ok"
+    assert _relay_stats(restarted)["connects"] >= 1
+    assert _kubelet_get(node, "/pods", kubelet_sandbox.directory / "pki") == 200
