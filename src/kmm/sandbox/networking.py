@@ -123,6 +123,7 @@ def start(
     nodes: list[kubeletnodes.KubeletNode],
     *,
     api_port: int,
+    health_port: int,
     extra: Sequence[relay.Forwarder] = (),
 ) -> Network:
     """Make the fabric and the nodes' namespaces, then launch the relay
@@ -137,7 +138,6 @@ def start(
     relay_dir = directory / "relay"
     relay_dir.mkdir(parents=True, exist_ok=True)
     egress_socket = relay_dir / "egress.sock"
-    (health_port,) = ports.free_ports(1)
     config = relay_config(
         fab,
         list(zip(nodes, holders, strict=True)),
