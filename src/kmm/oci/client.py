@@ -263,7 +263,9 @@ class Client:
                     f"{what}: {self.host} denied it ({code or 403}: {message})"
                 )
             if answer.status == 404:
-                raise errors.NotFound(f"{what}: {self.host} has no such {code or 'object'}")
+                kind = "manifest" if "/manifests/" in url.path else "blob"
+                # A HEAD answer has no body, hence no code: the path says what is missing.
+                raise errors.NotFound(f"{what}: {self.host} has no such {kind} ({code or 404})")
             raise errors.UnexpectedResponse(
                 f"{what}: {self.host} answered {answer.status} {code} {message}".rstrip(),
                 status=answer.status,

@@ -23,6 +23,7 @@ __all__ = [
     "KUBERNETES",
     "KWOK",
     "PEERS",
+    "REGISTRY",
     "GoTool",
     "tools_dir",
 ]
@@ -171,3 +172,11 @@ HELM = GoTool(
 ALL = (ETCD, KUBERNETES, KWOK)
 # Programs kmm is tested against, built like the sandbox's binaries.
 PEERS = (DRA_TEST_DRIVER,)
+
+# The CNCF distribution registry the sandbox serves images from (``registry``).
+REGISTRY = GoTool(
+    name="registry",
+    directory=tools_dir() / "registry",
+    required_module="github.com/distribution/distribution/v3",
+    packages=(("registry", "github.com/distribution/distribution/v3/cmd/registry"),),
+)
