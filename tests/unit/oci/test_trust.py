@@ -75,7 +75,17 @@ def _kubeconfig(tmp_path: Path) -> Path:
     return path
 
 
-def test_the_operator_refuses_a_bad_ca_naming_the_flag(tmp_path: Path) -> None:
+def test_the_operator_refuses_a_bad_ca_naming_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[Any] = []
+
+    async def main(api: Any, settings: Any) -> None:
+        started.append(settings)
+        await api.close()
+
+    # The operator itself is not run: it must not have been reached.
+    monkeypatch.setattr(operating, "_main", main)
     bad = tmp_path / "bad.pem"
     bad.write_text("not a certificate")
     result = CliRunner().invoke(
@@ -83,6 +93,7 @@ def test_the_operator_refuses_a_bad_ca_naming_the_flag(tmp_path: Path) -> None:
         ["operator", "--kubeconfig", str(_kubeconfig(tmp_path)), "--registry-ca", str(bad)],
         env={"COLUMNS": "300"},
     )
+    assert started == []
     assert result.exit_code == 2
     assert "--registry-ca" in result.output
     assert "holds no PEM certificate" in result.output
