@@ -385,7 +385,9 @@ def push(
                 target,
                 archive,
                 name_tag,
-                progress=lambda line: _errors.print(line, highlight=False, soft_wrap=True),
+                progress=lambda line: _errors.print(
+                    line, highlight=False, markup=False, soft_wrap=True
+                ),
             )
         )
     except (errors.SandboxError, oci_errors.RegistryError, ValueError) as err:
