@@ -114,13 +114,20 @@ def start(
     credentials: pki.Pki,
     *,
     auth: Auth | None,
+    port: int = 0,
+    debug_port: int = 0,
 ) -> tuple[processes.Process, state.RegistryRecord]:
     """Write the registry's files under ``<directory>/registry`` and launch it
-    through ``launch`` (the sandbox launcher: name, argv, health_url=...)."""
+    through ``launch`` (the sandbox launcher: name, argv, health_url=...).
+
+    ``port`` and ``debug_port`` (0: free ones now) let ``up`` choose them with
+    its other ports, before the relay that forwards
+    ``REFERENCE_HOST`` in the fabric to ``127.0.0.1:port`` starts."""
     home = directory / "registry"
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
-    port, debug_port = ports.free_ports(2)
+    if not port or not debug_port:
+        port, debug_port = ports.free_ports(2)
     cert, key = pki.issue_serving(
         credentials,
         "registry",

@@ -88,3 +88,26 @@ def test_auth_writes_a_bcrypt_htpasswd_and_a_dockerconfigjson(tmp_path: Path) ->
         assert auth.credentials_for(document, host) == auth.Credentials("pusher", "pw:1")
     encoded = json.loads(document)["auths"]["10.253.0.1:5000"]["auth"]
     assert base64.b64decode(encoded) == b"pusher:pw:1"
+
+
+def test_ports_chosen_by_up_are_the_ones_served(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    def launch(name: str, argv: list[str], *, health_url: str) -> processes.Process:
+        seen.append(health_url)
+        return processes.Process(name, 0, -1, tmp_path / "log", tuple(argv), health_url)
+
+    credentials = pki.create(tmp_path / "pki", ())
+    _, record = registry.start(
+        launch,
+        tmp_path,
+        Path("/bin/registry"),
+        credentials,
+        auth=None,
+        port=41000,
+        debug_port=41001,
+    )
+    config = yaml.safe_load((tmp_path / "registry" / "config.yml").read_text())
+    assert config["http"]["addr"] == "127.0.0.1:41000"
+    assert record.host == "127.0.0.1:41000"
+    assert seen == ["http://127.0.0.1:41001/debug/health"]
