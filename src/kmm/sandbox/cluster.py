@@ -39,8 +39,10 @@ from kmm.sandbox import (
     pki,
     ports,
     processes,
+    registry,
     state,
 )
+from kmm.sandbox.registry import Auth as RegistryAuth
 
 __all__ = [
     "DEFAULT_KERNELS",
@@ -108,6 +110,15 @@ class Options:
     # Members of system:masters (the sandbox's admin) are never throttled.
     max_requests_inflight: int | None = None
     max_mutating_requests_inflight: int | None = None
+    # The image registry (``registry``): None leaves it to the default, on
+    # when credentials are asked for (and, once the sandbox has container
+    # nodes, when it has any); ``registry_auth`` turns htpasswd auth on.
+    registry: bool | None = None
+    registry_auth: RegistryAuth | None = None
+
+    @property
+    def wants_registry(self) -> bool:
+        return self.registry if self.registry is not None else self.registry_auth is not None
 
     def apiserver_flags(self) -> list[str]:
         """The kube-apiserver flags these options add."""
@@ -142,6 +153,8 @@ class Options:
             raise ValueError("at least one --kernel is needed")
         if self.etcd_compaction_interval is not None and not self.etcd_compaction_interval > 0:
             raise ValueError("--etcd-compaction-interval must be more than 0 seconds")
+        if self.registry is False and self.registry_auth is not None:
+            raise ValueError("--registry-auth needs the registry: drop --no-registry")
         for flag, value in (
             ("--max-requests-inflight", self.max_requests_inflight),
             ("--max-mutating-requests-inflight", self.max_mutating_requests_inflight),
@@ -174,7 +187,7 @@ class _Launcher:
 
 
 def _reset(directory: Path) -> None:
-    for name in ("pki", "etcd", "logs", "kubelets", "relay"):
+    for name in ("pki", "etcd", "logs", "kubelets", "relay", "registry"):
         shutil.rmtree(directory / name, ignore_errors=True)
     (directory / "logs").mkdir(parents=True)
 
@@ -226,6 +239,7 @@ async def up(
         ports.require_free(options.apiserver_port, what="kube-apiserver")
 
     tools = TOOLS + ((components.KUBELET,) if options.kubelet_nodes else ())
+    tools += (components.REGISTRY,) if options.wants_registry else ()
     binaries = await building.ensure_built(options.cache_dir, tools, progress=progress)
     directory.mkdir(parents=True, exist_ok=True)
     _reset(directory)
@@ -347,6 +361,16 @@ async def up(
             ],
             health_url=f"http://{ports.HOST}:{kwok_port}/healthz",
         )
+        registry_process = None
+        if options.wants_registry:
+            registry_process, record.registry = registry.start(
+                launcher.launch,
+                directory,
+                binaries["registry"],
+                credentials,
+                auth=options.registry_auth,
+            )
+            state.save(record)
         await asyncio.gather(
             health.wait_healthy(
                 controller_manager,
@@ -360,6 +384,8 @@ async def up(
             ),
             health.wait_healthy(kwok, timeout=options.start_timeout),
         )
+        if registry_process is not None:
+            await health.wait_healthy(registry_process, timeout=options.start_timeout)
         async with api_client(admin_kubeconfig) as api:
             await nodes.create(api, node_plan)
             try:
