@@ -14,8 +14,11 @@ import base64
 import json
 import os
 import re
+import shutil
+import ssl
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -25,7 +28,18 @@ import pytest
 from kmm.cli import paths
 from kmm.oci import auth, errors, mediatypes
 from kmm.oci import client as oci_client
-from kmm.sandbox import building, cluster, components, health, pki, processes, registry, state
+from kmm.sandbox import (
+    addressing,
+    building,
+    cluster,
+    components,
+    health,
+    namespaces,
+    pki,
+    processes,
+    registry,
+    state,
+)
 
 _USER, _PASSWORD = "pusher", "correct:horse"
 _KMM = Path(sys.executable).with_name("kmm")
@@ -267,12 +281,33 @@ def test_push_to_a_stopped_registry_says_it_is_not_running(tmp_path: Path) -> No
     assert "is not running" in done.stderr
 
 
+def _get_in_namespace(net_path: str, ca: Path, path: str, authorization: str) -> bytes:
+    """GET ``path`` of the registry at its reference address (the gateway),
+    from inside a node's network namespace, verifying the sandbox CA."""
+    context = ssl.create_default_context(cafile=str(ca))
+    with namespaces.socket_in(net_path) as raw:
+        raw.settimeout(30)
+        raw.connect((str(addressing.GATEWAY), addressing.REGISTRY_PORT))
+        with context.wrap_socket(raw, server_hostname=str(addressing.GATEWAY)) as tls:
+            tls.sendall(
+                f"GET {path} HTTP/1.1\r\nHost: {addressing.GATEWAY}:{addressing.REGISTRY_PORT}"
+                f"\r\nAuthorization: {authorization}\r\nAccept: {mediatypes.OCI_MANIFEST}"
+                "\r\nConnection: close\r\n\r\n".encode()
+            )
+            answer = b""
+            while chunk := tls.recv(65536):
+                answer += chunk
+    return answer
+
+
 def test_up_with_registry_auth_serves_it_and_down_stops_it(tmp_path: Path) -> None:
-    directory = tmp_path / "sandbox"
+    # Short: the kubelet node's sockets live under it.
+    directory = Path(tempfile.mkdtemp(prefix="k", dir="/tmp"))
     options = cluster.Options(
         directory=directory,
         cache_dir=paths.cache_dir(),
         nodes=0,
+        kubelet_nodes=1,
         registry_auth=registry.Auth(_USER, _PASSWORD),
     )
     record = asyncio.run(cluster.up(options))
@@ -292,7 +327,19 @@ def test_up_with_registry_auth_serves_it_and_down_stops_it(tmp_path: Path) -> No
         pushed = _push_cli(directory, made.path, "kmm/up:v1")
         assert pushed.returncode == 0, pushed.stderr
         assert pushed.stdout.splitlines()[-1] == "10.253.0.1:5000/kmm/up:v1"
+        # The reference works from a node: the relay serves the registry on
+        # the gateway inside the fabric, under a certificate naming it.
+        (holder,) = [p for p in record.launched if p.name.startswith("node/")]
+        basic = base64.b64encode(f"{_USER}:{_PASSWORD}".encode()).decode()
+        answer = _get_in_namespace(
+            f"/proc/{holder.pid}/ns/net",
+            directory / "pki" / "ca.crt",
+            "/v2/kmm/up/manifests/v1",
+            f"Basic {basic}",
+        )
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
     finally:
         stopped = cluster.down(directory)
+        shutil.rmtree(directory, ignore_errors=True)
     assert registry.COMPONENT in [process.name for process in stopped]
     assert not any(process.alive() for process in record.launched)

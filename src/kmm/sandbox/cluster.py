@@ -258,9 +258,15 @@ async def up(
 
     # One call, so that no two coincide: kubelet nodes' host ports (and the
     # relay's health port) are bound by the relay before the API server starts.
-    chosen = ports.free_ports(6 + (1 + 3 * len(kubelet_names) if kubelet_names else 0))
+    # The registry's two ports too: the relay serves it on the gateway.
+    registry_ports = 2 if options.wants_registry else 0
+    chosen = ports.free_ports(
+        6 + registry_ports + (1 + 3 * len(kubelet_names) if kubelet_names else 0)
+    )
     etcd_port, peer_port, cm_port, scheduler_port, kwok_port, free_api_port = chosen[:6]
-    relay_health_port, *kubelet_ports = chosen[6:] or [0]  # 0: no relay without kubelets
+    registry_port, registry_debug_port = chosen[6 : 6 + registry_ports] or (0, 0)
+    # 0: no relay without kubelets
+    relay_health_port, *kubelet_ports = chosen[6 + registry_ports :] or [0]
     api_port = options.apiserver_port or free_api_port
     server = f"https://{ports.HOST}:{api_port}"
 
@@ -304,6 +310,7 @@ async def up(
                 kubelet_plan,
                 api_port=api_port,
                 health_port=relay_health_port,
+                registry_port=registry_port,
             )
             await health.wait_healthy(network.relay, timeout=options.start_timeout)
         apiserver = launcher.launch(
@@ -369,6 +376,8 @@ async def up(
                 binaries["registry"],
                 credentials,
                 auth=options.registry_auth,
+                port=registry_port,
+                debug_port=registry_debug_port,
             )
             state.save(record)
         await asyncio.gather(

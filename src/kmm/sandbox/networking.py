@@ -95,6 +95,22 @@ def relay_config(
     )
 
 
+def registry_forwarders(fab: fabric.Fabric, port: int) -> tuple[relay.Forwarder, ...]:
+    """The registry on ``GATEWAY:REGISTRY_PORT`` in the fabric, forwarded to
+    the host's ``127.0.0.1:port`` where it listens; none when ``port`` is 0
+    (no registry). Nodes and pods route to the gateway across the fabric."""
+    if not port:
+        return ()
+    return (
+        relay.Forwarder(
+            listen=relay.Endpoint(
+                fab.holder.net_path, str(addressing.GATEWAY), addressing.REGISTRY_PORT
+            ),
+            target=relay.Endpoint(None, ports.HOST, port),
+        ),
+    )
+
+
 def egress_selector(path: Path, socket: Path) -> Path:
     """Write the API server's EgressSelectorConfiguration: selection
     ``cluster`` (kubelets, node/pod/service proxies) over HTTP CONNECT on the
@@ -124,10 +140,13 @@ def start(
     *,
     api_port: int,
     health_port: int,
+    registry_port: int = 0,
     extra: Sequence[relay.Forwarder] = (),
 ) -> Network:
     """Make the fabric and the nodes' namespaces, then launch the relay
-    (the caller waits for its health: ``Network.relay.health_url``)."""
+    (the caller waits for its health: ``Network.relay.health_url``);
+    ``registry_port``, when not 0, is the host port of the registry the relay
+    serves on the gateway."""
     fab = fabric.create(launcher, directory)
     holders = []
     for index, node in enumerate(nodes):
@@ -144,7 +163,7 @@ def start(
         api_port=api_port,
         health_port=health_port,
         egress_socket=egress_socket,
-        extra=extra,
+        extra=(*registry_forwarders(fab, registry_port), *extra),
     )
     process = launcher.launch(
         "relay",
