@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries image image-tools deploy test lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries image image-again image-tools test-images deploy test lint typecheck layers unit integration protos clean
 
 all: test
 
@@ -86,22 +86,34 @@ integration: venv
 sandbox-binaries: venv
 	$(BIN)/kmm sandbox build
 
-# What `make image` (and its test) builds with, from Debian's packages; as root,
-# as on CI, and only when one is missing.
-IMAGE_TOOLS := mmdebstrap buildah
+# What `make image` and `make test-images` build with, from Debian's packages;
+# as root, as on CI, and only when one is missing.
+IMAGE_TOOLS := mmdebstrap buildah gcc
 image-tools:
 	@for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
-# kmm's image as an OCI archive, build/kmm-image.tar (README "The image").
+# kmm's image as an OCI archive, build/kmm-image.tar (README "The image");
+# built again only when its inputs, name or commit change.
 image: venv image-tools
 	scripts/build_image.sh
+
+# The same image built a second time, from nothing but the cached base: the
+# image test compares the two (the same commit builds the same layers).
+image-again: venv image-tools
+	OUT=build/kmm-image-again.tar scripts/build_image.sh
+
+# The container-node tests' images, build/images/{loader,workload,pause}.tar
+# (README "Test images"), cached by content under ~/.cache/kmm/image.
+test-images: image-tools
+	scripts/build_test_images.sh
 
 # deploy/ (manifests and the Helm chart) written anew from kmm.api.
 deploy: venv
 	$(BIN)/python scripts/render_deploy.py
 
-test: lint typecheck layers sandbox-binaries image-tools
+# Every image a test reads is made here, before pytest: no test downloads or builds one.
+test: lint typecheck layers sandbox-binaries image image-again test-images
 	$(BIN)/pytest
 
 protos: venv

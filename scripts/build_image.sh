@@ -9,6 +9,12 @@
 #      versions .venv has (the versions the tests ran), and the user kmm
 #      (65532, as deploy/operator/deployment.yaml runs it);
 #   3. `buildah commit` writes the archive, tagged with IMAGE.
+# Built once per commit: the image records the digest of what it is built
+# from (label kmm.image.inputs, scripts/image_inputs.py), and OUT.key the
+# key of the whole build (those inputs, IMAGE, the revision and time, the
+# base); the same key again finds OUT made and stops there. The image test
+# compares that label with the work tree's inputs, so it never checks a
+# stale archive.
 # Reproducible: SOURCE_DATE_EPOCH is the commit's time; mmdebstrap makes the
 # same tarball from the same package versions, pip byte-compiles with hashes
 # instead of timestamps under it, and --timestamp gives every file of the
@@ -28,18 +34,9 @@ PACKAGES=python3,python3-venv,ca-certificates
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
 # The wheel is built from the work tree: say so when it is not the commit's.
 REVISION=$(git rev-parse HEAD)$(git diff --quiet HEAD -- src pyproject.toml README.md || echo -dirty)
+INPUTS=$(.venv/bin/python scripts/image_inputs.py)
 
 mkdir -p "$CACHE" "$(dirname "$OUT")"
-WORK=$(mktemp -d /tmp/kmm-image.XXXXXX)
-BUILDAH=(buildah --root "$WORK/storage" --runroot "$WORK/run" --storage-driver vfs)
-cleanup() {
-    "${BUILDAH[@]}" rm --all >/dev/null 2>&1 || true
-    # vfs layers are plain directories; buildah's own removal is the clean way.
-    "${BUILDAH[@]}" rmi --all --force >/dev/null 2>&1 || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
 # 1. The base root filesystem: the key is everything it is made from.
 # Docs, man pages and translations are left out (the image runs no humans).
 MMDEBSTRAP=(
@@ -60,6 +57,24 @@ SOURCES=(
 BASE_EPOCH=1735689600
 KEY=$(printf '%s\n' "${MMDEBSTRAP[@]}" "${SOURCES[@]}" "$BASE_EPOCH" | sha256sum | cut -c1-12)
 BASE=$CACHE/base-$SUITE-$KEY.tar
+
+BUILD_KEY=$(printf '%s\n' "$INPUTS" "$IMAGE" "$REVISION" "$SOURCE_DATE_EPOCH" "$KEY" | sha256sum | cut -c1-16)
+if [ -f "$OUT" ] && [ "$(cat "$OUT.key" 2>/dev/null)" = "$BUILD_KEY" ]; then
+    echo "image: $OUT ($IMAGE) is up to date (key $BUILD_KEY)"
+    exit 0
+fi
+rm -f "$OUT.key"
+
+WORK=$(mktemp -d /tmp/kmm-image.XXXXXX)
+BUILDAH=(buildah --root "$WORK/storage" --runroot "$WORK/run" --storage-driver vfs)
+cleanup() {
+    "${BUILDAH[@]}" rm --all >/dev/null 2>&1 || true
+    # vfs layers are plain directories; buildah's own removal is the clean way.
+    "${BUILDAH[@]}" rmi --all --force >/dev/null 2>&1 || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
 if [ ! -f "$BASE" ]; then
     echo "image: building the base root filesystem with mmdebstrap ($SUITE: $PACKAGES)"
     SOURCE_DATE_EPOCH=$BASE_EPOCH "${MMDEBSTRAP[@]}" "$WORK/base.tar" "${SOURCES[@]}"
@@ -99,6 +114,7 @@ RUN=("${BUILDAH[@]}" run --isolation chroot --env "SOURCE_DATE_EPOCH=$SOURCE_DAT
     --entrypoint '["kmm"]' --cmd '["--help"]' \
     --label org.opencontainers.image.title=kmm \
     --label "org.opencontainers.image.revision=$REVISION" \
+    --label "kmm.image.inputs=$INPUTS" \
     "$app"
 
 # 3. The archive, written beside and renamed, so a failed build leaves no half file.
@@ -106,6 +122,7 @@ rm -f "$OUT.partial"
 "${BUILDAH[@]}" commit --quiet --timestamp "$SOURCE_DATE_EPOCH" --format oci --rm \
     "$app" "oci-archive:$OUT.partial:$IMAGE" >/dev/null
 mv "$OUT.partial" "$OUT"
+echo "$BUILD_KEY" >"$OUT.key"
 echo "image: $OUT ($IMAGE), layers:"
 tar -xOf "$OUT" index.json | .venv/bin/python -c '
 import json, sys, tarfile

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The images the container-node tests run, as OCI archives under build/images
+# (`make test-images`; README "Test images"), each tagged inside its archive:
+#   loader.tar    kmm.sandbox/loader:1     busybox, a recording modprobe, a firmware file
+#   workload.tar  kmm.sandbox/workload:1   busybox and an entrypoint printing what it was given
+#   pause.tar     kmm.sandbox/pause:3.10   the pinned Kubernetes module's pause, built static
+# Their files come from Debian's busybox-static (mmdebstrap, cached by its
+# recipe like build_image.sh's base), scripts/test_images/<name>/ (copied over
+# it) and build/pause/linux/pause.c of the pinned Kubernetes module (gcc
+# -static). buildah (vfs, its own storage directory) makes each a one-layer
+# image from scratch. Reproducible: every file, the layer and the config carry
+# one fixed time, so the same files make the same image digest.
+# Cached by content: the key of an archive is the digest of its layer as
+# tarred here plus its config, so an archive is built again only when what
+# goes into it changes; the cache keeps one per key.
+# Needs root (mmdebstrap's first run), mmdebstrap, buildah, gcc with a static
+# libc, and go (the module cache, filled by `make sandbox-binaries` or here).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+umask 022
+OUT=${OUT:-build/images}
+CACHE=${KMM_CACHE_DIR:-$HOME/.cache/kmm}/image
+FILES=scripts/test_images
+# Not the commit's time: these images depend on no commit of kmm.
+EPOCH=1735689600
+export SOURCE_DATE_EPOCH=$EPOCH
+
+mkdir -p "$CACHE/test-images" "$OUT"
+WORK=$(mktemp -d /tmp/kmm-test-images.XXXXXX)
+BUILDAH=(buildah --root "$WORK/storage" --runroot "$WORK/run" --storage-driver vfs)
+cleanup() {
+    "${BUILDAH[@]}" rm --all >/dev/null 2>&1 || true
+    "${BUILDAH[@]}" rmi --all --force >/dev/null 2>&1 || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# 1. busybox, from Debian's package: the key is everything it is made from.
+SUITE=bookworm
+MIRROR=http://deb.debian.org/debian
+MMDEBSTRAP=(
+    mmdebstrap --variant=extract --include=busybox-static
+    --aptopt='Acquire::Languages "none"'
+    "$SUITE"
+)
+SOURCES=(
+    "deb $MIRROR $SUITE main"
+    "deb $MIRROR $SUITE-updates main"
+    "deb $MIRROR-security $SUITE-security main"
+)
+KEY=$(printf '%s\n' "${MMDEBSTRAP[@]}" "${SOURCES[@]}" | sha256sum | cut -c1-12)
+BUSYBOX=$CACHE/busybox-static-$SUITE-$KEY
+if [ ! -x "$BUSYBOX" ]; then
+    echo "test-images: fetching busybox-static with mmdebstrap ($SUITE)"
+    "${MMDEBSTRAP[@]}" "$WORK/busybox.tar" "${SOURCES[@]}"
+    tar -xOf "$WORK/busybox.tar" ./bin/busybox >"$WORK/busybox"
+    chmod 755 "$WORK/busybox"
+    mv "$WORK/busybox" "$BUSYBOX"
+fi
+
+# 2. pause, from the Kubernetes module the sandbox pins (go.mod names its version).
+KUBERNETES=$(cd src/kmm/sandbox/gotools/kubernetes && go mod download -json k8s.io/kubernetes |
+    sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+PAUSE_C=$KUBERNETES/build/pause/linux/pause.c
+PAUSE_TAG=$(sed -n 's/^TAG ?= //p' "$KUBERNETES/build/pause/Makefile")
+
+# A root filesystem with busybox in /bin, every applet a link to it but
+# modprobe, which an image brings itself when it has one.
+busybox_root() {
+    mkdir -p "$1/bin" "$1/sbin" "$1/usr/bin" "$1/usr/sbin" "$1/etc" "$1/dev" "$1/proc" "$1/sys" \
+        "$1/tmp"
+    cp "$BUSYBOX" "$1/bin/busybox"
+    local applet
+    for applet in $("$BUSYBOX" --list); do
+        [ "$applet" = busybox ] || [ "$applet" = modprobe ] || ln -s busybox "$1/bin/$applet"
+    done
+}
+
+stage_loader() {
+    busybox_root "$1"
+    mkdir -p "$1/etc/modprobe.d" "$1/var/log"
+    cp -R "$FILES/loader/." "$1/"
+    ln -s ../usr/sbin/modprobe "$1/sbin/modprobe"
+    ln -s ../usr/sbin/modprobe "$1/bin/modprobe"
+}
+
+stage_workload() {
+    busybox_root "$1"
+    cp -R "$FILES/workload/." "$1/"
+}
+
+stage_pause() {
+    gcc -Os -Wall -Werror -static "-DVERSION=v$PAUSE_TAG-kmm" -o "$1/pause" "$PAUSE_C"
+    strip "$1/pause"
+}
+
+PATH_ENV=PATH=/usr/sbin:/usr/bin:/sbin:/bin
+declare -A REF CONFIG
+REF[loader]=kmm.sandbox/loader:1
+CONFIG[loader]="--env $PATH_ENV --cmd [\"sleep\",\"infinity\"]"
+REF[workload]=kmm.sandbox/workload:1
+CONFIG[workload]="--env $PATH_ENV --user 65532:65532 --entrypoint [\"/entrypoint\"] --cmd []"
+# As upstream's pause image: a user of its own, no root.
+REF[pause]=kmm.sandbox/pause:3.10
+CONFIG[pause]="--user 65535:65535 --entrypoint [\"/pause\"] --cmd []"
+
+BUILDAH_VERSION=$(buildah --version)
+for name in loader workload pause; do
+    root=$WORK/$name
+    mkdir "$root"
+    "stage_$name" "$root"
+    # Modes as a umask of 022 makes them, whatever the checkout's were.
+    chmod -R go-w "$root"
+    [ ! -d "$root/tmp" ] || chmod 1777 "$root/tmp"
+    # The layer as buildah will see it: owners, modes and times fixed, so its
+    # digest is a function of the files' content alone.
+    tar --create --file "$WORK/$name.tar" --directory "$root" --sort=name \
+        --owner=0 --group=0 --numeric-owner --mtime="@$EPOCH" .
+    key=$(cat "$WORK/$name.tar" <(printf '%s\n' "${REF[$name]}" "${CONFIG[$name]}" "$BUILDAH_VERSION") |
+        sha256sum | cut -c1-16)
+    cached=$CACHE/test-images/$name-$key.tar
+    if [ ! -f "$cached" ]; then
+        echo "test-images: building $name (${REF[$name]})"
+        container=$("${BUILDAH[@]}" from --quiet scratch)
+        "${BUILDAH[@]}" add --quiet "$container" "$WORK/$name.tar" / >/dev/null
+        # shellcheck disable=SC2086 # CONFIG holds words, none with spaces
+        "${BUILDAH[@]}" config ${CONFIG[$name]} \
+            --label "org.opencontainers.image.title=kmm test image $name" "$container"
+        "${BUILDAH[@]}" commit --quiet --timestamp "$EPOCH" --format oci --rm \
+            "$container" "oci-archive:$WORK/$name.oci.tar:${REF[$name]}" >/dev/null
+        mv "$WORK/$name.oci.tar" "$cached"
+        # One archive per image in the cache: the others are older builds.
+        find "$CACHE/test-images" -name "$name-*.tar" ! -name "$name-$key.tar" -delete
+    fi
+    if ! cmp -s "$cached" "$OUT/$name.tar"; then
+        cp "$cached" "$OUT/$name.tar.partial"
+        mv "$OUT/$name.tar.partial" "$OUT/$name.tar"
+    fi
+    echo "test-images: $OUT/$name.tar (${REF[$name]}, key $key)"
+done
