@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries image image-again image-tools test-images deploy test lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images deploy test lint typecheck layers unit integration protos clean
 
 all: test
 
@@ -83,8 +83,16 @@ integration: venv
 # are built once per version (10-15 min cold; the kubelet adds ~6 min of it,
 # kubectl ~3 and helm ~7) before pytest starts, so no test's time limit
 # includes compiling Kubernetes.
-sandbox-binaries: venv
+# runc, one of the container nodes' binaries, is built with cgo and the seccomp
+# tag: it needs libseccomp's headers (found through pkg-config). As root, as
+# on CI, and only when one is missing.
+sandbox-binaries: venv sandbox-build-deps
 	$(BIN)/kmm sandbox build
+
+sandbox-build-deps:
+	@missing=; dpkg-query -W -f='$${Status}' libseccomp-dev 2>/dev/null | grep -q 'ok installed' || missing=libseccomp-dev; \
+	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
 # What `make image` and `make test-images` build with, from Debian's packages;
 # as root, as on CI, and only when one is missing.

@@ -190,6 +190,13 @@ def build(
     clients: Annotated[
         bool, typer.Option(help="Also helm (kubectl is always built: `up` offers it).")
     ] = True,
+    container_nodes: Annotated[
+        bool,
+        typer.Option(
+            help="Also what container nodes run (containerd, runc, CNI plugins, kube-proxy) "
+            "and the registry they pull from."
+        ),
+    ] = True,
 ) -> None:
     """Build the sandbox binaries into the cache now (up does it when needed)."""
     tools = (
@@ -197,6 +204,7 @@ def build(
         + ((components.KUBELET,) if kubelet else ())
         + (components.PEERS if peers else ())
         + ((components.HELM,) if clients else ())
+        + ((*components.CONTAINER_NODE, components.REGISTRY) if container_nodes else ())
     )
     with _progress() as progress:
         try:

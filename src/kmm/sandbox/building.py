@@ -5,12 +5,23 @@ every later start; a build goes to a temporary directory first and is renamed
 into place, so an interrupted build never leaves a half-filled cache entry.
 ``go build -v`` names each package it compiles, which is what the progress
 callback counts against the package total from ``go list -deps``.
+
+A tool's build tags, cgo setting, environment and linker flags
+(``components.GoTool``) go to both ``go list`` and ``go build``; a tool that
+needs C libraries through cgo has them checked with ``pkg-config`` first, so a
+missing one is named with the Debian package to install.
+
+``pinned_dir`` gathers the binaries of several tools into one directory, to be
+put first on the PATH of whatever starts them: the container nodes' containerd
+finds its shim, and the shim finds runc, by PATH, and Debian's own (too old)
+containerd and runc may sit in /usr/bin.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -21,7 +32,14 @@ from typing import Protocol
 
 from kmm.sandbox import components, errors
 
-__all__ = ["BuildProgress", "binary_dir", "ensure_built", "go_binary"]
+__all__ = [
+    "BuildProgress",
+    "binary_dir",
+    "ensure_built",
+    "go_binary",
+    "pinned_dir",
+    "search_path",
+]
 
 
 class BuildProgress(Protocol):
@@ -61,10 +79,44 @@ def _is_complete(directory: Path, tool: components.GoTool) -> bool:
     return all(os.access(directory / binary, os.X_OK) for binary in tool.binaries)
 
 
-async def _run(argv: list[str], *, cwd: Path, log: Path | None = None) -> tuple[int, bytes]:
+def _environment(tool: components.GoTool) -> dict[str, str]:
+    """The environment of the tool's ``go list`` and ``go build``."""
+    env = dict(os.environ)
+    if tool.cgo is not None:
+        env["CGO_ENABLED"] = "1" if tool.cgo else "0"
+    env.update(dict(tool.env))
+    return env
+
+
+def _flags(tool: components.GoTool) -> list[str]:
+    return ["-tags", ",".join(tool.tags)] if tool.tags else []
+
+
+async def _check_c_libraries(tool: components.GoTool) -> None:
+    """Name the Debian packages whose C headers cgo will miss, before Go
+    fails on them with a compiler error."""
+    if not tool.cgo or not tool.c_libraries:
+        return
+    compiler = _environment(tool).get("CC", "gcc")
+    if shutil.which(compiler) is None:
+        raise errors.CHeadersMissing(tool.name, f"a C compiler (`{compiler}`)", ("gcc",))
+    pkg_config = shutil.which("pkg-config")
+    if pkg_config is None:
+        packages = ("pkg-config", *(package for _, package in tool.c_libraries))
+        raise errors.CHeadersMissing(tool.name, "pkg-config", packages)
+    for library, package in tool.c_libraries:
+        code, _ = await _run([pkg_config, "--exists", library], cwd=tool.directory)
+        if code != 0:
+            raise errors.CHeadersMissing(tool.name, f"the C library {library}", (package,))
+
+
+async def _run(
+    argv: list[str], *, cwd: Path, log: Path | None = None, env: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     process = await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,
+        env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -83,9 +135,14 @@ async def _version_ldflags(tool: components.GoTool) -> list[str]:
     buildDate), from the pinned module's version, its pinned commit (or the
     origin the module proxy records for it) and its publication time;
     without them /version says ``v0.0.0-master``.
-    A tool with a single version variable gets just that one."""
+    A tool with a single version variable gets just that one; a tool with
+    stamps gets each variable set to its template filled in."""
     if tool.version_variable:
         return ["-ldflags", f"-X {tool.version_variable}={tool.version}"]
+    if tool.stamps:
+        values = {"version": tool.version, "number": tool.version.removeprefix("v")}
+        stamped = [f"-X {variable}={value.format(**values)}" for variable, value in tool.stamps]
+        return ["-ldflags", " ".join(stamped)]
     if not tool.version_packages:
         return []
     version = tool.version
@@ -123,21 +180,34 @@ async def _version_ldflags(tool: components.GoTool) -> list[str]:
     return ["-ldflags", " ".join(flags)]
 
 
+async def _ldflags(tool: components.GoTool) -> list[str]:
+    """The version stamps and the tool's own linker flags, as one -ldflags."""
+    version = await _version_ldflags(tool)
+    flags = [*version[1:], *tool.ldflags]
+    return ["-ldflags", " ".join(flags)] if flags else []
+
+
 async def _build(tool: components.GoTool, target: Path, log: Path, progress: BuildProgress) -> None:
     go = go_binary()
+    await _check_c_libraries(tool)
+    env = _environment(tool)
+    flags = _flags(tool)
     packages = [package for _, package in tool.packages]
-    code, listing = await _run([go, "list", "-deps", *packages], cwd=tool.directory, log=None)
+    code, listing = await _run(
+        [go, "list", *flags, "-deps", *packages], cwd=tool.directory, env=env
+    )
     if code != 0:
         log.write_bytes(listing)
         raise errors.BuildFailed(tool.name, log)
     total = len(listing.splitlines())
     progress.started(tool.name, total)
 
-    ldflags = await _version_ldflags(tool)
+    ldflags = await _ldflags(tool)
     staging = Path(tempfile.mkdtemp(prefix=f".{tool.name}-", dir=target.parent))
     try:
         with log.open("wb") as stream:
-            stream.write(f"$ go build -v -trimpath ({tool.directory})\n".encode())
+            settings = json.dumps(tool.build_settings, sort_keys=True)
+            stream.write(f"$ go build -v -trimpath ({tool.directory}) {settings}\n".encode())
         # One `go build` per binary: `-o DIR` with several main packages works,
         # but building them one by one keeps the log readable per binary.
         for binary, package in tool.packages:
@@ -146,11 +216,13 @@ async def _build(tool: components.GoTool, target: Path, log: Path, progress: Bui
                 "build",
                 "-v",
                 "-trimpath",
+                *flags,
                 *ldflags,
                 "-o",
                 str(staging / binary),
                 package,
                 cwd=tool.directory,
+                env=env,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
             )
@@ -189,3 +261,42 @@ async def ensure_built(
         for binary in tool.binaries:
             paths[binary] = directory / binary
     return paths
+
+
+def pinned_dir(cache_dir: Path, tools: tuple[components.GoTool, ...]) -> Path:
+    """One directory with a link to every binary of ``tools`` (built already:
+    ``ensure_built`` first), to put first on PATH so that these binaries, and
+    never a same-named one elsewhere (Debian's /usr/bin/runc), are found.
+
+    ``<cache>/sandbox/pinned-<digest of the tools' cache keys>/bin``: a new
+    pin makes a new directory, and one made is never changed."""
+    digest = hashlib.sha256("\n".join(tool.cache_key for tool in tools).encode())
+    target = cache_dir / "sandbox" / f"pinned-{digest.hexdigest()[:12]}" / "bin"
+    if target.is_dir():
+        return target
+    missing = [tool.name for tool in tools if not _is_complete(binary_dir(cache_dir, tool), tool)]
+    if missing:
+        raise errors.SandboxError(
+            f"{', '.join(missing)} not built yet; run `kmm sandbox build` and try again."
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".pinned-", dir=target.parent))
+    try:
+        for tool in tools:
+            for binary in tool.binaries:
+                (staging / binary).symlink_to(binary_dir(cache_dir, tool) / binary)
+        with contextlib.suppress(OSError):
+            staging.rename(target)  # fails when a concurrent caller made it first
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if not target.is_dir():
+        raise errors.SandboxError(f"could not create {target}; check the cache's permissions.")
+    return target
+
+
+def search_path(pinned: Path, inherited: str | None = None) -> str:
+    """A PATH with ``pinned`` first, then ``inherited`` (this process's PATH
+    by default) without any entry for ``pinned`` again."""
+    rest = os.environ.get("PATH", "") if inherited is None else inherited
+    entries = [entry for entry in rest.split(os.pathsep) if entry and Path(entry) != pinned]
+    return os.pathsep.join([str(pinned), *entries])

@@ -2,27 +2,36 @@
 
 Each component is built from a Go package in one of the pinned tools modules
 under ``gotools/``; the version is read from that module's ``go.mod`` so the pin
-lives in exactly one place.
+lives in exactly one place. A tool also says how it is built (build tags, cgo,
+extra environment and linker flags, the C libraries cgo needs, the variables
+stamped with its version); all of it is part of its cache key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import re
 from importlib import resources
 from pathlib import Path
 
 __all__ = [
     "ALL",
+    "CNI_PLUGINS",
+    "CONTAINERD",
+    "CONTAINER_NODE",
     "DRA_TEST_DRIVER",
     "ETCD",
     "HELM",
     "KUBECTL",
     "KUBELET",
     "KUBERNETES",
+    "KUBE_PROXY",
     "KWOK",
     "PEERS",
+    "REGISTRY",
+    "RUNC",
     "GoTool",
     "tools_dir",
 ]
@@ -60,6 +69,22 @@ class GoTool:
     # A Go string variable the build sets (-X) to the pinned version, for
     # tools that stamp only their version (Helm's ``internal/version``).
     version_variable: str = ""
+    # Go string variables the build sets (-X), each to a template where
+    # ``{version}`` is the pinned version (v1.2.3) and ``{number}`` the same
+    # without its "v": what the project's own release build stamps.
+    stamps: tuple[tuple[str, str], ...] = ()
+    # Build tags (``go build -tags``).
+    tags: tuple[str, ...] = ()
+    # CGO_ENABLED: True or False, or None for Go's default on this machine
+    # (how the first sandbox tools were built, and keep being built).
+    cgo: bool | None = None
+    # Further environment of ``go build`` (NAME, value).
+    env: tuple[tuple[str, str], ...] = ()
+    # Further linker flags (``-ldflags``), e.g. a static link of a cgo binary.
+    ldflags: tuple[str, ...] = ()
+    # C libraries cgo needs: (pkg-config name, Debian package with its headers),
+    # checked before building so a missing one is named, not a compiler error.
+    c_libraries: tuple[tuple[str, str], ...] = ()
 
     @property
     def version(self) -> str:
@@ -95,7 +120,24 @@ class GoTool:
             digest.update(path.read_bytes())
         for _, package in self.packages:
             digest.update(package.encode())
+        settings = self.build_settings
+        if settings:  # only when set: the keys of tools without any stay as they were
+            digest.update(json.dumps(settings, sort_keys=True).encode())
         return f"{self.name}-{self.version}-{digest.hexdigest()[:12]}"
+
+    @property
+    def build_settings(self) -> dict[str, object]:
+        """How the binaries are built beyond the module's files: the fields set
+        away from their defaults (what the cache key digests)."""
+        settings: dict[str, object] = {
+            "stamps": [list(stamp) for stamp in self.stamps],
+            "tags": list(self.tags),
+            "cgo": self.cgo,
+            "env": [list(pair) for pair in self.env],
+            "ldflags": list(self.ldflags),
+            "c_libraries": [list(library) for library in self.c_libraries],
+        }
+        return {name: value for name, value in settings.items() if value not in ([], None)}
 
     @property
     def binaries(self) -> tuple[str, ...]:
@@ -166,6 +208,77 @@ HELM = GoTool(
     required_module="helm.sh/helm/v3",
     packages=(("helm", "helm.sh/helm/v3/cmd/helm"),),
     version_variable="helm.sh/helm/v3/internal/version.version",
+)
+
+# The sandbox's container nodes (kubelet nodes on containerd): containerd, the
+# shim it starts containers through and ctr (which imports the local pause
+# image); runc; the CNI plugins that wire pods; the kube-proxy of the pin.
+# Static (CGO_ENABLED=0) but runc, which needs libseccomp through cgo so that
+# RuntimeDefault seccomp profiles apply; linked statically all the same.
+# Debian's own containerd and runc may sit in /usr/bin: whatever starts these
+# finds them through building.pinned_dir, first on PATH, never by name alone.
+CONTAINERD = GoTool(
+    name="containerd",
+    directory=tools_dir() / "containerd",
+    required_module="github.com/containerd/containerd/v2",
+    packages=(
+        ("containerd", "github.com/containerd/containerd/v2/cmd/containerd"),
+        (
+            "containerd-shim-runc-v2",
+            "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+        ),
+        ("ctr", "github.com/containerd/containerd/v2/cmd/ctr"),
+    ),
+    stamps=(("github.com/containerd/containerd/v2/version.Version", "{version}"),),
+    tags=("no_btrfs",),
+    cgo=False,
+)
+# runc embeds its own VERSION file: nothing to stamp. The tags are its
+# Makefile's static build's, without libpathrs (a Rust library Debian lacks;
+# runc falls back to its Go implementation).
+RUNC = GoTool(
+    name="runc",
+    directory=tools_dir() / "runc",
+    required_module="github.com/opencontainers/runc",
+    packages=(("runc", "github.com/opencontainers/runc"),),
+    tags=("seccomp", "urfave_cli_no_docs", "netgo", "osusergo"),
+    cgo=True,
+    ldflags=("-extldflags", "-static"),
+    c_libraries=(("libseccomp", "libseccomp-dev"),),
+)
+CNI_PLUGINS = GoTool(
+    name="cni-plugins",
+    directory=tools_dir() / "cni",
+    required_module="github.com/containernetworking/plugins",
+    packages=(
+        ("bridge", "github.com/containernetworking/plugins/plugins/main/bridge"),
+        ("host-local", "github.com/containernetworking/plugins/plugins/ipam/host-local"),
+        ("loopback", "github.com/containernetworking/plugins/plugins/main/loopback"),
+        ("portmap", "github.com/containernetworking/plugins/plugins/meta/portmap"),
+    ),
+    stamps=(
+        ("github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion", "{version}"),
+    ),
+    cgo=False,
+)
+# In the Kubernetes module, like the kubelet: the same pin and version stamp.
+KUBE_PROXY = GoTool(
+    name="kube-proxy",
+    directory=tools_dir() / "kubernetes",
+    required_module="k8s.io/kubernetes",
+    packages=(("kube-proxy", "k8s.io/kubernetes/cmd/kube-proxy"),),
+    version_packages=KUBERNETES_VERSION_PACKAGES,
+    cgo=False,
+)
+CONTAINER_NODE = (CONTAINERD, RUNC, CNI_PLUGINS, KUBE_PROXY)
+# The CNCF distribution registry the sandbox serves images from.
+REGISTRY = GoTool(
+    name="registry",
+    directory=tools_dir() / "registry",
+    required_module="github.com/distribution/distribution/v3",
+    packages=(("registry", "github.com/distribution/distribution/v3/cmd/registry"),),
+    stamps=(("github.com/distribution/distribution/v3/version.version", "{version}"),),
+    cgo=False,
 )
 
 ALL = (ETCD, KUBERNETES, KWOK)

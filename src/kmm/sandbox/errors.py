@@ -5,6 +5,7 @@
     SandboxError                    anything the sandbox reports to its user
     ├── ToolchainMissing            install Go (or put it on PATH)
     ├── BuildFailed                 read the build log it names
+    ├── CHeadersMissing             install the Debian packages it names
     ├── SandboxInUse                stop the other sandbox, or pick another dir/port
     ├── ComponentFailed             a component exited or never became healthy;
     │                               the message carries the tail of its log
@@ -20,6 +21,7 @@ from pathlib import Path
 
 __all__ = [
     "BuildFailed",
+    "CHeadersMissing",
     "ComponentFailed",
     "NotRunning",
     "SandboxError",
@@ -46,6 +48,19 @@ class BuildFailed(SandboxError):
         super().__init__(
             f"building {component} failed; the build log is {log_path}. "
             "Fix what it reports (often a network or disk problem) and run the command again."
+        )
+
+
+class CHeadersMissing(SandboxError):
+    """A tool built with cgo lacks a C library's headers (or the tools to
+    find them)."""
+
+    def __init__(self, component: str, what: str, packages: tuple[str, ...]) -> None:
+        self.packages = packages
+        super().__init__(
+            f"building {component} needs {what} (cgo), which this machine lacks. "
+            f"Install it: apt-get install {' '.join(packages)} "
+            "(`make sandbox-binaries` does, as root), then run the command again."
         )
 
 

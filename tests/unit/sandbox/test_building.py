@@ -3,7 +3,10 @@ built tool is reused from the cache without invoking Go again."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -106,3 +109,113 @@ async def test_kubernetes_binaries_are_stamped_with_the_pinned_version() -> None
         # proxy records its origin.
         assert stamped[f"{package}.gitCommit"] == components.KUBERNETES_COMMITS[version]
     assert await building._version_ldflags(components.ETCD) == []
+
+
+def _module(directory: Path) -> Path:
+    """A module whose binary prints what its build chose: a file per build tag
+    and per cgo setting, and a variable the version stamp sets."""
+    directory.mkdir()
+    (directory / "go.mod").write_text("module example.com/probe\n\ngo 1.22\n")
+    (directory / "go.sum").write_text("")
+    (directory / "main.go").write_text(
+        'package main\n\nimport "fmt"\n\nvar stamped = "unstamped"\n\n'
+        "func main() { fmt.Println(tag, cgo, stamped) }\n"
+    )
+    (directory / "tagged.go").write_text(
+        '//go:build probetag\n\npackage main\n\nconst tag = "tag"\n'
+    )
+    (directory / "untagged.go").write_text(
+        '//go:build !probetag\n\npackage main\n\nconst tag = "notag"\n'
+    )
+    (directory / "withcgo.go").write_text(
+        '//go:build cgo\n\npackage main\n\nimport "C"\n\nconst cgo = "cgo"\n'
+    )
+    (directory / "nocgo.go").write_text('//go:build !cgo\n\npackage main\n\nconst cgo = "nocgo"\n')
+    return directory
+
+
+async def _probe(tool: components.GoTool, cache: Path) -> str:
+    paths = await building.ensure_built(cache, (tool,))
+    process = await asyncio.create_subprocess_exec(
+        str(paths["probe"]), stdout=asyncio.subprocess.PIPE
+    )
+    output, _ = await process.communicate()
+    return output.decode().strip()
+
+
+def _probe_tool(module: Path) -> components.GoTool:
+    return components.GoTool(
+        name="probe",
+        directory=module,
+        required_module="example.com/probe",
+        packages=(("probe", "example.com/probe"),),
+        cgo=False,
+    )
+
+
+async def test_tags_cgo_and_stamps_reach_go_build(tmp_path: Path) -> None:
+    plain = _probe_tool(_module(tmp_path / "module"))
+    assert await _probe(plain, tmp_path / "cache") == "notag nocgo unstamped"
+    chosen = dataclasses.replace(
+        plain, tags=("probetag",), cgo=True, stamps=(("main.stamped", "at-{number}"),)
+    )
+    assert await _probe(chosen, tmp_path / "cache") == "tag cgo at-local"
+
+
+async def test_a_missing_c_library_names_its_package(tmp_path: Path) -> None:
+    tool = dataclasses.replace(
+        _probe_tool(_module(tmp_path / "module")),
+        cgo=True,
+        c_libraries=(("kmm-no-such-library", "libkmm-no-such-library-dev"),),
+    )
+    with pytest.raises(errors.CHeadersMissing, match="apt-get install libkmm-no-such-library-dev"):
+        await building.ensure_built(tmp_path / "cache", (tool,))
+    assert not building.binary_dir(tmp_path / "cache", tool).exists()
+
+
+async def test_without_pkg_config_both_packages_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for program in ("go", "gcc"):
+        found = shutil.which(program)
+        assert found is not None
+        (bin_dir / program).symlink_to(found)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(errors.CHeadersMissing, match="apt-get install pkg-config libseccomp-dev"):
+        await building.ensure_built(tmp_path / "cache", (components.RUNC,))
+
+
+def _fake_entry(cache: Path, tool: components.GoTool) -> None:
+    directory = building.binary_dir(cache, tool)
+    directory.mkdir(parents=True)
+    for binary in tool.binaries:
+        path = directory / binary
+        path.write_text(f"#!/bin/sh\necho {tool.name}\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_pinned_dir_is_found_before_same_named_binaries(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    with pytest.raises(errors.SandboxError, match="kmm sandbox build"):
+        building.pinned_dir(cache, components.CONTAINER_NODE)
+    for tool in components.CONTAINER_NODE:
+        _fake_entry(cache, tool)
+    pinned = building.pinned_dir(cache, components.CONTAINER_NODE)
+    assert building.pinned_dir(cache, components.CONTAINER_NODE) == pinned
+    assert sorted(path.name for path in pinned.iterdir()) == sorted(
+        binary for tool in components.CONTAINER_NODE for binary in tool.binaries
+    )
+    # A machine's own runc and containerd (Debian's /usr/bin ones) come
+    # earlier on the inherited PATH; ours are found all the same.
+    system = tmp_path / "usr-bin"
+    system.mkdir()
+    for name in ("runc", "containerd", "containerd-shim-runc-v2"):
+        (system / name).write_text("#!/bin/sh\n")
+        (system / name).chmod(0o755)
+    path = building.search_path(pinned, f"{system}:{pinned}:/bin")
+    assert path == f"{pinned}:{system}:/bin"
+    for name in ("runc", "containerd", "containerd-shim-runc-v2", "portmap", "kube-proxy"):
+        assert shutil.which(name, path=path) == str(pinned / name)
+    assert (pinned / "runc").resolve() == building.binary_dir(cache, components.RUNC) / "runc"
