@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import secrets
 import shutil
 from collections.abc import Callable
 from importlib import resources
@@ -26,6 +27,8 @@ from kmm.kube import resources as kube_resources
 from kmm.sandbox import (
     building,
     components,
+    containernodes,
+    containerstarting,
     errors,
     health,
     kubeconfigs,
@@ -40,9 +43,12 @@ from kmm.sandbox import (
 __all__ = [
     "DEFAULT_KERNELS",
     "KUBELET_NODE_LABEL",
+    "KWOK_TAINT",
+    "RUNTIMES",
     "TOOLS",
     "Options",
     "api_client",
+    "container_node_table",
     "down",
     "health_access",
     "kubelet_node",
@@ -65,6 +71,11 @@ _SERVICE_CIDR = "10.96.0.0/12"
 TOOLS = (*components.ALL, components.KUBECTL)
 # Kubelet nodes carry this label (KWOK's nodes do not).
 KUBELET_NODE_LABEL = "kmm.sandbox/kubelet"
+# What runs a kubelet node's pods: nothing (a fake CRI), or containerd and runc.
+RUNTIMES = ("fake", containernodes.RUNTIME)
+# KWOK's nodes carry it when container nodes exist: a pod that must really
+# run never lands where nothing runs (a Module meant for KWOK tolerates it).
+KWOK_TAINT = {"key": "kmm.sandbox/kwok", "value": "true", "effect": "NoSchedule"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +91,12 @@ class Options:
     # kube-apiserver --runtime-config entries, e.g. "resource.k8s.io/v1=false"
     # for a cluster that does not serve DRA.
     runtime_config: tuple[str, ...] = ()
-    # Nodes served by real kubelets on a fake container runtime (kubeletnodes).
+    # Nodes served by real kubelets on a fake container runtime (kubeletnodes),
+    # or on containerd (runtime "containerd": containernodes).
     kubelet_nodes: int = 0
+    runtime: str = "fake"
+    # The pause image containerd's pod sandboxes run (`make test-images`).
+    pause_image: Path = Path("build/images/pause.tar")
     # Seconds between the compactions the API server asks of etcd (its
     # --etcd-compaction-interval; None keeps its 5 minutes). A short one makes
     # a resourceVersion older than two intervals answer 410 Gone.
@@ -128,6 +143,12 @@ class Options:
             raise ValueError("--nodes must be 0 or more")
         if self.kubelet_nodes < 0:
             raise ValueError("--kubelet-nodes must be 0 or more")
+        if self.runtime not in RUNTIMES:
+            raise ValueError(
+                f"--runtime must be one of {', '.join(RUNTIMES)}, not {self.runtime!r}"
+            )
+        if self.runtime != "fake" and not self.kubelet_nodes:
+            raise ValueError(f"--runtime {self.runtime} needs --kubelet-nodes 1 or more")
         if not self.kernels:
             raise ValueError("at least one --kernel is needed")
         if self.etcd_compaction_interval is not None and not self.etcd_compaction_interval > 0:
@@ -159,12 +180,13 @@ class _Launcher:
     def stop_all(self) -> None:
         for process in reversed(self.record.launched):
             process.stop()
+        containerstarting.clean_up(self.record)
         if self.record.sysctls:
             kubeletnodes.restore_sysctls(self.record.sysctls)
 
 
 def _reset(directory: Path) -> None:
-    for name in ("pki", "etcd", "logs", "kubelets"):
+    for name in ("pki", "etcd", "logs", "kubelets", "relay"):
         shutil.rmtree(directory / name, ignore_errors=True)
     (directory / "logs").mkdir(parents=True)
 
@@ -215,8 +237,13 @@ async def up(
     if options.apiserver_port:
         ports.require_free(options.apiserver_port, what="kube-apiserver")
 
+    containers = options.runtime == containernodes.RUNTIME
     tools = TOOLS + ((components.KUBELET,) if options.kubelet_nodes else ())
+    tools += components.CONTAINER_NODE if containers else ()
     binaries = await building.ensure_built(options.cache_dir, tools, progress=progress)
+    pinned = (
+        building.pinned_dir(options.cache_dir, components.CONTAINER_NODE) if containers else None
+    )
     directory.mkdir(parents=True, exist_ok=True)
     _reset(directory)
     kubelet_names = [f"{kubeletnodes.NODE_PREFIX}{i}" for i in range(options.kubelet_nodes)]
@@ -228,6 +255,7 @@ async def up(
             _SCHEDULER,
             _KWOK,
             *(kubeletnodes.identity(n) for n in kubelet_names),
+            *(containernodes.proxy_identity(n) for n in kubelet_names if containers),
         ),
     )
 
@@ -254,6 +282,8 @@ async def up(
         node_names=[name for name, _ in node_plan],
         versions={tool.name: tool.version for tool in tools},
         kubelet_nodes=kubelet_names,
+        container_nodes=kubelet_names if containers else [],
+        cgroup_parent=f"kmm-sandbox-{secrets.token_hex(4)}" if containers else "",
     )
     launcher = _Launcher(record)
     try:
@@ -272,7 +302,8 @@ async def up(
                 api_port,
                 node_authorizer=bool(kubelet_names),
             )
-            + options.apiserver_flags(),
+            + options.apiserver_flags()
+            + (containerstarting.apiserver_flags(directory) if containers else []),
             health_url=f"{server}/readyz",
         )
         await health.wait_healthy(
@@ -338,7 +369,7 @@ async def up(
             health.wait_healthy(kwok, timeout=options.start_timeout),
         )
         async with api_client(admin_kubeconfig) as api:
-            await nodes.create(api, node_plan)
+            await nodes.create(api, node_plan, taints=[KWOK_TAINT] if containers else [])
             try:
                 await nodes.wait_ready(api, record.node_names, timeout=options.start_timeout)
             except TimeoutError as err:
@@ -361,7 +392,11 @@ async def up(
                     controller_manager.log,
                     processes.log_tail(controller_manager.log),
                 ) from err
-        if kubelet_names:
+        if kubelet_names and pinned is not None:
+            await _start_container_nodes(
+                launcher, kubelet_names, binaries, pinned, credentials, kubeconfig_for, options
+            )
+        elif kubelet_names:
             await _start_kubelets(
                 launcher, kubelet_names, binaries, credentials, kubeconfig_for, options
             )
@@ -386,6 +421,59 @@ async def wait_default_account(
                 await asyncio.sleep(0.2)
             else:
                 return
+
+
+async def _start_container_nodes(
+    launcher: _Launcher,
+    names: list[str],
+    binaries: dict[str, Path],
+    pinned: Path,
+    credentials: pki.Pki,
+    kubeconfig_for: Callable[[pki.ClientIdentity, Path], Path],
+    options: Options,
+) -> None:
+    """Start each container node (``containerstarting``); return once all are Ready."""
+    record = launcher.record
+    # What the kubelets will change on the host, as it was: `down` restores it.
+    record.sysctls = kubeletnodes.read_sysctls()
+    state.save(record)
+
+    async def wait_ready(wanted: list[str]) -> None:
+        await _wait_kubelet_nodes(record, wanted, options, first_log=None)
+
+    await containerstarting.start(
+        launcher,
+        names,
+        binaries,
+        pinned,
+        credentials,
+        kubeconfig_for,
+        pause_archive=options.pause_image,
+        labels={KUBELET_NODE_LABEL: "true"},
+        timeout=options.start_timeout,
+        wait_ready=wait_ready,
+    )
+
+
+async def _wait_kubelet_nodes(
+    record: state.SandboxState, names: list[str], options: Options, *, first_log: Path | None
+) -> None:
+    async with api_client(record.kubeconfig) as api:
+        try:
+            await nodes.wait_ready(
+                api,
+                names,
+                timeout=options.start_timeout,
+                label_selector=f"{KUBELET_NODE_LABEL}=true",
+            )
+        except TimeoutError as err:
+            log = first_log or record.directory / "logs" / f"kubelet/{names[0]}.log"
+            raise errors.ComponentFailed(
+                "kubelet",
+                f"{len(names)} kubelet node(s) not Ready within {options.start_timeout:.0f} s",
+                log,
+                processes.log_tail(log),
+            ) from err
 
 
 async def _start_kubelets(
@@ -437,21 +525,7 @@ async def _start_kubelets(
             )
         )
     await asyncio.gather(*(health.wait_healthy(p, timeout=options.start_timeout) for p in started))
-    async with api_client(record.kubeconfig) as api:
-        try:
-            await nodes.wait_ready(
-                api,
-                names,
-                timeout=options.start_timeout,
-                label_selector=f"{KUBELET_NODE_LABEL}=true",
-            )
-        except TimeoutError as err:
-            raise errors.ComponentFailed(
-                "kubelet",
-                f"{len(names)} kubelet node(s) not Ready within {options.start_timeout:.0f} s",
-                started[0].log,
-                processes.log_tail(started[0].log),
-            ) from err
+    await _wait_kubelet_nodes(record, names, options, first_log=started[0].log)
 
 
 def health_access(record: state.SandboxState, process: processes.Process) -> kube_access.Access:
@@ -561,6 +635,7 @@ def down(directory: Path) -> list[processes.Process]:
     running = record.alive()
     for process in reversed(record.launched):
         process.stop()
+    containerstarting.clean_up(record)
     if record.sysctls:
         kubeletnodes.restore_sysctls(record.sysctls)
     return running
@@ -573,6 +648,18 @@ def status(directory: Path) -> state.SandboxState:
             f"no sandbox recorded in {directory}; start one with `kmm sandbox up --dir {directory}`"
         )
     return record
+
+
+def container_node_table(record: state.SandboxState) -> list[tuple[str, str, str]]:
+    """(name, runtime, node IP) of every container node, for ``status``."""
+    rows = []
+    for name in record.container_nodes:
+        found = containernodes.load(
+            record.directory / "kubelets" / str(record.kubelet_nodes.index(name))
+        )
+        if found is not None:
+            rows.append((name, containernodes.RUNTIME, found.address))
+    return rows
 
 
 async def node_table(kubeconfig: Path) -> list[tuple[str, str, str]]:

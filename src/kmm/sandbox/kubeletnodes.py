@@ -19,7 +19,7 @@ it, and how that is prevented (each cost time when first tried):
   covers /var/lib and /var/log and those two are bind-mounted from the
   node's root (hence a sandbox dir for kubelet nodes may not lie under them);
 - iptables utility chains are off (the kubelet shares the host network);
-- three sysctls the kubelet sets (``SYSCTLS``) are read before the first
+- the six sysctls the kubelet sets (``SYSCTLS``) are read before the first
   kubelet starts and written back by ``kmm sandbox down``.
 
 The kubelet authenticates as ``system:node:<name>`` (group ``system:nodes``),
@@ -60,7 +60,15 @@ __all__ = [
 ]
 
 NODE_PREFIX: Final = "kmm-kubelet-"
-SYSCTLS: Final = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+# Every one the kubelet's container manager sets (setupKernelTunables).
+SYSCTLS: Final = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
 _PROC_SYS = Path("/proc/sys")
 _SIOCGIFADDR = 0x8915  # linux/sockios.h
 # Host paths the kubelet uses whatever its flags say; covered in its namespace.
