@@ -256,6 +256,7 @@ async def up(
             _KWOK,
             *(kubeletnodes.identity(n) for n in kubelet_names),
             *(containernodes.proxy_identity(n) for n in kubelet_names if containers),
+            *((containerstarting.KUBELET_CLIENT,) if containers else ()),
         ),
     )
 
@@ -303,7 +304,7 @@ async def up(
                 node_authorizer=bool(kubelet_names),
             )
             + options.apiserver_flags()
-            + (containerstarting.apiserver_flags(directory) if containers else []),
+            + (containerstarting.apiserver_flags(directory, credentials) if containers else []),
             health_url=f"{server}/readyz",
         )
         await health.wait_healthy(

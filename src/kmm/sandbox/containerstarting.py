@@ -45,6 +45,7 @@ from kmm.sandbox import (
 
 __all__ = [
     "EGRESS_SOCKET",
+    "KUBELET_CLIENT",
     "apiserver_flags",
     "clean_up",
     "egress_config",
@@ -55,7 +56,11 @@ __all__ = [
 # The API server's egress selector dials kubelets through this unix socket
 # (the relay's CONNECT proxy), relative to the sandbox directory.
 EGRESS_SOCKET: Final = Path("relay") / "egress.sock"
-_SOCKET_WAIT: Final = 60.0
+# The API server's identity towards kubelets (they authorize it through the
+# API server itself: system:masters may do anything, as kubeadm's may).
+KUBELET_CLIENT: Final = pki.ClientIdentity(
+    "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
+)
 
 
 class Launcher(namespaces.Launcher, Protocol):
@@ -86,11 +91,14 @@ def egress_config(directory: Path) -> Path:
     return path
 
 
-def apiserver_flags(directory: Path) -> list[str]:
+def apiserver_flags(directory: Path, credentials: pki.Pki) -> list[str]:
     """The API server's flags for a sandbox with container nodes: the
     ``kubernetes`` EndpointSlice says the gateway (served there by the relay;
-    the API server itself still binds loopback only), kubelets via CONNECT."""
+    the API server itself still binds loopback only), kubelets via CONNECT,
+    and a client certificate the kubelets accept (``pods/log``, ``exec``)."""
     return [
+        f"--kubelet-client-certificate={credentials.client_cert(KUBELET_CLIENT)}",
+        f"--kubelet-client-key={credentials.client_key(KUBELET_CLIENT)}",
         f"--advertise-address={addressing.GATEWAY}",
         # A node's Hostname address names nothing the relay may dial.
         "--kubelet-preferred-address-types=InternalIP",
