@@ -20,6 +20,7 @@ import ssl
 import sys
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -33,7 +34,15 @@ from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.sandbox import cluster, components, kubeletnodes, restarting, testing
+from kmm.sandbox import (
+    addressing,
+    cluster,
+    components,
+    kubeletnodes,
+    namespaces,
+    restarting,
+    testing,
+)
 
 NODE = f"{kubeletnodes.NODE_PREFIX}0"
 
@@ -612,3 +621,82 @@ async def test_a_pod_naming_its_node_is_never_prepared(
         assert state["status"]["phase"] == "Pending"
         assert driver.said("prepared") == 0
         await _delete_pod(api, pod, force=True)
+
+
+def _relay_stats(sandbox: cluster.state.SandboxState) -> dict[str, int]:
+    (relay,) = [p for p in sandbox.launched if p.name == "relay"]
+    url = relay.health_url.removesuffix("/healthz") + "/stats"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        found: dict[str, int] = json.loads(reply.read())
+    return found
+
+
+async def test_the_api_server_reaches_the_kubelet_through_the_relays_connect_proxy(
+    kubelet_sandbox: cluster.state.SandboxState,
+    node: kubeletnodes.KubeletNode,
+    api: kube_client.Client,
+) -> None:
+    # The node IP is the node's fabric address: nothing routes it on the
+    # host, so only the relay's CONNECT proxy (dialling from the fabric) can
+    # carry what the API server asks of the kubelet.
+    found = await api.request("GET", resources.NODES.path(name=NODE))
+    internal = [a["address"] for a in found["status"]["addresses"] if a["type"] == "InternalIP"]
+    assert internal == [str(addressing.node_address(0))]
+    pod = f"logs-{uuid.uuid4().hex[:8]}"
+    await start_pod(api, pod, [])
+    try:
+        (container,) = [c for c in _containers(node) if c["pod"] == pod]
+        # What the container "said", in the CRI log format the kubelet reads.
+        Path(container["logPath"]).write_text(
+            "2026-01-01T00:00:00.000000000Z stdout F hello through the relay\n"
+        )
+        text = await api.request("GET", resources.PODS.path(NAMESPACE, pod) + "/log")
+        assert text == "hello through the relay\n"
+        assert await api.request("GET", f"{resources.NODES.path(name=NODE)}/proxy/healthz") == "ok"
+    finally:
+        await _delete_pod(api, pod)
+    assert _relay_stats(kubelet_sandbox)["connects"] >= 1
+
+
+async def test_nodes_meet_the_api_server_on_the_gateway(
+    kubelet_sandbox: cluster.state.SandboxState, api: kube_client.Client
+) -> None:
+    port = urllib.parse.urlsplit(kubelet_sandbox.server).port
+    path = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes"
+
+    async def advertised() -> bool:
+        found = await api.request("GET", path)
+        addresses = [e["addresses"] for e in found.get("endpoints") or ()]
+        ports = [p["port"] for p in found.get("ports") or ()]
+        return addresses == [[str(addressing.GATEWAY)]] and ports == [port]
+
+    await testing.eventually(advertised, "the kubernetes EndpointSlice names the gateway")
+    # From inside the node's namespace the gateway is the API server, and its
+    # serving certificate names the gateway.
+    (holder,) = [p for p in kubelet_sandbox.launched if p.name == f"node/{NODE}"]
+    context = ssl.create_default_context(cafile=str(kubelet_sandbox.directory / "pki" / "ca.crt"))
+    with namespaces.socket_in(f"/proc/{holder.pid}/ns/net") as raw:
+        raw.settimeout(30)
+        raw.connect((str(addressing.GATEWAY), port))
+        with context.wrap_socket(raw, server_hostname=str(addressing.GATEWAY)) as tls:
+            tls.sendall(b"GET /version HTTP/1.1\r\nHost: kubernetes\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := tls.recv(65536):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 ")
+    assert b'"gitVersion": "v1.35.4"' in answer
+
+
+async def test_a_restarted_relay_serves_again(
+    kubelet_sandbox: cluster.state.SandboxState,
+    node: kubeletnodes.KubeletNode,
+    api: kube_client.Client,
+) -> None:
+    # Its listeners come back on the same ports (some in TIME_WAIT) and its
+    # unix socket at the same path; its counters start again at 0.
+    await restarting.restart(kubelet_sandbox.directory, "relay")
+    restarted = cluster.status(kubelet_sandbox.directory)
+    assert _relay_stats(restarted)["connects"] == 0
+    assert await api.request("GET", f"{resources.NODES.path(name=NODE)}/proxy/healthz") == "ok"
+    assert _relay_stats(restarted)["connects"] >= 1
+    assert _kubelet_get(node, "/pods", kubelet_sandbox.directory / "pki") == 200

@@ -2,7 +2,9 @@
 
 ``up`` starts etcd, then kube-apiserver, then controller-manager, scheduler and
 KWOK together, each on a free port of 127.0.0.1, then the kubelet nodes asked
-for (``kubeletnodes``: each a fake runtime and a real kubelet), and records
+for (``kubeletnodes``: each a fake runtime and a real kubelet in namespaces of
+its own, whose network ``networking`` makes, relay included, before the API
+server starts), and records
 every process in the sandbox directory as soon as it is launched, so ``down``
 can stop a start that was interrupted half-way (and write back the sysctls
 the kubelets change). Every ``up`` starts an empty cluster: the data,
@@ -25,6 +27,7 @@ from kmm.kube import errors as kube_errors
 from kmm.kube import kubeconfigs as kube_access
 from kmm.kube import resources as kube_resources
 from kmm.sandbox import (
+    addressing,
     building,
     components,
     containernodes,
@@ -33,6 +36,8 @@ from kmm.sandbox import (
     health,
     kubeconfigs,
     kubeletnodes,
+    namespaces,
+    networking,
     nodes,
     pki,
     ports,
@@ -64,6 +69,11 @@ _ADMIN = pki.ClientIdentity("admin", "kmm-sandbox-admin", ("system:masters",))
 _CONTROLLER_MANAGER = pki.ClientIdentity("controller-manager", "system:kube-controller-manager")
 _SCHEDULER = pki.ClientIdentity("scheduler", "system:kube-scheduler")
 _KWOK = pki.ClientIdentity("kwok", "kwok-controller", ("system:masters",))
+# The API server's identity towards kubelets (logs, exec, proxy), which ask
+# the API server itself whether it may: as a member of system:masters, yes.
+_KUBELET_CLIENT = pki.ClientIdentity(
+    "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
+)
 
 _SERVICE_CIDR = "10.96.0.0/12"
 # What every ``up`` builds: the control plane and the kubectl of its release,
@@ -254,9 +264,9 @@ async def up(
             _CONTROLLER_MANAGER,
             _SCHEDULER,
             _KWOK,
+            *((_KUBELET_CLIENT,) if kubelet_names else ()),
             *(kubeletnodes.identity(n) for n in kubelet_names),
             *(containernodes.proxy_identity(n) for n in kubelet_names if containers),
-            *((containerstarting.KUBELET_CLIENT,) if containers else ()),
         ),
     )
 
@@ -287,6 +297,14 @@ async def up(
         cgroup_parent=f"kmm-sandbox-{secrets.token_hex(4)}" if containers else "",
     )
     launcher = _Launcher(record)
+    container_plan = [
+        containerstarting.plan(directory, index, name, record.cgroup_parent)
+        for index, name in enumerate(kubelet_names)
+        if containers
+    ]
+    kubelet_plan = [node.kubelet for node in container_plan] or [
+        _plan_kubelet(directory, index, name) for index, name in enumerate(kubelet_names)
+    ]
     try:
         etcd = launcher.launch(
             "etcd",
@@ -294,17 +312,20 @@ async def up(
             health_url=f"http://{ports.HOST}:{etcd_port}/health",
         )
         await health.wait_healthy(etcd, timeout=options.start_timeout)
+        network = None
+        if kubelet_plan:
+            network = networking.start(
+                launcher,
+                directory,
+                kubelet_plan,
+                api_port=api_port,
+                **(containerstarting.network_options(container_plan) if containers else {}),
+            )
+            await health.wait_healthy(network.relay, timeout=options.start_timeout)
         apiserver = launcher.launch(
             "kube-apiserver",
-            _apiserver_argv(
-                binaries["kube-apiserver"],
-                credentials,
-                etcd_port,
-                api_port,
-                node_authorizer=bool(kubelet_names),
-            )
-            + options.apiserver_flags()
-            + (containerstarting.apiserver_flags(directory, credentials) if containers else []),
+            _apiserver_argv(binaries["kube-apiserver"], credentials, etcd_port, api_port, network)
+            + options.apiserver_flags(),
             health_url=f"{server}/readyz",
         )
         await health.wait_healthy(
@@ -393,13 +414,24 @@ async def up(
                     controller_manager.log,
                     processes.log_tail(controller_manager.log),
                 ) from err
-        if kubelet_names and pinned is not None:
+        if network is not None and containers:
             await _start_container_nodes(
-                launcher, kubelet_names, binaries, pinned, credentials, kubeconfig_for, options
+                launcher,
+                list(zip(container_plan, network.holders, strict=True)),
+                binaries,
+                pinned,
+                credentials,
+                kubeconfig_for,
+                options,
             )
-        elif kubelet_names:
+        elif network is not None:
             await _start_kubelets(
-                launcher, kubelet_names, binaries, credentials, kubeconfig_for, options
+                launcher,
+                list(zip(kubelet_plan, network.holders, strict=True)),
+                binaries,
+                credentials,
+                kubeconfig_for,
+                options,
             )
     except BaseException:
         launcher.stop_all()
@@ -426,9 +458,9 @@ async def wait_default_account(
 
 async def _start_container_nodes(
     launcher: _Launcher,
-    names: list[str],
+    planned: list[tuple[containernodes.ContainerNode, namespaces.Holder]],
     binaries: dict[str, Path],
-    pinned: Path,
+    pinned: Path | None,
     credentials: pki.Pki,
     kubeconfig_for: Callable[[pki.ClientIdentity, Path], Path],
     options: Options,
@@ -442,9 +474,10 @@ async def _start_container_nodes(
     async def wait_ready(wanted: list[str]) -> None:
         await _wait_kubelet_nodes(record, wanted, options, first_log=None)
 
+    assert pinned is not None  # built with the container nodes' tools
     await containerstarting.start(
         launcher,
-        names,
+        planned,
         binaries,
         pinned,
         credentials,
@@ -477,39 +510,47 @@ async def _wait_kubelet_nodes(
             ) from err
 
 
+def _plan_kubelet(directory: Path, index: int, name: str) -> kubeletnodes.KubeletNode:
+    """Kubelet node ``index``'s files and free host ports, recorded in its directory."""
+    port, healthz_port, cri_port = ports.free_ports(3)
+    node = kubeletnodes.KubeletNode(
+        name=name,
+        # Short: unix socket paths under it are limited to 107 characters.
+        directory=directory / "kubelets" / str(index),
+        port=port,
+        healthz_port=healthz_port,
+        cri_http_port=cri_port,
+    )
+    node.make_dirs()
+    kubeletnodes.save(node)
+    return node
+
+
 async def _start_kubelets(
     launcher: _Launcher,
-    names: list[str],
+    planned: list[tuple[kubeletnodes.KubeletNode, namespaces.Holder]],
     binaries: dict[str, Path],
     credentials: pki.Pki,
     kubeconfig_for: Callable[[pki.ClientIdentity, Path], Path],
     options: Options,
 ) -> None:
-    """Start each kubelet node (its fake runtime first); return once all are Ready."""
+    """Start each kubelet node (its fake runtime first) in its namespaces;
+    return once all are Ready."""
     record = launcher.record
-    address = kubeletnodes.node_ip()
     # What the kubelets will change on the host, as it was: `down` restores it.
     record.sysctls = kubeletnodes.read_sysctls()
     state.save(record)
     started: list[processes.Process] = []
-    for index, name in enumerate(names):
-        port, healthz_port, cri_port = ports.free_ports(3)
-        node = kubeletnodes.KubeletNode(
-            name=name,
-            # Short: unix socket paths under it are limited to 107 characters.
-            directory=record.directory / "kubelets" / str(index),
-            port=port,
-            healthz_port=healthz_port,
-            cri_http_port=cri_port,
-        )
-        node.make_dirs()
-        kubeletnodes.save(node)
+    names = [node.name for node, _ in planned]
+    for index, (node, holder) in enumerate(planned):
+        name = node.name
         runtime = launcher.launch(
             f"fake-cri/{name}",
             kubeletnodes.cri_argv(binaries["kmm-fake-cri"], node),
             health_url=f"{node.cri_url}/healthz",
         )
         await health.wait_healthy(runtime, timeout=options.start_timeout)
+        # Its server, https://127.0.0.1:P, is the relay in the node's namespace.
         kubeconfig = kubeconfig_for(kubeletnodes.identity(name), node.directory / "kubeconfig")
         started.append(
             launcher.launch(
@@ -517,9 +558,10 @@ async def _start_kubelets(
                 kubeletnodes.kubelet_argv(
                     binaries["kubelet"],
                     node,
+                    holder=holder,
                     kubeconfig=kubeconfig,
                     config=kubeletnodes.write_config(node, ca_cert=credentials.ca_cert),
-                    address=address,
+                    address=str(addressing.node_address(index)),
                     labels={KUBELET_NODE_LABEL: "true"},
                 ),
                 health_url=node.health_url,
@@ -590,7 +632,11 @@ def _etcd_argv(binary: Path, directory: Path, client_port: int, peer_port: int) 
 
 
 def _apiserver_argv(
-    binary: Path, credentials: pki.Pki, etcd_port: int, port: int, *, node_authorizer: bool
+    binary: Path,
+    credentials: pki.Pki,
+    etcd_port: int,
+    port: int,
+    network: networking.Network | None = None,
 ) -> list[str]:
     # With kubelet nodes, as in a real cluster: kubelets are judged by the
     # Node authorizer and NodeRestriction, everyone else by RBAC. (Without
@@ -599,14 +645,27 @@ def _apiserver_argv(
     # resource.k8s.io from ever being ready.)
     authorization = (
         ["--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction"]
-        if node_authorizer
+        if network
         else ["--authorization-mode=RBAC"]
+    )
+    # Without kubelet nodes nothing dials the API server's advertised
+    # address, and 127.0.0.1 is what sandboxes always advertised; with them,
+    # nodes and pods reach it on the fabric's gateway (``networking``).
+    advertised = str(addressing.GATEWAY) if network else ports.HOST
+    kubelets = (
+        [
+            *networking.apiserver_flags(network),
+            f"--kubelet-client-certificate={credentials.client_cert(_KUBELET_CLIENT)}",
+            f"--kubelet-client-key={credentials.client_key(_KUBELET_CLIENT)}",
+        ]
+        if network
+        else []
     )
     return [
         str(binary),
         f"--etcd-servers=http://{ports.HOST}:{etcd_port}",
         f"--bind-address={ports.HOST}",
-        f"--advertise-address={ports.HOST}",
+        f"--advertise-address={advertised}",
         f"--secure-port={port}",
         f"--tls-cert-file={credentials.serving_cert}",
         f"--tls-private-key-file={credentials.serving_key}",
@@ -621,6 +680,7 @@ def _apiserver_argv(
         # Alpha in 1.35: without it the server drops the device health a
         # kubelet (or `kmm kubelet --resource-health-status`) reports.
         "--feature-gates=ResourceHealthStatus=true",
+        *kubelets,
     ]
 
 

@@ -1,9 +1,10 @@
 """Container nodes: the pinned kubelet on containerd and runc, pods in real containers.
 
 Node ``i`` (``<sandbox>/kubelets/<i>/``) is one holder process owning a
-network namespace and a private mount namespace; containerd, the kubelet and
-kube-proxy join both (``nsenter``), and containerd's shims and the containers'
-runc inherit them. Inside, the fixed paths a node's software uses
+network namespace and a private mount namespace (``networking`` starts it
+and links it to the fabric before the API server starts); containerd, the
+kubelet and kube-proxy join both (``nsenter``), and containerd's shims and
+the containers' runc inherit them. Inside, the fixed paths a node's software uses
 (``MOUNTED``) are bind mounts of the node's own ``root/`` directories, so a
 pod's hostPath ``/var/lib/kubelet/plugins`` or ``/lib/firmware`` is the
 node's, never the host's; the root is made private from the host first, then
@@ -46,7 +47,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from kmm.sandbox import addressing, building, errors, kubeletnodes, pki
+from kmm.sandbox import addressing, building, errors, kubeletnodes, namespaces, pki
 
 __all__ = [
     "MOUNTED",
@@ -59,13 +60,14 @@ __all__ = [
     "containerd_argv",
     "containerd_config",
     "create_cgroups",
-    "holder_argv",
     "hosts_files",
     "kill_shims",
     "kube_proxy_config",
     "kubelet_config",
     "load",
+    "mount_in",
     "mount_plan",
+    "mount_script",
     "proxy_identity",
     "remove_cgroups",
     "save",
@@ -133,10 +135,6 @@ class ContainerNode:
     @property
     def containerd_config(self) -> Path:
         return self.root / "etc" / "containerd" / "config.toml"
-
-    @property
-    def holder_ready(self) -> Path:
-        return self.directory / "holder.ready"
 
     def source(self, target: str) -> Path:
         """The node's own directory mounted over host path ``target``."""
@@ -235,10 +233,10 @@ def check_directory(directory: Path, plan_overlays: Sequence[str] = ()) -> None:
             )
 
 
-def holder_argv(node: ContainerNode, plan: MountPlan) -> list[str]:
-    """The node's holder: a new network and mount namespace, made private from
-    the host, the node's mounts, root rshared inside, loopback up and
-    forwarding on; then it sleeps, holding both namespaces for the rest."""
+def mount_script(node: ContainerNode, plan: MountPlan) -> str:
+    """What makes the node's mounts in its holder's mount namespace (private
+    from the host already): the overlays, the binds, then the root rshared
+    inside, so mounts the kubelet makes reach containerd's containers."""
     overlay_dir = node.directory / "overlay"
     lines = ["set -e"]
     for number, lower in enumerate(plan.overlays):
@@ -252,37 +250,15 @@ def holder_argv(node: ContainerNode, plan: MountPlan) -> list[str]:
     for source, target in plan.binds:
         lines.append(f"mkdir -p {shlex.quote(target)}")
         lines.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
-    lines += [
-        "mount --make-rshared /",
-        "ip link set lo up",
-        "echo 1 > /proc/sys/net/ipv4/ip_forward",
-        f": > {shlex.quote(str(node.holder_ready))}",
-        "exec sleep infinity",
-    ]
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        raise errors.SandboxError("container nodes need `unshare` (util-linux) on PATH")
-    return [unshare, "--net", "--mount", "--propagation", "private", "sh", "-c", "\n".join(lines)]
+    lines.append("mount --make-rshared /")
+    return "\n".join(lines)
 
 
-def nsenter(holder_pid: int) -> list[str]:
-    """argv prefix joining the holder's network and mount namespaces."""
-    found = shutil.which("nsenter")
-    if found is None:
-        raise errors.SandboxError("container nodes need `nsenter` (util-linux) on PATH")
-    return [found, f"--target={holder_pid}", "--net", "--mount", "--"]
-
-
-def wait_holder(node: ContainerNode, pid: int, *, timeout: float) -> None:
-    """Return once the holder made its mounts; SandboxError if it died or stalled."""
-    deadline = time.monotonic() + timeout
-    while not node.holder_ready.exists():
-        if not Path(f"/proc/{pid}").exists() or time.monotonic() > deadline:
-            raise errors.SandboxError(
-                f"the namespace holder of {node.name} did not make its mounts; "
-                f"see {node.directory.parent.parent / 'logs'}"
-            )
-        time.sleep(0.05)
+def mount_in(node: ContainerNode, holder: namespaces.Holder) -> None:
+    """Make the node's mounts in ``holder``'s mount namespace."""
+    plan = mount_plan(node)
+    check_directory(node.directory.parent.parent, plan.overlays)
+    namespaces.run_in(holder, ["sh", "-c", mount_script(node, plan)], mount=True)
 
 
 # --- containerd --------------------------------------------------------------
@@ -387,7 +363,7 @@ def write_containerd_files(node: ContainerNode, *, runc: Path, ca_cert: Path) ->
 
 
 def containerd_argv(
-    holder_pid: int, containerd: Path, node: ContainerNode, pinned: Path
+    holder: namespaces.Holder, containerd: Path, node: ContainerNode, pinned: Path
 ) -> list[str]:
     """containerd in the node's namespaces with the pinned directory first on
     its PATH (and so its shims' and runc's): an old containerd-shim or runc in
@@ -395,7 +371,7 @@ def containerd_argv(
     environment, so a restart from the record gets the same PATH."""
     env = shutil.which("env") or "/usr/bin/env"
     return [
-        *nsenter(holder_pid),
+        *namespaces.nsenter(holder, mount=True),
         env,
         f"PATH={building.search_path(pinned)}",
         str(containerd),
@@ -484,7 +460,7 @@ def write_kubelet_config(node: ContainerNode, *, ca_cert: Path) -> Path:
 
 
 def kubelet_argv(
-    holder_pid: int,
+    holder: namespaces.Holder,
     kubelet: Path,
     node: ContainerNode,
     *,
@@ -493,7 +469,7 @@ def kubelet_argv(
     labels: dict[str, str],
 ) -> list[str]:
     return [
-        *nsenter(holder_pid),
+        *namespaces.nsenter(holder, mount=True),
         str(kubelet),
         f"--config={config}",
         f"--kubeconfig={kubeconfig}",
@@ -533,11 +509,16 @@ def kube_proxy_config(node: ContainerNode, *, kubeconfig: Path) -> dict[str, Any
 
 
 def kube_proxy_argv(
-    holder_pid: int, kube_proxy: Path, node: ContainerNode, *, kubeconfig: Path
+    holder: namespaces.Holder, kube_proxy: Path, node: ContainerNode, *, kubeconfig: Path
 ) -> list[str]:
     path = node.directory / "kube-proxy-config.yaml"
     path.write_text(json.dumps(kube_proxy_config(node, kubeconfig=kubeconfig), indent=2))
-    return [*nsenter(holder_pid), str(kube_proxy), f"--config={path}", "--v=2"]
+    return [
+        *namespaces.nsenter(holder, mount=True),
+        str(kube_proxy),
+        f"--config={path}",
+        "--v=2",
+    ]
 
 
 # --- cgroups and shims -----------------------------------------------------------

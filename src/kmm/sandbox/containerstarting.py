@@ -1,14 +1,13 @@
 """Start a sandbox's container nodes, and clear what they leave behind.
 
-``start`` runs after the control plane is healthy: the fabric's holder, one
-holder per node (``containernodes``: network and mount namespaces with the
-node's mounts), each attached to the fabric; then the relay, which serves
-the API server's port on 127.0.0.1 inside every node namespace and on the
-gateway in the fabric's (the ``kubernetes`` Service's endpoint), publishes
-each node's kubelet and health ports on the host's loopback, and proxies the
-API server's CONNECTs to node addresses; then per node containerd (with the
-local pause image imported), the kubelet and kube-proxy. It returns when
-every node is Ready and its kube-proxy healthy.
+``plan`` picks a node's files and ports before the API server starts;
+``network_options`` tells ``networking.start`` how a container node's
+namespaces differ (its mounts, ``containernodes.mount_in``; its kube-proxy's
+health port, published on the host's loopback by the relay). ``start`` runs
+once the control plane is healthy: per node the cgroup parent, the CNI and
+containerd files, containerd (and the local pause image imported), the
+kubelet, then kube-proxy once the nodes are Ready. It returns when every
+kube-proxy is healthy.
 
 ``clean_up`` is what ``down`` adds for container nodes once the launched
 processes are stopped: the shims (sessions of their own, never in the
@@ -20,47 +19,25 @@ interfaces and iptables rules go too.
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import time
-import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from kmm.sandbox import (
-    addressing,
     containernodes,
     errors,
-    fabric,
     health,
     kubeletnodes,
     namespaces,
     pki,
     ports,
     processes,
-    relay,
     state,
 )
 
-__all__ = [
-    "EGRESS_SOCKET",
-    "KUBELET_CLIENT",
-    "apiserver_flags",
-    "clean_up",
-    "egress_config",
-    "import_image",
-    "start",
-]
-
-# The API server's egress selector dials kubelets through this unix socket
-# (the relay's CONNECT proxy), relative to the sandbox directory.
-EGRESS_SOCKET: Final = Path("relay") / "egress.sock"
-# The API server's identity towards kubelets (they authorize it through the
-# API server itself: system:masters may do anything, as kubeadm's may).
-KUBELET_CLIENT: Final = pki.ClientIdentity(
-    "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
-)
+__all__ = ["Launcher", "clean_up", "import_image", "network_options", "plan", "start"]
 
 
 class Launcher(namespaces.Launcher, Protocol):
@@ -69,76 +46,40 @@ class Launcher(namespaces.Launcher, Protocol):
     record: state.SandboxState
 
 
-def egress_config(directory: Path) -> Path:
-    """The API server's EgressSelectorConfiguration: the ``cluster`` selection
-    (kubelets: logs, exec, port-forward) over HTTP CONNECT on the relay's
-    socket, so node addresses are dialled from the fabric, not the host."""
-    path = directory / "egress-selector.yaml"
-    document = {
-        "apiVersion": "apiserver.k8s.io/v1beta1",
-        "kind": "EgressSelectorConfiguration",
-        "egressSelections": [
-            {
-                "name": "cluster",
-                "connection": {
-                    "proxyProtocol": "HTTPConnect",
-                    "transport": {"uds": {"udsName": str(directory / EGRESS_SOCKET)}},
-                },
-            }
-        ],
-    }
-    path.write_text(json.dumps(document, indent=2))
-    return path
-
-
-def apiserver_flags(directory: Path, credentials: pki.Pki) -> list[str]:
-    """The API server's flags for a sandbox with container nodes: the
-    ``kubernetes`` EndpointSlice says the gateway (served there by the relay;
-    the API server itself still binds loopback only), kubelets via CONNECT,
-    and a client certificate the kubelets accept (``pods/log``, ``exec``)."""
-    return [
-        f"--kubelet-client-certificate={credentials.client_cert(KUBELET_CLIENT)}",
-        f"--kubelet-client-key={credentials.client_key(KUBELET_CLIENT)}",
-        f"--advertise-address={addressing.GATEWAY}",
-        # A node's Hostname address names nothing the relay may dial.
-        "--kubelet-preferred-address-types=InternalIP",
-        f"--egress-selector-config-file={egress_config(directory)}",
-    ]
-
-
-def _relay_config(
-    record: state.SandboxState,
-    fab: fabric.Fabric,
-    started: list[tuple[containernodes.ContainerNode, namespaces.Holder]],
-    health_port: int,
-) -> relay.Config:
-    api_port = int(urllib.parse.urlsplit(record.server).port or 0)
-    host_api = relay.Endpoint(None, ports.HOST, api_port)
-    forwarders = [
-        relay.Forwarder(
-            relay.Endpoint(fab.holder.net_path, str(addressing.GATEWAY), api_port), host_api
-        )
-    ]
-    for node, holder in started:
-        forwarders.append(
-            relay.Forwarder(relay.Endpoint(holder.net_path, ports.HOST, api_port), host_api)
-        )
-        for port in (node.kubelet.port, node.kubelet.healthz_port, node.proxy_healthz_port):
-            forwarders.append(
-                relay.Forwarder(
-                    relay.Endpoint(None, ports.HOST, port),
-                    relay.Endpoint(holder.net_path, ports.HOST, port),
-                )
-            )
-    return relay.Config(
-        health_port=health_port,
-        forwarders=tuple(forwarders),
-        connect=relay.ConnectProxy(
-            socket=record.directory / EGRESS_SOCKET,
-            netns=fab.holder.net_path,
-            allow=addressing.sandbox_networks(),
+def plan(
+    directory: Path, index: int, name: str, cgroup_parent: str
+) -> containernodes.ContainerNode:
+    """Container node ``index``'s files and free host ports, recorded in its directory."""
+    port, healthz_port, proxy_port = ports.free_ports(3)
+    node = containernodes.ContainerNode(
+        kubelet=kubeletnodes.KubeletNode(
+            name=name,
+            # Short: unix socket paths under it are limited to 107 characters.
+            directory=directory / "kubelets" / str(index),
+            port=port,
+            healthz_port=healthz_port,
+            cri_http_port=0,
         ),
+        index=index,
+        proxy_healthz_port=proxy_port,
+        cgroup_root=f"/{cgroup_parent}/{name}",
     )
+    node.make_dirs()
+    containernodes.save(node)
+    return node
+
+
+def network_options(planned: list[containernodes.ContainerNode]) -> dict[str, Any]:
+    """``networking.start``'s ``mount`` and ``published`` for these nodes."""
+    by_name = {node.name: node for node in planned}
+
+    def mount(node: kubeletnodes.KubeletNode, holder: namespaces.Holder) -> None:
+        containernodes.mount_in(by_name[node.name], holder)
+
+    def published(node: kubeletnodes.KubeletNode) -> tuple[int, ...]:
+        return (by_name[node.name].proxy_healthz_port,)
+
+    return {"mount": mount, "published": published}
 
 
 def import_image(ctr: Path, node: containernodes.ContainerNode, archive: Path) -> None:
@@ -180,7 +121,7 @@ async def _wait_socket(process: processes.Process, path: Path, *, timeout: float
 
 async def start(
     launcher: Launcher,
-    names: list[str],
+    planned: list[tuple[containernodes.ContainerNode, namespaces.Holder]],
     binaries: dict[str, Path],
     pinned: Path,
     credentials: pki.Pki,
@@ -189,54 +130,17 @@ async def start(
     pause_archive: Path,
     labels: dict[str, str],
     timeout: float,
-    wait_ready: Callable[[list[str]], Any],
+    wait_ready: Callable[[list[str]], Awaitable[None]],
 ) -> None:
-    """Start the container nodes ``names`` (see the module docstring)."""
-    record = launcher.record
+    """Start the planned container nodes in their holders' namespaces (see
+    the module docstring)."""
     if not pause_archive.is_file():
         raise errors.SandboxError(
             f"container nodes need the pause image archive {pause_archive} "
             "(`make test-images` writes build/images/pause.tar)"
         )
-    fab = fabric.create(launcher, record.directory)
-    started: list[tuple[containernodes.ContainerNode, namespaces.Holder]] = []
-    for index, name in enumerate(names):
-        port, healthz_port, proxy_port = ports.free_ports(3)
-        node = containernodes.ContainerNode(
-            kubelet=kubeletnodes.KubeletNode(
-                name=name,
-                directory=record.directory / "kubelets" / str(index),
-                port=port,
-                healthz_port=healthz_port,
-                cri_http_port=0,
-            ),
-            index=index,
-            proxy_healthz_port=proxy_port,
-            cgroup_root=f"/{record.cgroup_parent}/{name}",
-        )
-        node.make_dirs()
-        containernodes.save(node)
-        plan = containernodes.mount_plan(node)
-        containernodes.check_directory(record.directory, plan.overlays)
-        process = launcher.launch(
-            f"node/{name}", containernodes.holder_argv(node, plan), health_url=""
-        )
-        containernodes.wait_holder(node, process.pid, timeout=timeout)
-        holder = namespaces.Holder(pid=process.pid, mount=True)
-        fabric.attach(fab, holder, index)
-        started.append((node, holder))
-    (relay_port,) = ports.free_ports(1)
-    config = relay.write(
-        _relay_config(record, fab, started, relay_port),
-        record.directory / "relay" / "relay.json",
-    )
-    relay_process = launcher.launch(
-        "relay", relay.argv(config), health_url=f"http://{ports.HOST}:{relay_port}/healthz"
-    )
-    await health.wait_healthy(relay_process, timeout=timeout)
-
     kubelets: list[processes.Process] = []
-    for node, holder in started:
+    for node, holder in planned:
         containernodes.create_cgroups(node.cgroup_root)
         containernodes.write_cni_files(node, binaries)
         containernodes.write_containerd_files(
@@ -244,17 +148,18 @@ async def start(
         )
         containerd = launcher.launch(
             f"containerd/{node.name}",
-            containernodes.containerd_argv(holder.pid, binaries["containerd"], node, pinned),
+            containernodes.containerd_argv(holder, binaries["containerd"], node, pinned),
             health_url="",
         )
         await _wait_socket(containerd, node.containerd_socket, timeout=timeout)
         await asyncio.to_thread(import_image, binaries["ctr"], node, pause_archive)
+        # Its server, https://127.0.0.1:P, is the relay in the node's namespace.
         kubeconfig = kubeconfig_for(kubeletnodes.identity(node.name), node.directory / "kubeconfig")
         kubelets.append(
             launcher.launch(
                 f"kubelet/{node.name}",
                 containernodes.kubelet_argv(
-                    holder.pid,
+                    holder,
                     binaries["kubelet"],
                     node,
                     kubeconfig=kubeconfig,
@@ -265,9 +170,9 @@ async def start(
             )
         )
     await asyncio.gather(*(health.wait_healthy(p, timeout=timeout) for p in kubelets))
-    await wait_ready(names)
+    await wait_ready([node.name for node, _ in planned])
     proxies = []
-    for node, holder in started:
+    for node, holder in planned:
         kubeconfig = kubeconfig_for(
             containernodes.proxy_identity(node.name), node.directory / "kube-proxy.kubeconfig"
         )
@@ -275,7 +180,7 @@ async def start(
             launcher.launch(
                 f"kube-proxy/{node.name}",
                 containernodes.kube_proxy_argv(
-                    holder.pid, binaries["kube-proxy"], node, kubeconfig=kubeconfig
+                    holder, binaries["kube-proxy"], node, kubeconfig=kubeconfig
                 ),
                 health_url=f"http://{ports.HOST}:{node.proxy_healthz_port}/healthz",
             )

@@ -14,34 +14,42 @@ it, and how that is prevented (each cost time when first tried):
 
 - cgroup v1 hosts: ``failCgroupV1: false``; no QoS cgroups and no
   node-allocatable enforcement, so nothing is written under /sys/fs/cgroup;
-- ``/var/lib/kubelet/device-plugins`` and ``/var/log/containers`` are fixed
-  host paths: the kubelet runs in a private mount namespace where tmpfs
-  covers /var/lib and /var/log and those two are bind-mounted from the
-  node's root (hence a sandbox dir for kubelet nodes may not lie under them);
-- iptables utility chains are off (the kubelet shares the host network);
+- each node has a network and a mount namespace of its own, held by a
+  process (``namespaces``; the holder is launched before the API server and
+  outlives kubelet restarts, as a machine outlives its kubelet). In the
+  mount namespace tmpfs covers /var/lib and /var/log and the two fixed host
+  paths the kubelet uses whatever its flags say,
+  ``/var/lib/kubelet/device-plugins`` and ``/var/log/containers``, are
+  bind-mounted from the node's root (hence a sandbox dir for kubelet nodes
+  may not lie under them);
+- the network namespace is linked to the sandbox's fabric (``fabric``): the
+  node IP is ``addressing.node_address(i)``, on the node's own interface, so
+  nothing ever dials the host's interfaces. The kubelet serves on 0.0.0.0
+  there; the sandbox's relay publishes its port and healthz port on the
+  host's 127.0.0.1 (same numbers), and the API server reaches it through
+  the relay's CONNECT proxy. Its kubeconfig's ``https://127.0.0.1:P`` is the
+  relay in its own namespace, forwarding to the API server;
+- iptables utility chains are off (nothing runs that would need them);
 - the six sysctls the kubelet sets (``SYSCTLS``) are read before the first
   kubelet starts and written back by ``kmm sandbox down``.
 
 The kubelet authenticates as ``system:node:<name>`` (group ``system:nodes``),
-so the Node authorizer and NodeRestriction judge it as in a real cluster, and
-serves its own API on 127.0.0.1 only, authenticating and authorizing callers
-through the sandbox's API server (never anonymously). A node IP may not be
-loopback: the host's first non-loopback IPv4 address is used.
+so the Node authorizer and NodeRestriction judge it as in a real cluster,
+and authenticates and authorizes its own callers through the sandbox's API
+server (never anonymously). The fake runtime stays in the host's namespaces:
+it serves the kubelet on a unix socket (a file, reachable from any network
+namespace) and its HTTP side on the host's loopback.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import shlex
-import shutil
-import socket
-import struct
 from pathlib import Path
 from typing import Any, Final
 
-from kmm.sandbox import errors, pki
+from kmm.sandbox import errors, namespaces, pki
 
 __all__ = [
     "NODE_PREFIX",
@@ -52,7 +60,7 @@ __all__ = [
     "identity",
     "kubelet_argv",
     "load",
-    "node_ip",
+    "mount_node_paths",
     "read_sysctls",
     "restore_sysctls",
     "save",
@@ -70,7 +78,6 @@ SYSCTLS: Final = (
     "kernel/keys/root_maxbytes",
 )
 _PROC_SYS = Path("/proc/sys")
-_SIOCGIFADDR = 0x8915  # linux/sockios.h
 # Host paths the kubelet uses whatever its flags say; covered in its namespace.
 _COVERED: Final = (Path("/var/lib"), Path("/var/log"))
 
@@ -155,26 +162,6 @@ def identity(name: str) -> pki.ClientIdentity:
     return pki.ClientIdentity(f"node-{name}", f"system:node:{name}", ("system:nodes",))
 
 
-def node_ip() -> str:
-    """The host's first non-loopback IPv4 address, from its interfaces."""
-    found: list[str] = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        for _, interface in socket.if_nameindex():
-            request = struct.pack("256s", interface.encode()[:15])
-            try:
-                reply = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)
-            except OSError:
-                continue  # down, or no IPv4 address
-            address = socket.inet_ntoa(reply[20:24])
-            if not address.startswith("127."):
-                found.append(address)
-    if not found:
-        raise errors.SandboxError(
-            "kubelet nodes need a non-loopback IPv4 address on this host; found none"
-        )
-    return found[0]
-
-
 # sockaddr_un.sun_path: 108 bytes with the terminating NUL.
 _MAX_SOCKET_PATH = 107
 # The longest socket the kubelet itself makes under a node (a 10-digit name).
@@ -220,7 +207,9 @@ def write_config(node: KubeletNode, *, ca_cert: Path) -> Path:
     config: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": "127.0.0.1",
+        # Inside the node's namespace: its fabric address (the API server's
+        # way in) and its loopback (the relay's way in from the host).
+        "address": "0.0.0.0",
         "port": node.port,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
@@ -268,29 +257,10 @@ def cri_argv(binary: Path, node: KubeletNode) -> list[str]:
     ]
 
 
-def kubelet_argv(
-    binary: Path,
-    node: KubeletNode,
-    *,
-    kubeconfig: Path,
-    config: Path,
-    address: str,
-    labels: dict[str, str],
-) -> list[str]:
-    """The kubelet in a private mount namespace where the fixed host paths it
-    uses are the node's own (see the module docstring)."""
-    kubelet = [
-        str(binary),
-        f"--config={config}",
-        f"--kubeconfig={kubeconfig}",
-        f"--root-dir={node.kubelet_dir}",
-        f"--cert-dir={node.kubelet_dir / 'pki'}",
-        f"--hostname-override={node.name}",
-        f"--node-ip={address}",
-        "--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
-        "--v=2",
-    ]
-    mounts = [
+def mount_node_paths(node: KubeletNode, holder: namespaces.Holder) -> None:
+    """Make the fixed host paths the kubelet uses the node's own, in the
+    holder's mount namespace (see the module docstring)."""
+    script = [
         "set -e",
         "mount -t tmpfs -o mode=0755 kmm-sandbox /var/lib",
         "mkdir -p /var/lib/kubelet/device-plugins",
@@ -302,19 +272,30 @@ def kubelet_argv(
         "mount --bind "
         + shlex.quote(str(node.root / "var" / "log" / "containers"))
         + " /var/log/containers",
-        'exec "$@"',
     ]
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        raise errors.SandboxError("kubelet nodes need `unshare` (util-linux) on PATH")
+    namespaces.run_in(holder, ["sh", "-c", "; ".join(script)], mount=True)
+
+
+def kubelet_argv(
+    binary: Path,
+    node: KubeletNode,
+    *,
+    holder: namespaces.Holder,
+    kubeconfig: Path,
+    config: Path,
+    address: str,
+    labels: dict[str, str],
+) -> list[str]:
+    """The kubelet in the node's network and mount namespaces (``holder``'s)."""
     return [
-        unshare,
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        "; ".join(mounts),
-        "kubelet",
-        *kubelet,
+        *namespaces.nsenter(holder, mount=True),
+        str(binary),
+        f"--config={config}",
+        f"--kubeconfig={kubeconfig}",
+        f"--root-dir={node.kubelet_dir}",
+        f"--cert-dir={node.kubelet_dir / 'pki'}",
+        f"--hostname-override={node.name}",
+        f"--node-ip={address}",
+        "--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+        "--v=2",
     ]

@@ -134,10 +134,13 @@ def nsenter(holder: Holder, *, mount: bool) -> list[str]:
     return argv
 
 
-def run_in(holder: Holder, argv: list[str], *, stdin: str | None = None) -> str:
-    """Run ``argv`` in ``holder``'s network namespace; its stdout.
-    SandboxError with the command's stderr when it fails."""
-    command = [*nsenter(holder, mount=False), *argv]
+def run_in(
+    holder: Holder, argv: list[str], *, stdin: str | None = None, mount: bool = False
+) -> str:
+    """Run ``argv`` in ``holder``'s network namespace (and mount namespace
+    when ``mount``); its stdout. SandboxError with the command's stderr when
+    it fails."""
+    command = [*nsenter(holder, mount=mount), *argv]
     result = subprocess.run(command, input=stdin, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise errors.SandboxError(

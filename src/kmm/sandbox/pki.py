@@ -18,6 +18,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from kmm.sandbox import addressing
+
 __all__ = ["ClientIdentity", "Pki", "create"]
 
 _VALIDITY = datetime.timedelta(days=365)
@@ -165,7 +167,9 @@ def create(directory: Path, clients: tuple[ClientIdentity, ...]) -> Pki:
             x509.DNSName("kubernetes.default"),
             x509.DNSName("kubernetes.default.svc"),
             x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-            x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
+            x509.IPAddress(addressing.KUBERNETES_SERVICE_IP),
+            # Where nodes and pods meet it: the relay on the fabric's gateway.
+            x509.IPAddress(addressing.GATEWAY),
         ],
     )
     pki.serving_cert.write_bytes(serving.public_bytes(serialization.Encoding.PEM))

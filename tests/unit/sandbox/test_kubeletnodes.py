@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kmm.sandbox import cluster, errors, kubeletnodes
+from kmm.sandbox import cluster, errors, kubeletnodes, namespaces
 
 
 def _node(tmp_path: Path) -> kubeletnodes.KubeletNode:
@@ -31,7 +31,9 @@ def test_config_keeps_the_kubelet_off_cgroups_iptables_and_anonymous_callers(
     assert config["enforceNodeAllocatable"] == []
     assert config["failSwapOn"] is False
     assert config["makeIPTablesUtilChains"] is False
-    assert config["address"] == config["healthzBindAddress"] == "127.0.0.1"
+    # Inside the node's namespace: every address of its own, none of the host's.
+    assert config["address"] == "0.0.0.0"
+    assert config["healthzBindAddress"] == "127.0.0.1"
     assert config["authentication"]["anonymous"] == {"enabled": False}
     assert config["authentication"]["webhook"] == {"enabled": True}
     assert config["authorization"] == {"mode": "Webhook"}
@@ -39,25 +41,23 @@ def test_config_keeps_the_kubelet_off_cgroups_iptables_and_anonymous_callers(
     assert config["containerRuntimeEndpoint"] == f"unix://{node.cri_socket}"
 
 
-def test_the_kubelet_runs_with_its_fixed_host_paths_covered(tmp_path: Path) -> None:
+def test_the_kubelet_runs_in_its_nodes_namespaces(tmp_path: Path) -> None:
     node = _node(tmp_path)
     argv = kubeletnodes.kubelet_argv(
         Path("/bin/kubelet"),
         node,
+        holder=namespaces.Holder(pid=4242, mount=True),
         kubeconfig=tmp_path / "kubeconfig",
         config=tmp_path / "config",
-        address="192.0.2.2",
+        address="10.253.0.10",
         labels={"a": "b"},
     )
-    assert argv[1:5] == ["--mount", "--propagation", "private", "sh"]
-    script = argv[6]
-    assert "mount -t tmpfs -o mode=0755 kmm-sandbox /var/lib" in script
-    assert "mount -t tmpfs -o mode=0755 kmm-sandbox /var/log" in script
-    assert f"{node.kubelet_dir / 'device-plugins'} /var/lib/kubelet/device-plugins" in script
-    kubelet = argv[8:]
+    assert argv[1:4] == ["--target=4242", "--net", "--mount"]
+    kubelet = argv[4:]
+    assert kubelet[0] == "/bin/kubelet"
     assert f"--root-dir={node.kubelet_dir}" in kubelet
     assert f"--cert-dir={node.kubelet_dir / 'pki'}" in kubelet
-    assert "--node-ip=192.0.2.2" in kubelet
+    assert "--node-ip=10.253.0.10" in kubelet
 
 
 @pytest.mark.parametrize("directory", ["/var/lib/kmm", "/var/log/sandbox", "/tmp/" + "d" * 60])
@@ -93,10 +93,6 @@ def test_sysctls_are_written_back_only_where_they_changed(
     kubeletnodes.restore_sysctls({"vm/overcommit_memory": "0", "kernel/panic": "10"})
     assert (tmp_path / "vm/overcommit_memory").read_text() == "0"
     assert (tmp_path / "kernel/panic").read_text() == "10\n"  # untouched
-
-
-def test_node_ip_is_not_loopback() -> None:
-    assert not kubeletnodes.node_ip().startswith("127.")
 
 
 async def test_kubelet_nodes_refuse_a_cluster_without_the_resource_api(tmp_path: Path) -> None:

@@ -1,0 +1,182 @@
+"""The network of a sandbox with kubelet nodes, set up before its API server.
+
+``start`` makes the fabric (``fabric``), one holder per kubelet node with
+its network and mount namespaces (``namespaces``) linked to the fabric, and
+launches the relay (``relay``) that joins them to the host's loopback:
+
+- the API server, bound to the host's 127.0.0.1:P and advertising
+  ``addressing.GATEWAY``, is served on GATEWAY:P in the fabric (the
+  ``kubernetes`` Service's endpoint) and on 127.0.0.1:P in every node
+  namespace (what kubelet kubeconfigs name);
+- each kubelet's port and healthz port are published on the host's
+  127.0.0.1 under the same numbers, so node records, health URLs and
+  callers on the host are as they were;
+- the API server reaches kubelets through its egress selector
+  (``apiserver_flags``): selection ``cluster``, HTTPConnect over the relay's
+  unix socket, dialled from the fabric namespace, limited to
+  ``addressing.sandbox_networks()``.
+
+Nothing here adds anything but loopback listeners to the host's network
+namespace; stopping the holders (``down``, after the relay) removes the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from kmm.sandbox import (
+    addressing,
+    fabric,
+    kubeletnodes,
+    namespaces,
+    ports,
+    processes,
+    relay,
+)
+
+__all__ = ["Network", "apiserver_flags", "egress_selector", "relay_config", "start"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """What ``start`` made: the fabric, each node's holder (by node index),
+    the relay process and where its files are."""
+
+    fab: fabric.Fabric
+    holders: tuple[namespaces.Holder, ...]
+    relay: processes.Process
+    egress_socket: Path
+    egress_config: Path
+
+
+def relay_config(
+    fab: fabric.Fabric,
+    nodes: list[tuple[kubeletnodes.KubeletNode, namespaces.Holder]],
+    *,
+    api_port: int,
+    health_port: int,
+    egress_socket: Path,
+    extra: Sequence[relay.Forwarder] = (),
+    published: Callable[[kubeletnodes.KubeletNode], Sequence[int]] = lambda node: (),
+) -> relay.Config:
+    """The relay's forwarders and CONNECT proxy (see the module docstring);
+    ``extra`` forwarders are added as they are (e.g. a registry on the gateway);
+    ``published`` names more of a node's loopback ports to publish on the
+    host's (a container node's kube-proxy health port)."""
+    api = relay.Endpoint(None, ports.HOST, api_port)
+    forwarders = [
+        *extra,
+        relay.Forwarder(
+            listen=relay.Endpoint(fab.holder.net_path, str(addressing.GATEWAY), api_port),
+            target=api,
+        ),
+    ]
+    for node, holder in nodes:
+        forwarders.append(
+            relay.Forwarder(
+                listen=relay.Endpoint(holder.net_path, "127.0.0.1", api_port), target=api
+            )
+        )
+        forwarders += [
+            relay.Forwarder(
+                listen=relay.Endpoint(None, ports.HOST, port),
+                target=relay.Endpoint(holder.net_path, "127.0.0.1", port),
+            )
+            for port in (node.port, node.healthz_port, *published(node))
+        ]
+    return relay.Config(
+        health_port=health_port,
+        forwarders=tuple(forwarders),
+        connect=relay.ConnectProxy(
+            socket=egress_socket,
+            netns=fab.holder.net_path,
+            allow=addressing.sandbox_networks(),
+        ),
+    )
+
+
+def egress_selector(path: Path, socket: Path) -> Path:
+    """Write the API server's EgressSelectorConfiguration: selection
+    ``cluster`` (kubelets, node/pod/service proxies) over HTTP CONNECT on the
+    relay's unix socket."""
+    # JSON is YAML; the API server reads either.
+    document = {
+        "apiVersion": "apiserver.k8s.io/v1beta1",
+        "kind": "EgressSelectorConfiguration",
+        "egressSelections": [
+            {
+                "name": "cluster",
+                "connection": {
+                    "proxyProtocol": "HTTPConnect",
+                    "transport": {"uds": {"udsName": str(socket)}},
+                },
+            }
+        ],
+    }
+    path.write_text(json.dumps(document, indent=2))
+    return path
+
+
+def start(
+    launcher: namespaces.Launcher,
+    directory: Path,
+    nodes: list[kubeletnodes.KubeletNode],
+    *,
+    api_port: int,
+    extra: Sequence[relay.Forwarder] = (),
+    mount: Callable[
+        [kubeletnodes.KubeletNode, namespaces.Holder], None
+    ] = kubeletnodes.mount_node_paths,
+    published: Callable[[kubeletnodes.KubeletNode], Sequence[int]] = lambda node: (),
+) -> Network:
+    """Make the fabric and the nodes' namespaces, then launch the relay
+    (the caller waits for its health: ``Network.relay.health_url``).
+    ``mount`` makes a node's mounts in its holder's mount namespace (a
+    container node has more than ``kubeletnodes``'); ``published``: see
+    ``relay_config``."""
+    fab = fabric.create(launcher, directory)
+    holders = []
+    for index, node in enumerate(nodes):
+        holder = namespaces.start_holder(launcher, f"node/{node.name}", mount=True)
+        fabric.attach(fab, holder, index)
+        mount(node, holder)
+        holders.append(holder)
+    relay_dir = directory / "relay"
+    relay_dir.mkdir(parents=True, exist_ok=True)
+    egress_socket = relay_dir / "egress.sock"
+    (health_port,) = ports.free_ports(1)
+    config = relay_config(
+        fab,
+        list(zip(nodes, holders, strict=True)),
+        api_port=api_port,
+        health_port=health_port,
+        egress_socket=egress_socket,
+        extra=extra,
+        published=published,
+    )
+    process = launcher.launch(
+        "relay",
+        relay.argv(relay.write(config, relay_dir / "relay.json")),
+        health_url=f"http://{ports.HOST}:{health_port}/healthz",
+    )
+    return Network(
+        fab=fab,
+        holders=tuple(holders),
+        relay=process,
+        egress_socket=egress_socket,
+        egress_config=egress_selector(relay_dir / "egress-selector.json", egress_socket),
+    )
+
+
+def apiserver_flags(network: Network) -> list[str]:
+    """How the API server of a sandbox with kubelet nodes reaches them (it
+    also advertises ``addressing.GATEWAY``: ``cluster``'s flags)."""
+    return [
+        f"--egress-selector-config-file={network.egress_config}",
+        # A node's Hostname address is its name, which nothing resolves (and
+        # the CONNECT proxy refuses names): dial the node IP.
+        "--kubelet-preferred-address-types=InternalIP",
+    ]
