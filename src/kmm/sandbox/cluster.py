@@ -270,7 +270,11 @@ async def up(
         ),
     )
 
-    etcd_port, peer_port, cm_port, scheduler_port, kwok_port, free_api_port = ports.free_ports(6)
+    # One call, so that no two coincide: kubelet nodes' host ports (and the
+    # relay's health port) are bound by the relay before the API server starts.
+    chosen = ports.free_ports(6 + (1 + 3 * len(kubelet_names) if kubelet_names else 0))
+    etcd_port, peer_port, cm_port, scheduler_port, kwok_port, free_api_port = chosen[:6]
+    relay_health_port, *kubelet_ports = chosen[6:] or [0]  # 0: no relay without kubelets
     api_port = options.apiserver_port or free_api_port
     server = f"https://{ports.HOST}:{api_port}"
 
@@ -298,12 +302,15 @@ async def up(
     )
     launcher = _Launcher(record)
     container_plan = [
-        containerstarting.plan(directory, index, name, record.cgroup_parent)
+        containerstarting.plan(
+            directory, index, name, record.cgroup_parent, kubelet_ports[3 * index : 3 * index + 3]
+        )
         for index, name in enumerate(kubelet_names)
         if containers
     ]
     kubelet_plan = [node.kubelet for node in container_plan] or [
-        _plan_kubelet(directory, index, name) for index, name in enumerate(kubelet_names)
+        _plan_kubelet(directory, index, name, kubelet_ports[3 * index : 3 * index + 3])
+        for index, name in enumerate(kubelet_names)
     ]
     try:
         etcd = launcher.launch(
@@ -319,6 +326,7 @@ async def up(
                 directory,
                 kubelet_plan,
                 api_port=api_port,
+                health_port=relay_health_port,
                 **(containerstarting.network_options(container_plan) if containers else {}),
             )
             await health.wait_healthy(network.relay, timeout=options.start_timeout)
@@ -510,9 +518,12 @@ async def _wait_kubelet_nodes(
             ) from err
 
 
-def _plan_kubelet(directory: Path, index: int, name: str) -> kubeletnodes.KubeletNode:
-    """Kubelet node ``index``'s files and free host ports, recorded in its directory."""
-    port, healthz_port, cri_port = ports.free_ports(3)
+def _plan_kubelet(
+    directory: Path, index: int, name: str, free: list[int]
+) -> kubeletnodes.KubeletNode:
+    """Kubelet node ``index``'s files and host ports (three ``free`` ones),
+    recorded in its directory."""
+    port, healthz_port, cri_port = free
     node = kubeletnodes.KubeletNode(
         name=name,
         # Short: unix socket paths under it are limited to 107 characters.

@@ -47,10 +47,11 @@ class Launcher(namespaces.Launcher, Protocol):
 
 
 def plan(
-    directory: Path, index: int, name: str, cgroup_parent: str
+    directory: Path, index: int, name: str, cgroup_parent: str, free: list[int]
 ) -> containernodes.ContainerNode:
-    """Container node ``index``'s files and free host ports, recorded in its directory."""
-    port, healthz_port, proxy_port = ports.free_ports(3)
+    """Container node ``index``'s files and host ports (three ``free`` ones:
+    the kubelet's, its healthz and kube-proxy's health), recorded in its directory."""
+    port, healthz_port, proxy_port = free
     node = containernodes.ContainerNode(
         kubelet=kubeletnodes.KubeletNode(
             name=name,

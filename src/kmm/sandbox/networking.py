@@ -126,6 +126,7 @@ def start(
     nodes: list[kubeletnodes.KubeletNode],
     *,
     api_port: int,
+    health_port: int,
     extra: Sequence[relay.Forwarder] = (),
     mount: Callable[
         [kubeletnodes.KubeletNode, namespaces.Holder], None
@@ -147,7 +148,6 @@ def start(
     relay_dir = directory / "relay"
     relay_dir.mkdir(parents=True, exist_ok=True)
     egress_socket = relay_dir / "egress.sock"
-    (health_port,) = ports.free_ports(1)
     config = relay_config(
         fab,
         list(zip(nodes, holders, strict=True)),
