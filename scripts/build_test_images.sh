@@ -4,8 +4,8 @@
 #   loader.tar    kmm.sandbox/loader:1     busybox, a recording modprobe, a firmware file
 #   workload.tar  kmm.sandbox/workload:1   busybox and an entrypoint printing what it was given
 #   pause.tar     kmm.sandbox/pause:3.10   the pinned Kubernetes module's pause, built static
-# Their files come from Debian's busybox-static (mmdebstrap, cached by its
-# recipe like build_image.sh's base), scripts/test_images/<name>/ (copied over
+# Their files come from Debian's busybox and its libc (mmdebstrap, cached by
+# its recipe like build_image.sh's base), scripts/test_images/<name>/ (copied over
 # it) and build/pause/linux/pause.c of the pinned Kubernetes module (gcc
 # -static). buildah (vfs, its own storage directory) makes each a one-layer
 # image from scratch. Reproducible: every file, the layer and the config carry
@@ -36,11 +36,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# 1. busybox, from Debian's package: the key is everything it is made from.
+# 1. busybox, from Debian's packages: the key is everything it is made from.
+# The dynamic busybox and its libc, not busybox-static: that one's shell runs
+# its own applets before anything on PATH, so the hooks' `sh -c "modprobe ..."`
+# would run busybox's modprobe, not the image's.
 SUITE=bookworm
 MIRROR=http://deb.debian.org/debian
 MMDEBSTRAP=(
-    mmdebstrap --variant=extract --include=busybox-static
+    mmdebstrap --variant=extract --include=busybox
     --aptopt='Acquire::Languages "none"'
     "$SUITE"
 )
@@ -50,13 +53,11 @@ SOURCES=(
     "deb $MIRROR-security $SUITE-security main"
 )
 KEY=$(printf '%s\n' "${MMDEBSTRAP[@]}" "${SOURCES[@]}" | sha256sum | cut -c1-12)
-BUSYBOX=$CACHE/busybox-static-$SUITE-$KEY
-if [ ! -x "$BUSYBOX" ]; then
-    echo "test-images: fetching busybox-static with mmdebstrap ($SUITE)"
+BUSYBOX=$CACHE/busybox-$SUITE-$KEY.tar
+if [ ! -f "$BUSYBOX" ]; then
+    echo "test-images: fetching busybox with mmdebstrap ($SUITE)"
     "${MMDEBSTRAP[@]}" "$WORK/busybox.tar" "${SOURCES[@]}"
-    tar -xOf "$WORK/busybox.tar" ./bin/busybox >"$WORK/busybox"
-    chmod 755 "$WORK/busybox"
-    mv "$WORK/busybox" "$BUSYBOX"
+    mv "$WORK/busybox.tar" "$BUSYBOX"
 fi
 
 # 2. pause, from the Kubernetes module the sandbox pins (go.mod names its version).
@@ -65,14 +66,20 @@ KUBERNETES=$(cd src/kmm/sandbox/gotools/kubernetes && go mod download -json k8s.
 PAUSE_C=$KUBERNETES/build/pause/linux/pause.c
 PAUSE_TAG=$(sed -n 's/^TAG ?= //p' "$KUBERNETES/build/pause/Makefile")
 
-# A root filesystem with busybox in /bin, every applet a link to it but
-# modprobe, which an image brings itself when it has one.
+# A root filesystem with busybox in /bin, the libraries it needs, and every
+# applet a link to it but modprobe, which an image brings itself when it has one.
+LIBDIR=lib/x86_64-linux-gnu
 busybox_root() {
     mkdir -p "$1/bin" "$1/sbin" "$1/usr/bin" "$1/usr/sbin" "$1/etc" "$1/dev" "$1/proc" "$1/sys" \
         "$1/tmp"
-    cp "$BUSYBOX" "$1/bin/busybox"
-    local applet
-    for applet in $("$BUSYBOX" --list); do
+    tar -xf "$BUSYBOX" -C "$1" ./bin/busybox ./lib64/ld-linux-x86-64.so.2 "./$LIBDIR/ld-linux-x86-64.so.2"
+    local library applet
+    for library in $(readelf -d "$1/bin/busybox" | sed -n 's/.*(NEEDED).*\[\(.*\)\]$/\1/p'); do
+        tar -xf "$BUSYBOX" -C "$1" "./$LIBDIR/$library"
+    done
+    # Run with the image's own loader and libraries, whatever this machine has.
+    for applet in $("$1/$LIBDIR/ld-linux-x86-64.so.2" --library-path "$1/$LIBDIR" \
+        "$1/bin/busybox" --list); do
         [ "$applet" = busybox ] || [ "$applet" = modprobe ] || ln -s busybox "$1/bin/$applet"
     done
 }

@@ -1,78 +1,52 @@
-"""kmm's image: built as `make image` builds it, and run without a container engine.
+"""kmm's image: the archive `make image` built, run without a container engine.
 
 The archive is unpacked as a runtime would (OCI layout -> manifest -> layers
 in order) into a root filesystem, and kmm runs there under chroot as the
-user the image's config names. Built twice from the same commit, it has the
-same layers. Needs root, as `make image` does (CI runs as root).
+user the image's config names. `make image-again` built it a second time
+from the same commit: the two have the same layers. Nothing is built here:
+each archive must be there and built from the work tree's sources (the
+digest ``scripts/image_inputs.py`` computes, which the build records in the
+label ``kmm.image.inputs``), or the test fails saying which make target to
+run. Needs root for chroot (CI runs as root).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
-import tarfile
+import sys
 from pathlib import Path
 from typing import Any
 
+import ociarchives
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_image.sh"
+INPUTS = ociarchives.ROOT / "scripts" / "image_inputs.py"
+ARCHIVE = ociarchives.BUILD / "kmm-image.tar"
+AGAIN = ociarchives.BUILD / "kmm-image-again.tar"
 # Looked up here: the command runs with the image's environment, not ours.
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 
 
-def _build(out: Path) -> Path:
+def _work_tree_inputs() -> str:
     done = subprocess.run(
-        ["bash", str(SCRIPT)],
-        env={**os.environ, "OUT": str(out)},
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
+        [sys.executable, str(INPUTS)], capture_output=True, text=True, timeout=120, check=True
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out
+    return done.stdout.strip()
 
 
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build(tmp_path_factory.mktemp("image") / "kmm-image.tar")
-
-
-def _blob(layout: Path, digest: str) -> Path:
-    algorithm, value = digest.split(":")
-    return layout / "blobs" / algorithm / value
-
-
-def _manifest(archive: Path, layout: Path) -> dict[str, Any]:
-    with tarfile.open(archive) as tar:
-        tar.extractall(layout, filter="data")
-    (entry,) = json.loads((layout / "index.json").read_text())["manifests"]
-    manifest: dict[str, Any] = json.loads(_blob(layout, entry["digest"]).read_text())
-    return manifest
-
-
-def _unpack(archive: Path, into: Path) -> dict[str, Any]:
-    """The root filesystem under ``into/rootfs``; the image's config."""
-    layout, rootfs = into / "layout", into / "rootfs"
-    rootfs.mkdir(parents=True)
-    manifest = _manifest(archive, layout)
-    for layer in manifest["layers"]:
-        # GNU tar as root keeps owners, modes and device nodes, as a runtime does.
-        subprocess.run(
-            ["tar", "--extract", "--file", str(_blob(layout, layer["digest"])), "-C", str(rootfs)],
-            check=True,
-            timeout=300,
+def fresh(archive: Path, into: Path, *, target: str) -> ociarchives.Image:
+    """The archive's image, failing when it was built from other sources."""
+    image = ociarchives.open_image(ociarchives.required(archive, target=target), into)
+    recorded = (image.config["config"].get("Labels") or {}).get("kmm.image.inputs")
+    expected = _work_tree_inputs()
+    if recorded != expected:
+        pytest.fail(
+            f"{archive} is stale: built from inputs {recorded}, the work tree's are {expected} "
+            f"(src, pyproject.toml, README.md, the build scripts, .venv's versions): "
+            f"run `make {target}` (make test does) before pytest"
         )
-    # This unpacker applies no whiteouts: an image that needs them must fail here.
-    whiteouts = subprocess.run(
-        ["find", str(rootfs), "-name", ".wh.*"], capture_output=True, text=True, check=True
-    )
-    assert whiteouts.stdout == ""
-    config: dict[str, Any] = json.loads(_blob(layout, manifest["config"]["digest"]).read_text())
-    return config
+    return image
 
 
 def _run_as_configured(rootfs: Path, config: dict[str, Any], *args: str) -> str:
@@ -91,11 +65,12 @@ def _run_as_configured(rootfs: Path, config: dict[str, Any], *args: str) -> str:
     return done.stdout
 
 
-def test_kmm_runs_in_the_unpacked_image_as_its_non_root_user(archive: Path, tmp_path: Path) -> None:
-    config = _unpack(archive, tmp_path)
+def test_kmm_runs_in_the_unpacked_image_as_its_non_root_user(tmp_path: Path) -> None:
+    image = fresh(ARCHIVE, tmp_path / "layout", target="image")
+    config = image.config
     settings = config["config"]
     assert settings["User"] == "65532:65532"  # deploy/'s runAsUser
-    rootfs = tmp_path / "rootfs"
+    rootfs = ociarchives.unpack(image, tmp_path / "rootfs")
     passwd = (rootfs / "etc" / "passwd").read_text().splitlines()
     assert "kmm:x:65532:65532:kmm:/nonexistent:/usr/sbin/nologin" in passwd
     assert settings["Entrypoint"] == ["kmm"]
@@ -120,14 +95,12 @@ def test_kmm_runs_in_the_unpacked_image_as_its_non_root_user(archive: Path, tmp_
     assert whoami.stdout.strip() == "65532"
 
 
-def test_the_same_commit_builds_the_same_layers(
-    archive: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    again = _build(tmp_path_factory.mktemp("again") / "kmm-image.tar")
-    first = _manifest(archive, tmp_path_factory.mktemp("first"))
-    second = _manifest(again, tmp_path_factory.mktemp("second"))
-    assert [layer["digest"] for layer in second["layers"]] == [
-        layer["digest"] for layer in first["layers"]
+def test_the_same_commit_builds_the_same_layers(tmp_path: Path) -> None:
+    first = fresh(ARCHIVE, tmp_path / "first", target="image")
+    second = fresh(AGAIN, tmp_path / "second", target="image-again")
+    assert [layer["digest"] for layer in second.manifest["layers"]] == [
+        layer["digest"] for layer in first.manifest["layers"]
     ]
     # The config too (times, user, labels): the whole image has one digest.
-    assert second == first
+    assert second.manifest == first.manifest
+    assert second.config == first.config
