@@ -24,7 +24,7 @@ from typing import Any
 
 from kmm.api import admission, crd, installation, manifests
 
-__all__ = ["DIRECTORY", "files", "values"]
+__all__ = ["DIRECTORY", "REGISTRY_CA_DIRECTORY", "files", "values"]
 
 # deploy/-relative directory of the chart.
 DIRECTORY = "helm/kmm"
@@ -176,6 +176,20 @@ _REPLICAS_GUARD = (
 )
 
 
+# Where the chart mounts the registryCA ConfigMap or Secret (the operator's --registry-ca).
+REGISTRY_CA_DIRECTORY = "/etc/kmm/registry-ca"
+_HAS_REGISTRY_CA = "(not (empty (print .Values.registryCA.configMap .Values.registryCA.secret)))"
+_REGISTRY_CA_GUARD = (
+    "{{- if and .Values.registryCA.configMap .Values.registryCA.secret }}\n"
+    '{{- fail "registryCA: set configMap or secret, not both" }}\n'
+    "{{- end }}\n"
+)
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _deployment() -> str:
     holes = _Holes()
     deployment = _in_release_namespace(holes, installation.deployment())
@@ -187,18 +201,30 @@ def _deployment() -> str:
         '"{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"'
     )
     container["imagePullPolicy"] = holes.value("{{ .Values.image.pullPolicy }}")
-    container["args"] = [
-        *container["args"],
-        holes.value(
-            "{{ if .Values.leaderElection.enabled }}--leader-election"
-            "{{ else }}--no-leader-election{{ end }}"
-        ),
-    ]
+    # One list built in Helm: an argument that is there or not (the CA
+    # directory) cannot be a hole of its own.
+    fixed = " ".join(_quoted(arg) for arg in container["args"])
+    container["args"] = holes.block(
+        f"(compact (list {fixed} "
+        '(ternary "--leader-election" "--no-leader-election" .Values.leaderElection.enabled) '
+        f'(ternary "--registry-ca={REGISTRY_CA_DIRECTORY}" "" {_HAS_REGISTRY_CA})))',
+        omit_empty=False,
+    )
+    container["volumeMounts"] = holes.block(
+        f'(ternary (list (dict "mountPath" "{REGISTRY_CA_DIRECTORY}" "name" "registry-ca" '
+        f'"readOnly" true)) (list) {_HAS_REGISTRY_CA})'
+    )
+    pod["volumes"] = holes.block(
+        '(concat (ternary (list (dict "configMap" (dict "name" .Values.registryCA.configMap) '
+        '"name" "registry-ca")) (list) (not (empty .Values.registryCA.configMap))) '
+        '(ternary (list (dict "name" "registry-ca" "secret" (dict "secretName" '
+        ".Values.registryCA.secret))) (list) (not (empty .Values.registryCA.secret))))"
+    )
     container["resources"] = holes.block(".Values.resources")
     pod["imagePullSecrets"] = holes.block(".Values.imagePullSecrets")
     pod["nodeSelector"] = holes.block(".Values.nodeSelector")
     pod["tolerations"] = holes.block(".Values.tolerations")
-    return _REPLICAS_GUARD + _document(holes, deployment)
+    return _REPLICAS_GUARD + _REGISTRY_CA_GUARD + _document(holes, deployment)
 
 
 def _metrics() -> str:
@@ -249,6 +275,15 @@ def _values() -> list[tuple[str, str, Any]]:
             {"repository": _REPOSITORY, "tag": "", "pullPolicy": "IfNotPresent"},
         ),
         ("imagePullSecrets", "Secrets the image is pulled with: [{name: ...}].", []),
+        (
+            "registryCA",
+            "CA certificates the operator trusts, beside the system's, for its registry\n"
+            "requests (image existence checks of build and sign): the name of a\n"
+            "ConfigMap or a Secret in the release namespace whose every key is a PEM\n"
+            f"file, mounted at {REGISTRY_CA_DIRECTORY} and passed as --registry-ca. Nodes\n"
+            "pull with their container runtime's own configuration.",
+            {"configMap": "", "secret": ""},
+        ),
         (
             "replicas",
             "Operator replicas. One leads, the rest stand by; above 1 needs leader election.",

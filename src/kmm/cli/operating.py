@@ -12,12 +12,14 @@ import asyncio
 import logging
 import os
 import socket
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from kmm.cli import clients
 from kmm.kube import client
+from kmm.oci import trust
 from kmm.operator import jsonlogs, running, wiring
 from kmm.runtime import leaderelection, manager
 
@@ -78,12 +80,26 @@ def operator(
             min=0.001,
         ),
     ] = wiring.DEFAULT_RESYNC_PERIOD,
+    registry_ca: Annotated[
+        list[Path] | None,
+        typer.Option(
+            metavar="PATH",
+            help="Extra CA certificates (a PEM file, or a directory of them such as a mounted "
+            "ConfigMap; repeatable) trusted beside the system's for registry requests: the "
+            "image existence checks of build and sign. Checked at start.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the Module operator: loader and device-plugin DaemonSets, node labels, status."""
     try:
         leaderelection.check_timing(lease_duration, renew_deadline, retry_period)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--lease-duration/--renew-deadline") from err
+    try:
+        registry_ca_files = trust.load(registry_ca or ())
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--registry-ca") from err
     jsonlogs.configure()
     name = identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}"
     lease_namespace = namespace_of_lease or os.environ.get("POD_NAMESPACE") or "kube-system"
@@ -102,6 +118,7 @@ def operator(
         host=bind_address,
         workers=workers,
         resync_period=resync_period,
+        registry_ca_files=registry_ca_files,
     )
     api = clients.api_client(kubeconfig, context)
     try:

@@ -15,7 +15,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TimeE
 from rich.table import Table
 
 from kmm.cli import paths
-from kmm.sandbox import building, cluster, components, errors, processes, restarting
+from kmm.oci import errors as oci_errors
+from kmm.sandbox import (
+    building,
+    cluster,
+    components,
+    errors,
+    processes,
+    pushing,
+    restarting,
+    state,
+)
+from kmm.sandbox import registry as sandbox_registry
 
 app = typer.Typer(
     help="Run a local Kubernetes control plane with fake nodes.", no_args_is_help=True
@@ -149,9 +160,32 @@ def up(
             show_default=False,
         ),
     ] = None,
+    registry: Annotated[
+        bool | None,
+        typer.Option(
+            "--registry/--no-registry",
+            help="Serve an image registry (distribution, TLS from the sandbox CA) that images "
+            f"are named {sandbox_registry.REFERENCE_HOST}/NAME:TAG by; `kmm sandbox push` "
+            "uploads to it. Default: on when --registry-auth is given.",
+            show_default=False,
+        ),
+    ] = None,
+    registry_auth: Annotated[
+        str | None,
+        typer.Option(
+            metavar="USER:PASSWORD",
+            help="The registry asks for these credentials (htpasswd, bcrypt); they are written "
+            "as a .dockerconfigjson into the sandbox directory (see `status`).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and KWOK with fake nodes."""
     target = directory or paths.sandbox_dir()
+    try:
+        parsed_auth = sandbox_registry.parse_auth(registry_auth) if registry_auth else None
+    except ValueError as err:
+        raise _fail(err) from err
     options = cluster.Options(
         directory=target,
         cache_dir=paths.cache_dir(),
@@ -166,6 +200,8 @@ def up(
         watch_cache=watch_cache,
         max_requests_inflight=max_requests_inflight,
         max_mutating_requests_inflight=max_mutating_requests_inflight,
+        registry=registry,
+        registry_auth=parsed_auth,
     )
     started = time.monotonic()
     with _progress() as progress:
@@ -182,6 +218,8 @@ def up(
     # soft_wrap: these lines are meant to be copied into a shell whole.
     _console.print(f"Use it with:  export KUBECONFIG={record.kubeconfig}", soft_wrap=True)
     _console.print(_kubectl_hint(), soft_wrap=True)
+    if record.registry is not None:
+        _console.print(_registry_line(record), soft_wrap=True)
     _console.print(f"Stop it with: kmm sandbox down --dir {record.directory}", soft_wrap=True)
 
 
@@ -328,6 +366,8 @@ def status(directory: DirOption = None) -> None:
     _console.print(table)
     _console.print(f"API server {record.server}; control plane RSS {total_rss / 2**20:.0f} MiB")
     _console.print(f"KUBECONFIG={record.kubeconfig}", soft_wrap=True)
+    if record.registry is not None:
+        _console.print(_registry_line(record), soft_wrap=True)
     if running != len(record.launched) or not record.launched:
         raise typer.Exit(0 if running == 0 and not record.launched else 1)
     node_rows = asyncio.run(cluster.node_table(record.kubeconfig))
@@ -345,3 +385,46 @@ def status(directory: DirOption = None) -> None:
         for name, runtime, address in cluster.container_node_table(record):
             containers.add_row(name, runtime, address, ready.get(name, "Unknown"))
         _console.print(containers)
+
+
+def _registry_line(record: state.SandboxState) -> str:
+    registry = record.registry
+    assert registry is not None
+    credentials = (
+        f"credentials {registry.credentials}" if registry.credentials else "no authentication"
+    )
+    return (
+        f"Registry {registry.reference_host} (from the host: {registry.host}; "
+        f"CA {record.directory / 'pki' / 'ca.crt'}; {credentials})"
+    )
+
+
+@app.command()
+def push(
+    archive: Annotated[
+        Path,
+        typer.Argument(help="An OCI archive (what `make image` and buildah's oci-archive: write)."),
+    ],
+    name_tag: Annotated[str, typer.Argument(metavar="NAME:TAG", help="Repository and tag.")],
+    directory: DirOption = None,
+) -> None:
+    """Upload an OCI archive's image to the sandbox registry; the last line
+    printed is its reference, as nodes and pods pull it."""
+    target = directory or paths.sandbox_dir()
+    started = time.monotonic()
+    try:
+        reference = asyncio.run(
+            pushing.push(
+                target,
+                archive,
+                name_tag,
+                progress=lambda line: _errors.print(
+                    line, highlight=False, markup=False, soft_wrap=True
+                ),
+            )
+        )
+    except (errors.SandboxError, oci_errors.RegistryError, ValueError) as err:
+        raise _fail(err) from err
+    _errors.print(f"pushed in {time.monotonic() - started:.1f} s", highlight=False)
+    # print(), not the console: the reference must be one line whatever the width.
+    print(reference)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 
 from kmm.aio import httpserving, tasks
 from kmm.kube import client
@@ -32,6 +33,9 @@ class Settings:
     host: str = "0.0.0.0"
     workers: int = 4
     resync_period: float = wiring.DEFAULT_RESYNC_PERIOD
+    # Extra CAs for the operator's registry requests (--registry-ca, checked
+    # at start): image existence checks before build and sign.
+    registry_ca_files: tuple[Path, ...] = ()
 
 
 async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> None:

@@ -42,8 +42,10 @@ from kmm.sandbox import (
     pki,
     ports,
     processes,
+    registry,
     state,
 )
+from kmm.sandbox.registry import Auth as RegistryAuth
 
 __all__ = [
     "DEFAULT_KERNELS",
@@ -123,6 +125,17 @@ class Options:
     # Members of system:masters (the sandbox's admin) are never throttled.
     max_requests_inflight: int | None = None
     max_mutating_requests_inflight: int | None = None
+    # The image registry (``registry``): None leaves it to the default, on
+    # when credentials are asked for (and, once the sandbox has container
+    # nodes, when it has any); ``registry_auth`` turns htpasswd auth on.
+    registry: bool | None = None
+    registry_auth: RegistryAuth | None = None
+
+    @property
+    def wants_registry(self) -> bool:
+        if self.registry is not None:
+            return self.registry
+        return self.registry_auth is not None or self.runtime == containernodes.RUNTIME
 
     def apiserver_flags(self) -> list[str]:
         """The kube-apiserver flags these options add."""
@@ -163,6 +176,8 @@ class Options:
             raise ValueError("at least one --kernel is needed")
         if self.etcd_compaction_interval is not None and not self.etcd_compaction_interval > 0:
             raise ValueError("--etcd-compaction-interval must be more than 0 seconds")
+        if self.registry is False and self.registry_auth is not None:
+            raise ValueError("--registry-auth needs the registry: drop --no-registry")
         for flag, value in (
             ("--max-requests-inflight", self.max_requests_inflight),
             ("--max-mutating-requests-inflight", self.max_mutating_requests_inflight),
@@ -196,7 +211,7 @@ class _Launcher:
 
 
 def _reset(directory: Path) -> None:
-    for name in ("pki", "etcd", "logs", "kubelets", "relay"):
+    for name in ("pki", "etcd", "logs", "kubelets", "relay", "registry"):
         shutil.rmtree(directory / name, ignore_errors=True)
     (directory / "logs").mkdir(parents=True)
 
@@ -250,6 +265,7 @@ async def up(
     containers = options.runtime == containernodes.RUNTIME
     tools = TOOLS + ((components.KUBELET,) if options.kubelet_nodes else ())
     tools += components.CONTAINER_NODE if containers else ()
+    tools += (components.REGISTRY,) if options.wants_registry else ()
     binaries = await building.ensure_built(options.cache_dir, tools, progress=progress)
     pinned = (
         building.pinned_dir(options.cache_dir, components.CONTAINER_NODE) if containers else None
@@ -272,8 +288,10 @@ async def up(
 
     # One call, so that no two coincide: kubelet nodes' host ports (and the
     # relay's health port) are bound by the relay before the API server starts.
-    chosen = ports.free_ports(6 + (1 + 3 * len(kubelet_names) if kubelet_names else 0))
+    chosen = ports.free_ports(8 + (1 + 3 * len(kubelet_names) if kubelet_names else 0))
     etcd_port, peer_port, cm_port, scheduler_port, kwok_port, free_api_port = chosen[:6]
+    # The registry's: chosen now, for the relay (started first) to forward to.
+    registry_port, registry_debug_port = chosen.pop(6), chosen.pop(6)
     relay_health_port, *kubelet_ports = chosen[6:] or [0]  # 0: no relay without kubelets
     api_port = options.apiserver_port or free_api_port
     server = f"https://{ports.HOST}:{api_port}"
@@ -327,6 +345,7 @@ async def up(
                 kubelet_plan,
                 api_port=api_port,
                 health_port=relay_health_port,
+                registry_port=registry_port if options.wants_registry else 0,
                 **(containerstarting.network_options(container_plan) if containers else {}),
             )
             await health.wait_healthy(network.relay, timeout=options.start_timeout)
@@ -385,6 +404,18 @@ async def up(
             ],
             health_url=f"http://{ports.HOST}:{kwok_port}/healthz",
         )
+        registry_process = None
+        if options.wants_registry:
+            registry_process, record.registry = registry.start(
+                launcher.launch,
+                directory,
+                binaries["registry"],
+                credentials,
+                auth=options.registry_auth,
+                port=registry_port,
+                debug_port=registry_debug_port,
+            )
+            state.save(record)
         await asyncio.gather(
             health.wait_healthy(
                 controller_manager,
@@ -398,6 +429,8 @@ async def up(
             ),
             health.wait_healthy(kwok, timeout=options.start_timeout),
         )
+        if registry_process is not None:
+            await health.wait_healthy(registry_process, timeout=options.start_timeout)
         async with api_client(admin_kubeconfig) as api:
             await nodes.create(api, node_plan, taints=[KWOK_TAINT] if containers else [])
             try:

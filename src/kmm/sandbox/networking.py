@@ -61,14 +61,29 @@ def relay_config(
     egress_socket: Path,
     extra: Sequence[relay.Forwarder] = (),
     published: Callable[[kubeletnodes.KubeletNode], Sequence[int]] = lambda node: (),
+    registry_port: int = 0,
 ) -> relay.Config:
     """The relay's forwarders and CONNECT proxy (see the module docstring);
     ``extra`` forwarders are added as they are (e.g. a registry on the gateway);
     ``published`` names more of a node's loopback ports to publish on the
-    host's (a container node's kube-proxy health port)."""
+    host's (a container node's kube-proxy health port); ``registry_port``, when
+    not 0, is the host loopback port of the sandbox registry, served on
+    GATEWAY:REGISTRY_PORT in the fabric (how nodes and pods pull from it)."""
     api = relay.Endpoint(None, ports.HOST, api_port)
     forwarders = [
         *extra,
+        *(
+            [
+                relay.Forwarder(
+                    listen=relay.Endpoint(
+                        fab.holder.net_path, str(addressing.GATEWAY), addressing.REGISTRY_PORT
+                    ),
+                    target=relay.Endpoint(None, ports.HOST, registry_port),
+                )
+            ]
+            if registry_port
+            else []
+        ),
         relay.Forwarder(
             listen=relay.Endpoint(fab.holder.net_path, str(addressing.GATEWAY), api_port),
             target=api,
@@ -132,6 +147,7 @@ def start(
         [kubeletnodes.KubeletNode, namespaces.Holder], None
     ] = kubeletnodes.mount_node_paths,
     published: Callable[[kubeletnodes.KubeletNode], Sequence[int]] = lambda node: (),
+    registry_port: int = 0,
 ) -> Network:
     """Make the fabric and the nodes' namespaces, then launch the relay
     (the caller waits for its health: ``Network.relay.health_url``).
@@ -156,6 +172,7 @@ def start(
         egress_socket=egress_socket,
         extra=extra,
         published=published,
+        registry_port=registry_port,
     )
     process = launcher.launch(
         "relay",

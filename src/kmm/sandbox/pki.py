@@ -20,7 +20,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from kmm.sandbox import addressing
 
-__all__ = ["ClientIdentity", "Pki", "create"]
+__all__ = ["ClientIdentity", "Pki", "create", "issue_serving"]
 
 _VALIDITY = datetime.timedelta(days=365)
 
@@ -196,3 +196,30 @@ def create(directory: Path, clients: tuple[ClientIdentity, ...]) -> Pki:
         )
     )
     return pki
+
+
+def issue_serving(
+    pki: Pki, stem: str, common_name: str, *, dns_names: tuple[str, ...], ips: tuple[str, ...]
+) -> tuple[Path, Path]:
+    """A serving certificate from the sandbox CA for another server (the
+    registry), written as ``<stem>.crt`` and ``<stem>.key``; their paths."""
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{pki.ca_key} is not the sandbox CA's EC key")
+    key = ec.generate_private_key(ec.SECP256R1())
+    certificate = _issue(
+        subject=_name(common_name),
+        key=key,
+        ca_cert=ca_cert,
+        ca_key=ca_key,
+        usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        alt_names=[
+            *(x509.DNSName(name) for name in dns_names),
+            *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips),
+        ],
+    )
+    cert_path, key_path = pki.directory / f"{stem}.crt", pki.directory / f"{stem}.key"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    _write_private(key_path, _key_pem(key))
+    return cert_path, key_path

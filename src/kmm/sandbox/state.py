@@ -14,10 +14,26 @@ from typing import Any
 
 from kmm.sandbox import processes
 
-__all__ = ["STATE_FILE", "SandboxState", "load", "save"]
+__all__ = ["STATE_FILE", "RegistryRecord", "SandboxState", "load", "save"]
 
 STATE_FILE = "sandbox.json"
 _FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistryRecord:
+    """The sandbox's registry: the host loopback port it serves on, the
+    host[:port] image references name (reached from nodes and pods), and the
+    dockerconfigjson of its credentials when it asks for any."""
+
+    host_port: int
+    reference_host: str
+    credentials: Path | None = None
+
+    @property
+    def host(self) -> str:
+        """Where a client on the host reaches it."""
+        return f"127.0.0.1:{self.host_port}"
 
 
 @dataclasses.dataclass
@@ -37,6 +53,7 @@ class SandboxState:
     # in every hierarchy; ``down`` removes it).
     container_nodes: list[str] = dataclasses.field(default_factory=list)
     cgroup_parent: str = ""
+    registry: RegistryRecord | None = None
 
     def alive(self) -> list[processes.Process]:
         return [process for process in self.launched if process.alive()]
@@ -53,6 +70,7 @@ def save(state: SandboxState) -> None:
         "sysctls": state.sysctls,
         "containerNodes": state.container_nodes,
         "cgroupParent": state.cgroup_parent,
+        "registry": _registry_document(state.registry),
         "processes": [
             {
                 "name": process.name,
@@ -95,6 +113,7 @@ def load(directory: Path) -> SandboxState | None:
         sysctls=dict(document.get("sysctls") or {}),
         container_nodes=list(document.get("containerNodes") or ()),
         cgroup_parent=str(document.get("cgroupParent") or ""),
+        registry=_registry_record(document.get("registry")),
         launched=[
             processes.Process(
                 name=entry["name"],
@@ -106,4 +125,25 @@ def load(directory: Path) -> SandboxState | None:
             )
             for entry in document["processes"]
         ],
+    )
+
+
+def _registry_document(record: RegistryRecord | None) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    return {
+        "hostPort": record.host_port,
+        "referenceHost": record.reference_host,
+        "credentials": str(record.credentials) if record.credentials else None,
+    }
+
+
+def _registry_record(document: dict[str, Any] | None) -> RegistryRecord | None:
+    if not document:
+        return None
+    credentials = document.get("credentials")
+    return RegistryRecord(
+        host_port=int(document["hostPort"]),
+        reference_host=str(document["referenceHost"]),
+        credentials=Path(credentials) if credentials else None,
     )

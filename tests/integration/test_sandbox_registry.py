@@ -1,0 +1,298 @@
+"""The sandbox registry (the real distribution binary on loopback) and kmm.oci
+against it: pushes, manifest HEADs in both media-type families, requests
+counted from the registry's access log, and each authentication outcome.
+
+Most tests run the registry alone (``registry.start`` with the sandbox
+launcher's signature and a sandbox record of its own): a control plane buys
+them nothing. One test brings a whole sandbox up with ``--registry-auth``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import ociarchives
+import pytest
+
+from kmm.cli import paths
+from kmm.oci import auth, errors, mediatypes
+from kmm.oci import client as oci_client
+from kmm.sandbox import building, cluster, components, health, pki, processes, registry, state
+
+_USER, _PASSWORD = "pusher", "correct:horse"
+_KMM = Path(sys.executable).with_name("kmm")
+
+
+def _binary() -> Path:
+    built = asyncio.run(building.ensure_built(paths.cache_dir(), (components.REGISTRY,)))
+    return built["registry"]
+
+
+def _start(directory: Path, auth_: registry.Auth | None) -> state.SandboxState:
+    """A registry alone, recorded in ``directory`` as a sandbox records it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    record = state.SandboxState(
+        directory=directory,
+        server="",
+        kubeconfig=directory / "kubeconfig",
+        launched=[],
+        node_names=[],
+        versions={},
+    )
+
+    def launch(name: str, argv: list[str], *, health_url: str) -> processes.Process:
+        process = processes.launch(
+            name, argv, log=directory / "logs" / f"{name}.log", health_url=health_url
+        )
+        record.launched.append(process)
+        return process
+
+    credentials = pki.create(directory / "pki", ())
+    process, record.registry = registry.start(launch, directory, _binary(), credentials, auth=auth_)
+    state.save(record)
+    asyncio.run(health.wait_healthy(process, timeout=120))
+    return record
+
+
+def _stop(record: state.SandboxState) -> None:
+    for process in record.launched:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def open_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[state.SandboxState]:
+    record = _start(tmp_path_factory.mktemp("registry-open"), None)
+    try:
+        yield record
+    finally:
+        _stop(record)
+
+
+@pytest.fixture(scope="module")
+def locked_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[state.SandboxState]:
+    record = _start(tmp_path_factory.mktemp("registry-auth"), registry.Auth(_USER, _PASSWORD))
+    try:
+        yield record
+    finally:
+        _stop(record)
+
+
+def _requests(record: state.SandboxState) -> list[tuple[str, str, int]]:
+    """(method, path, status) of every request in the registry's access log."""
+    log = record.directory / "logs" / f"{registry.COMPONENT}.log"
+    return [
+        (m.group(1), m.group(2), int(m.group(3)))
+        for m in re.finditer(
+            r'"(GET|HEAD|POST|PUT|PATCH|DELETE) (\S+) HTTP/[\d.]+" (\d+)', log.read_text()
+        )
+    ]
+
+
+def _push_cli(directory: Path, archive: Path, name_tag: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(_KMM),
+            "sandbox",
+            "push",
+            "--dir",
+            str(directory),
+            str(archive),
+            name_tag,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        # Wide: rich wraps error lines at the terminal width.
+        env={**os.environ, "COLUMNS": "1000"},
+    )
+
+
+@pytest.fixture
+async def open_client(open_registry: state.SandboxState) -> AsyncIterator[oci_client.Client]:
+    async with registry.client(open_registry) as client:
+        yield client
+
+
+def test_push_twice_uploads_each_blob_once_and_prints_the_gateway_reference(
+    open_registry: state.SandboxState, tmp_path: Path
+) -> None:
+    layers = [ociarchives.layer({"hello": b"#!/bin/sh\necho hi\n"}), ociarchives.layer({"x": b"y"})]
+    made = ociarchives.write(tmp_path / "image.tar", layers)
+    before = len(_requests(open_registry))
+    first = _push_cli(open_registry.directory, made.path, "kmm/hello:v1")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines()[-1] == "10.253.0.1:5000/kmm/hello:v1"
+    assert "uploading blob" in first.stderr
+    after_first = _requests(open_registry)[before:]
+    uploads = [r for r in after_first if r[0] == "PUT" and "/blobs/uploads/" in r[1]]
+    assert sorted(
+        re.search(r"digest=([^&]+)", r[1]).group(1).replace("%3A", ":") for r in uploads
+    ) == sorted(made.blob_digests)  # type: ignore[union-attr]
+
+    second = _push_cli(open_registry.directory, made.path, "kmm/hello:v1")
+    assert second.returncode == 0, second.stderr
+    after_second = _requests(open_registry)[before + len(after_first) :]
+    # Each blob asked for once, none uploaded again; the manifest put again.
+    assert [r for r in after_second if "/blobs/uploads/" in r[1]] == []
+    heads = [r for r in after_second if r[0] == "HEAD" and "/blobs/" in r[1]]
+    assert sorted(r[1].rsplit("/", 1)[1] for r in heads) == sorted(made.blob_digests)
+    assert all(status == 200 for _, _, status in heads)
+    assert [r[:2] for r in after_second if r[0] == "PUT"] == [("PUT", "/v2/kmm/hello/manifests/v1")]
+
+
+@pytest.mark.parametrize("docker", [False, True], ids=["oci", "docker"])
+async def test_head_manifest_in_both_media_types(
+    open_registry: state.SandboxState,
+    open_client: oci_client.Client,
+    tmp_path: Path,
+    docker: bool,
+) -> None:
+    made = ociarchives.write(
+        tmp_path / "image.tar", [ociarchives.layer({"a": b"b"})], docker=docker
+    )
+    pushed = _push_cli(
+        open_registry.directory, made.path, f"kmm/types:{'docker' if docker else 'oci'}"
+    )
+    assert pushed.returncode == 0, pushed.stderr
+    found = await open_client.head_manifest("kmm/types", "docker" if docker else "oci")
+    assert found.digest == made.manifest_digest
+    assert found.media_type == (mediatypes.DOCKER_MANIFEST if docker else mediatypes.OCI_MANIFEST)
+    by_digest = await open_client.head_manifest("kmm/types", made.manifest_digest)
+    assert by_digest.digest == made.manifest_digest
+    descriptor, body = await open_client.get_manifest("kmm/types", made.manifest_digest)
+    assert json.loads(body)["mediaType"] == descriptor.media_type
+
+
+async def test_a_missing_manifest_is_not_found_and_exists_says_none(
+    open_client: oci_client.Client,
+) -> None:
+    with pytest.raises(errors.NotFound, match="has no such manifest"):
+        await open_client.head_manifest("kmm/nothing-here", "v1")
+    assert await open_client.exists("kmm/nothing-here", "v1") is None
+
+
+async def test_a_deleted_image_is_missing_afterwards(
+    open_registry: state.SandboxState, open_client: oci_client.Client, tmp_path: Path
+) -> None:
+    made = ociarchives.write(tmp_path / "image.tar", [ociarchives.layer({"d": b"1"})])
+    assert _push_cli(open_registry.directory, made.path, "kmm/deleted:v1").returncode == 0
+    await open_client.delete_manifest("kmm/deleted", made.manifest_digest)
+    assert await open_client.exists("kmm/deleted", "v1") is None
+
+
+def test_push_names_what_is_wrong(open_registry: state.SandboxState, tmp_path: Path) -> None:
+    not_archive = tmp_path / "plain.tar"
+    not_archive.write_bytes(b"not a tar")
+    done = _push_cli(open_registry.directory, not_archive, "kmm/x:v1")
+    assert done.returncode == 1
+    assert "is not a readable tar archive" in done.stderr
+    no_sandbox = _push_cli(tmp_path / "nowhere", not_archive, "kmm/x:v1")
+    assert no_sandbox.returncode == 1
+    assert "no sandbox recorded" in no_sandbox.stderr
+    assert "has no tag" in _push_cli(open_registry.directory, not_archive, "kmm/x").stderr
+
+
+def _credentials(password: str | None) -> auth.Credentials | None:
+    return None if password is None else auth.Credentials(_USER, password)
+
+
+def _client(record: state.SandboxState, password: str | None) -> oci_client.Client:
+    assert record.registry is not None
+    return oci_client.Client(
+        record.registry.host,
+        credentials=_credentials(password),
+        ca_files=(record.directory / "pki" / "ca.crt",),
+    )
+
+
+async def test_auth_none_wrong_and_right(
+    locked_registry: state.SandboxState, tmp_path: Path
+) -> None:
+    async with _client(locked_registry, None) as anonymous:
+        with pytest.raises(errors.CredentialsRequired, match="wants credentials"):
+            await anonymous.head_manifest("kmm/locked", "v1")
+    async with _client(locked_registry, "wrong") as wrong:
+        with pytest.raises(
+            errors.CredentialsRejected, match=f"refused the credentials of user '{_USER}'"
+        ):
+            await wrong.head_manifest("kmm/locked", "v1")
+    made = ociarchives.write(tmp_path / "image.tar", [ociarchives.layer({"l": b"1"})])
+    pushed = _push_cli(locked_registry.directory, made.path, "kmm/locked:v1")
+    assert pushed.returncode == 0, pushed.stderr
+    async with _client(locked_registry, _PASSWORD) as right:
+        assert (await right.head_manifest("kmm/locked", "v1")).digest == made.manifest_digest
+        # With credentials that work, absence is still NotFound, not an auth error.
+        with pytest.raises(errors.NotFound):
+            await right.head_manifest("kmm/locked", "v2")
+
+
+def test_push_with_a_rejected_password_names_the_refusal(
+    locked_registry: state.SandboxState, tmp_path: Path
+) -> None:
+    assert locked_registry.registry is not None
+    assert locked_registry.registry.credentials is not None
+    document = json.loads(locked_registry.registry.credentials.read_text())
+    host = locked_registry.registry.host
+    assert base64.b64decode(document["auths"][host]["auth"]).decode() == f"{_USER}:{_PASSWORD}"
+    # The file the push reads, with the password changed.
+    wrong = dict(document)
+    wrong["auths"] = {host: {"username": _USER, "password": "nope"}}
+    original = locked_registry.registry.credentials.read_text()
+    locked_registry.registry.credentials.write_text(json.dumps(wrong))
+    try:
+        made = ociarchives.write(tmp_path / "image.tar", [ociarchives.layer({"r": b"1"})])
+        done = _push_cli(locked_registry.directory, made.path, "kmm/refused:v1")
+    finally:
+        locked_registry.registry.credentials.write_text(original)
+    assert done.returncode == 1
+    assert "refused the credentials of user 'pusher'" in done.stderr
+
+
+def test_push_to_a_stopped_registry_says_it_is_not_running(tmp_path: Path) -> None:
+    record = _start(tmp_path / "stopped", None)
+    _stop(record)
+    made = ociarchives.write(tmp_path / "image.tar", [])
+    done = _push_cli(record.directory, made.path, "kmm/x:v1")
+    assert done.returncode == 1
+    assert "registry of the sandbox" in done.stderr
+    assert "is not running" in done.stderr
+
+
+def test_up_with_registry_auth_serves_it_and_down_stops_it(tmp_path: Path) -> None:
+    directory = tmp_path / "sandbox"
+    options = cluster.Options(
+        directory=directory,
+        cache_dir=paths.cache_dir(),
+        nodes=0,
+        registry_auth=registry.Auth(_USER, _PASSWORD),
+    )
+    record = asyncio.run(cluster.up(options))
+    try:
+        assert record.registry is not None
+        assert record.registry.reference_host == "10.253.0.1:5000"
+        assert state.load(directory.resolve()) == record
+        status = subprocess.run(
+            [str(_KMM), "sandbox", "status", "--dir", str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert f"Registry 10.253.0.1:5000 (from the host: {record.registry.host}" in status.stdout
+        made = ociarchives.write(tmp_path / "image.tar", [ociarchives.layer({"u": b"1"})])
+        pushed = _push_cli(directory, made.path, "kmm/up:v1")
+        assert pushed.returncode == 0, pushed.stderr
+        assert pushed.stdout.splitlines()[-1] == "10.253.0.1:5000/kmm/up:v1"
+    finally:
+        stopped = cluster.down(directory)
+    assert registry.COMPONENT in [process.name for process in stopped]
+    assert not any(process.alive() for process in record.launched)
