@@ -253,6 +253,8 @@ async def up(
     options.check()
     if options.kubelet_nodes:
         kubeletnodes.check_directory(directory)
+        if options.runtime == containernodes.RUNTIME:
+            containernodes.check_directory(directory, containernodes.overlay_roots())
         if any(entry.startswith("resource.k8s.io/") for entry in options.runtime_config):
             raise ValueError(
                 "--kubelet-nodes needs resource.k8s.io served: the Node authorizer and "
