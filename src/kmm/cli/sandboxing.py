@@ -108,6 +108,21 @@ def up(
             "container runtime, beside the KWOK nodes; their DRA manager is the real one."
         ),
     ] = 0,
+    runtime: Annotated[
+        str,
+        typer.Option(
+            help="What runs the kubelet nodes' pods: fake (nothing runs, a fake CRI) or "
+            "containerd (real containers: containerd, runc, CNI and kube-proxy per node, "
+            "each node in network and mount namespaces of its own)."
+        ),
+    ] = "fake",
+    pause_image: Annotated[
+        Path,
+        typer.Option(
+            help="OCI archive of the pause image containerd nodes import "
+            "(`make test-images` writes it)."
+        ),
+    ] = Path("build/images/pause.tar"),
     runtime_config: Annotated[
         list[str] | None,
         typer.Option(
@@ -179,6 +194,8 @@ def up(
         apiserver_port=port,
         runtime_config=tuple(runtime_config or ()),
         kubelet_nodes=kubelet_nodes,
+        runtime=runtime,
+        pause_image=pause_image.resolve(),
         etcd_compaction_interval=etcd_compaction_interval,
         watch_cache=watch_cache,
         max_requests_inflight=max_requests_inflight,
@@ -360,6 +377,14 @@ def status(directory: DirOption = None) -> None:
     for row in node_rows:
         nodes_table.add_row(*row)
     _console.print(nodes_table)
+    if record.container_nodes:
+        ready = {row[0]: row[1] for row in node_rows}
+        containers = Table(title="container nodes")
+        for column in ("name", "runtime", "node IP", "Ready"):
+            containers.add_column(column)
+        for name, runtime, address in cluster.container_node_table(record):
+            containers.add_row(name, runtime, address, ready.get(name, "Unknown"))
+        _console.print(containers)
 
 
 def _registry_line(record: state.SandboxState) -> str:

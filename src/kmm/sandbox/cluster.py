@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import secrets
 import shutil
 from collections.abc import Callable
 from importlib import resources
@@ -29,6 +30,8 @@ from kmm.sandbox import (
     addressing,
     building,
     components,
+    containernodes,
+    containerstarting,
     errors,
     health,
     kubeconfigs,
@@ -47,9 +50,12 @@ from kmm.sandbox.registry import Auth as RegistryAuth
 __all__ = [
     "DEFAULT_KERNELS",
     "KUBELET_NODE_LABEL",
+    "KWOK_TAINT",
+    "RUNTIMES",
     "TOOLS",
     "Options",
     "api_client",
+    "container_node_table",
     "down",
     "health_access",
     "kubelet_node",
@@ -77,6 +83,11 @@ _SERVICE_CIDR = "10.96.0.0/12"
 TOOLS = (*components.ALL, components.KUBECTL)
 # Kubelet nodes carry this label (KWOK's nodes do not).
 KUBELET_NODE_LABEL = "kmm.sandbox/kubelet"
+# What runs a kubelet node's pods: nothing (a fake CRI), or containerd and runc.
+RUNTIMES = ("fake", containernodes.RUNTIME)
+# KWOK's nodes carry it when container nodes exist: a pod that must really
+# run never lands where nothing runs (a Module meant for KWOK tolerates it).
+KWOK_TAINT = {"key": "kmm.sandbox/kwok", "value": "true", "effect": "NoSchedule"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +103,12 @@ class Options:
     # kube-apiserver --runtime-config entries, e.g. "resource.k8s.io/v1=false"
     # for a cluster that does not serve DRA.
     runtime_config: tuple[str, ...] = ()
-    # Nodes served by real kubelets on a fake container runtime (kubeletnodes).
+    # Nodes served by real kubelets on a fake container runtime (kubeletnodes),
+    # or on containerd (runtime "containerd": containernodes).
     kubelet_nodes: int = 0
+    runtime: str = "fake"
+    # The pause image containerd's pod sandboxes run (`make test-images`).
+    pause_image: Path = Path("build/images/pause.tar")
     # Seconds between the compactions the API server asks of etcd (its
     # --etcd-compaction-interval; None keeps its 5 minutes). A short one makes
     # a resourceVersion older than two intervals answer 410 Gone.
@@ -118,7 +133,9 @@ class Options:
 
     @property
     def wants_registry(self) -> bool:
-        return self.registry if self.registry is not None else self.registry_auth is not None
+        if self.registry is not None:
+            return self.registry
+        return self.registry_auth is not None or self.runtime == containernodes.RUNTIME
 
     def apiserver_flags(self) -> list[str]:
         """The kube-apiserver flags these options add."""
@@ -149,6 +166,12 @@ class Options:
             raise ValueError("--nodes must be 0 or more")
         if self.kubelet_nodes < 0:
             raise ValueError("--kubelet-nodes must be 0 or more")
+        if self.runtime not in RUNTIMES:
+            raise ValueError(
+                f"--runtime must be one of {', '.join(RUNTIMES)}, not {self.runtime!r}"
+            )
+        if self.runtime != "fake" and not self.kubelet_nodes:
+            raise ValueError(f"--runtime {self.runtime} needs --kubelet-nodes 1 or more")
         if not self.kernels:
             raise ValueError("at least one --kernel is needed")
         if self.etcd_compaction_interval is not None and not self.etcd_compaction_interval > 0:
@@ -182,8 +205,11 @@ class _Launcher:
     def stop_all(self) -> None:
         for process in reversed(self.record.launched):
             process.stop()
-        if self.record.sysctls:
-            kubeletnodes.restore_sysctls(self.record.sysctls)
+        try:
+            containerstarting.clean_up(self.record)
+        finally:
+            if self.record.sysctls:
+                kubeletnodes.restore_sysctls(self.record.sysctls)
 
 
 def _reset(directory: Path) -> None:
@@ -229,6 +255,8 @@ async def up(
     options.check()
     if options.kubelet_nodes:
         kubeletnodes.check_directory(directory)
+        if options.runtime == containernodes.RUNTIME:
+            containernodes.check_directory(directory, containernodes.overlay_roots())
         if any(entry.startswith("resource.k8s.io/") for entry in options.runtime_config):
             raise ValueError(
                 "--kubelet-nodes needs resource.k8s.io served: the Node authorizer and "
@@ -238,9 +266,14 @@ async def up(
     if options.apiserver_port:
         ports.require_free(options.apiserver_port, what="kube-apiserver")
 
+    containers = options.runtime == containernodes.RUNTIME
     tools = TOOLS + ((components.KUBELET,) if options.kubelet_nodes else ())
+    tools += components.CONTAINER_NODE if containers else ()
     tools += (components.REGISTRY,) if options.wants_registry else ()
     binaries = await building.ensure_built(options.cache_dir, tools, progress=progress)
+    pinned = (
+        building.pinned_dir(options.cache_dir, components.CONTAINER_NODE) if containers else None
+    )
     directory.mkdir(parents=True, exist_ok=True)
     _reset(directory)
     kubelet_names = [f"{kubeletnodes.NODE_PREFIX}{i}" for i in range(options.kubelet_nodes)]
@@ -253,20 +286,17 @@ async def up(
             _KWOK,
             *((_KUBELET_CLIENT,) if kubelet_names else ()),
             *(kubeletnodes.identity(n) for n in kubelet_names),
+            *(containernodes.proxy_identity(n) for n in kubelet_names if containers),
         ),
     )
 
     # One call, so that no two coincide: kubelet nodes' host ports (and the
     # relay's health port) are bound by the relay before the API server starts.
-    # The registry's two ports too: the relay serves it on the gateway.
-    registry_ports = 2 if options.wants_registry else 0
-    chosen = ports.free_ports(
-        6 + registry_ports + (1 + 3 * len(kubelet_names) if kubelet_names else 0)
-    )
+    chosen = ports.free_ports(8 + (1 + 3 * len(kubelet_names) if kubelet_names else 0))
     etcd_port, peer_port, cm_port, scheduler_port, kwok_port, free_api_port = chosen[:6]
-    registry_port, registry_debug_port = chosen[6 : 6 + registry_ports] or (0, 0)
-    # 0: no relay without kubelets
-    relay_health_port, *kubelet_ports = chosen[6 + registry_ports :] or [0]
+    # The registry's: chosen now, for the relay (started first) to forward to.
+    registry_port, registry_debug_port = chosen.pop(6), chosen.pop(6)
+    relay_health_port, *kubelet_ports = chosen[6:] or [0]  # 0: no relay without kubelets
     api_port = options.apiserver_port or free_api_port
     server = f"https://{ports.HOST}:{api_port}"
 
@@ -289,9 +319,18 @@ async def up(
         node_names=[name for name, _ in node_plan],
         versions={tool.name: tool.version for tool in tools},
         kubelet_nodes=kubelet_names,
+        container_nodes=kubelet_names if containers else [],
+        cgroup_parent=f"kmm-sandbox-{secrets.token_hex(4)}" if containers else "",
     )
     launcher = _Launcher(record)
-    kubelet_plan = [
+    container_plan = [
+        containerstarting.plan(
+            directory, index, name, record.cgroup_parent, kubelet_ports[3 * index : 3 * index + 3]
+        )
+        for index, name in enumerate(kubelet_names)
+        if containers
+    ]
+    kubelet_plan = [node.kubelet for node in container_plan] or [
         _plan_kubelet(directory, index, name, kubelet_ports[3 * index : 3 * index + 3])
         for index, name in enumerate(kubelet_names)
     ]
@@ -310,7 +349,8 @@ async def up(
                 kubelet_plan,
                 api_port=api_port,
                 health_port=relay_health_port,
-                registry_port=registry_port,
+                registry_port=registry_port if options.wants_registry else 0,
+                **(containerstarting.network_options(container_plan) if containers else {}),
             )
             await health.wait_healthy(network.relay, timeout=options.start_timeout)
         apiserver = launcher.launch(
@@ -396,7 +436,7 @@ async def up(
         if registry_process is not None:
             await health.wait_healthy(registry_process, timeout=options.start_timeout)
         async with api_client(admin_kubeconfig) as api:
-            await nodes.create(api, node_plan)
+            await nodes.create(api, node_plan, taints=[KWOK_TAINT] if containers else [])
             try:
                 await nodes.wait_ready(api, record.node_names, timeout=options.start_timeout)
             except TimeoutError as err:
@@ -419,7 +459,17 @@ async def up(
                     controller_manager.log,
                     processes.log_tail(controller_manager.log),
                 ) from err
-        if network is not None:
+        if network is not None and containers:
+            await _start_container_nodes(
+                launcher,
+                list(zip(container_plan, network.holders, strict=True)),
+                binaries,
+                pinned,
+                credentials,
+                kubeconfig_for,
+                options,
+            )
+        elif network is not None:
             await _start_kubelets(
                 launcher,
                 list(zip(kubelet_plan, network.holders, strict=True)),
@@ -449,6 +499,60 @@ async def wait_default_account(
                 await asyncio.sleep(0.2)
             else:
                 return
+
+
+async def _start_container_nodes(
+    launcher: _Launcher,
+    planned: list[tuple[containernodes.ContainerNode, namespaces.Holder]],
+    binaries: dict[str, Path],
+    pinned: Path | None,
+    credentials: pki.Pki,
+    kubeconfig_for: Callable[[pki.ClientIdentity, Path], Path],
+    options: Options,
+) -> None:
+    """Start each container node (``containerstarting``); return once all are Ready."""
+    record = launcher.record
+    # What the kubelets will change on the host, as it was: `down` restores it.
+    record.sysctls = kubeletnodes.read_sysctls()
+    state.save(record)
+
+    async def wait_ready(wanted: list[str]) -> None:
+        await _wait_kubelet_nodes(record, wanted, options, first_log=None)
+
+    assert pinned is not None  # built with the container nodes' tools
+    await containerstarting.start(
+        launcher,
+        planned,
+        binaries,
+        pinned,
+        credentials,
+        kubeconfig_for,
+        pause_archive=options.pause_image,
+        labels={KUBELET_NODE_LABEL: "true"},
+        timeout=options.start_timeout,
+        wait_ready=wait_ready,
+    )
+
+
+async def _wait_kubelet_nodes(
+    record: state.SandboxState, names: list[str], options: Options, *, first_log: Path | None
+) -> None:
+    async with api_client(record.kubeconfig) as api:
+        try:
+            await nodes.wait_ready(
+                api,
+                names,
+                timeout=options.start_timeout,
+                label_selector=f"{KUBELET_NODE_LABEL}=true",
+            )
+        except TimeoutError as err:
+            log = first_log or record.directory / "logs" / f"kubelet/{names[0]}.log"
+            raise errors.ComponentFailed(
+                "kubelet",
+                f"{len(names)} kubelet node(s) not Ready within {options.start_timeout:.0f} s",
+                log,
+                processes.log_tail(log),
+            ) from err
 
 
 def _plan_kubelet(
@@ -512,21 +616,7 @@ async def _start_kubelets(
             )
         )
     await asyncio.gather(*(health.wait_healthy(p, timeout=options.start_timeout) for p in started))
-    async with api_client(record.kubeconfig) as api:
-        try:
-            await nodes.wait_ready(
-                api,
-                names,
-                timeout=options.start_timeout,
-                label_selector=f"{KUBELET_NODE_LABEL}=true",
-            )
-        except TimeoutError as err:
-            raise errors.ComponentFailed(
-                "kubelet",
-                f"{len(names)} kubelet node(s) not Ready within {options.start_timeout:.0f} s",
-                started[0].log,
-                processes.log_tail(started[0].log),
-            ) from err
+    await _wait_kubelet_nodes(record, names, options, first_log=started[0].log)
 
 
 def health_access(record: state.SandboxState, process: processes.Process) -> kube_access.Access:
@@ -654,8 +744,12 @@ def down(directory: Path) -> list[processes.Process]:
     running = record.alive()
     for process in reversed(record.launched):
         process.stop()
-    if record.sysctls:
-        kubeletnodes.restore_sysctls(record.sysctls)
+    try:
+        containerstarting.clean_up(record)
+    finally:
+        # Whatever clean_up could not remove, the host's sysctls come back.
+        if record.sysctls:
+            kubeletnodes.restore_sysctls(record.sysctls)
     return running
 
 
@@ -666,6 +760,18 @@ def status(directory: Path) -> state.SandboxState:
             f"no sandbox recorded in {directory}; start one with `kmm sandbox up --dir {directory}`"
         )
     return record
+
+
+def container_node_table(record: state.SandboxState) -> list[tuple[str, str, str]]:
+    """(name, runtime, node IP) of every container node, for ``status``."""
+    rows = []
+    for name in record.container_nodes:
+        found = containernodes.load(
+            record.directory / "kubelets" / str(record.kubelet_nodes.index(name))
+        )
+        if found is not None:
+            rows.append((name, containernodes.RUNTIME, found.address))
+    return rows
 
 
 async def node_table(kubeconfig: Path) -> list[tuple[str, str, str]]:

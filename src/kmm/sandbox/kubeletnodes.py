@@ -30,7 +30,7 @@ it, and how that is prevented (each cost time when first tried):
   the relay's CONNECT proxy. Its kubeconfig's ``https://127.0.0.1:P`` is the
   relay in its own namespace, forwarding to the API server;
 - iptables utility chains are off (nothing runs that would need them);
-- three sysctls the kubelet sets (``SYSCTLS``) are read before the first
+- the six sysctls the kubelet sets (``SYSCTLS``) are read before the first
   kubelet starts and written back by ``kmm sandbox down``.
 
 The kubelet authenticates as ``system:node:<name>`` (group ``system:nodes``),
@@ -68,7 +68,15 @@ __all__ = [
 ]
 
 NODE_PREFIX: Final = "kmm-kubelet-"
-SYSCTLS: Final = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+# Every one the kubelet's container manager sets (setupKernelTunables).
+SYSCTLS: Final = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
 _PROC_SYS = Path("/proc/sys")
 # Host paths the kubelet uses whatever its flags say; covered in its namespace.
 _COVERED: Final = (Path("/var/lib"), Path("/var/log"))

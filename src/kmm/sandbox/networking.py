@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kmm.sandbox import (
@@ -60,12 +60,30 @@ def relay_config(
     health_port: int,
     egress_socket: Path,
     extra: Sequence[relay.Forwarder] = (),
+    published: Callable[[kubeletnodes.KubeletNode], Sequence[int]] = lambda node: (),
+    registry_port: int = 0,
 ) -> relay.Config:
     """The relay's forwarders and CONNECT proxy (see the module docstring);
-    ``extra`` forwarders are added as they are (e.g. a registry on the gateway)."""
+    ``extra`` forwarders are added as they are (e.g. a registry on the gateway);
+    ``published`` names more of a node's loopback ports to publish on the
+    host's (a container node's kube-proxy health port); ``registry_port``, when
+    not 0, is the host loopback port of the sandbox registry, served on
+    GATEWAY:REGISTRY_PORT in the fabric (how nodes and pods pull from it)."""
     api = relay.Endpoint(None, ports.HOST, api_port)
     forwarders = [
         *extra,
+        *(
+            [
+                relay.Forwarder(
+                    listen=relay.Endpoint(
+                        fab.holder.net_path, str(addressing.GATEWAY), addressing.REGISTRY_PORT
+                    ),
+                    target=relay.Endpoint(None, ports.HOST, registry_port),
+                )
+            ]
+            if registry_port
+            else []
+        ),
         relay.Forwarder(
             listen=relay.Endpoint(fab.holder.net_path, str(addressing.GATEWAY), api_port),
             target=api,
@@ -82,7 +100,7 @@ def relay_config(
                 listen=relay.Endpoint(None, ports.HOST, port),
                 target=relay.Endpoint(holder.net_path, "127.0.0.1", port),
             )
-            for port in (node.port, node.healthz_port)
+            for port in (node.port, node.healthz_port, *published(node))
         ]
     return relay.Config(
         health_port=health_port,
@@ -91,22 +109,6 @@ def relay_config(
             socket=egress_socket,
             netns=fab.holder.net_path,
             allow=addressing.sandbox_networks(),
-        ),
-    )
-
-
-def registry_forwarders(fab: fabric.Fabric, port: int) -> tuple[relay.Forwarder, ...]:
-    """The registry on ``GATEWAY:REGISTRY_PORT`` in the fabric, forwarded to
-    the host's ``127.0.0.1:port`` where it listens; none when ``port`` is 0
-    (no registry). Nodes and pods route to the gateway across the fabric."""
-    if not port:
-        return ()
-    return (
-        relay.Forwarder(
-            listen=relay.Endpoint(
-                fab.holder.net_path, str(addressing.GATEWAY), addressing.REGISTRY_PORT
-            ),
-            target=relay.Endpoint(None, ports.HOST, port),
         ),
     )
 
@@ -140,19 +142,24 @@ def start(
     *,
     api_port: int,
     health_port: int,
-    registry_port: int = 0,
     extra: Sequence[relay.Forwarder] = (),
+    mount: Callable[
+        [kubeletnodes.KubeletNode, namespaces.Holder], None
+    ] = kubeletnodes.mount_node_paths,
+    published: Callable[[kubeletnodes.KubeletNode], Sequence[int]] = lambda node: (),
+    registry_port: int = 0,
 ) -> Network:
     """Make the fabric and the nodes' namespaces, then launch the relay
-    (the caller waits for its health: ``Network.relay.health_url``);
-    ``registry_port``, when not 0, is the host port of the registry the relay
-    serves on the gateway."""
+    (the caller waits for its health: ``Network.relay.health_url``).
+    ``mount`` makes a node's mounts in its holder's mount namespace (a
+    container node has more than ``kubeletnodes``'); ``published``: see
+    ``relay_config``."""
     fab = fabric.create(launcher, directory)
     holders = []
     for index, node in enumerate(nodes):
         holder = namespaces.start_holder(launcher, f"node/{node.name}", mount=True)
         fabric.attach(fab, holder, index)
-        kubeletnodes.mount_node_paths(node, holder)
+        mount(node, holder)
         holders.append(holder)
     relay_dir = directory / "relay"
     relay_dir.mkdir(parents=True, exist_ok=True)
@@ -163,7 +170,9 @@ def start(
         api_port=api_port,
         health_port=health_port,
         egress_socket=egress_socket,
-        extra=(*registry_forwarders(fab, registry_port), *extra),
+        extra=extra,
+        published=published,
+        registry_port=registry_port,
     )
     process = launcher.launch(
         "relay",

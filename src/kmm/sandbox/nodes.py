@@ -3,7 +3,8 @@
 A fake node carries the annotation KWOK selects on, the usual well-known labels,
 and a ``status.nodeInfo.kernelVersion`` of our choosing (the API server keeps a
 node's status on create, as it must for the kubelet's own registration). It has
-no taints, so scheduling tests decide taints themselves.
+no taints, so scheduling tests decide taints themselves, but for the one a
+sandbox with container nodes gives them all (``create``'s ``taints``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ __all__ = ["FAKE_NODE_ANNOTATION", "create", "node_body", "spread", "wait_ready"
 FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
 
-def node_body(name: str, kernel: str) -> objects.RawObject:
-    return {
+def node_body(
+    name: str, kernel: str, taints: Sequence[Mapping[str, str]] = ()
+) -> objects.RawObject:
+    body: objects.RawObject = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
@@ -50,6 +53,9 @@ def node_body(name: str, kernel: str) -> objects.RawObject:
             }
         },
     }
+    if taints:
+        body["spec"] = {"taints": [dict(taint) for taint in taints]}
+    return body
 
 
 def spread(
@@ -59,10 +65,15 @@ def spread(
     return [(f"{prefix}-{index}", kernels[index % len(kernels)]) for index in range(count)]
 
 
-async def create(api: client.Client, nodes: Sequence[tuple[str, str]]) -> None:
+async def create(
+    api: client.Client,
+    nodes: Sequence[tuple[str, str]],
+    *,
+    taints: Sequence[Mapping[str, str]] = (),
+) -> None:
     path = resources.NODES.path()
     await asyncio.gather(
-        *(api.request("POST", path, body=node_body(name, kernel)) for name, kernel in nodes)
+        *(api.request("POST", path, body=node_body(name, kernel, taints)) for name, kernel in nodes)
     )
 
 

@@ -48,6 +48,11 @@ class SandboxState:
     # as found before the first one started (``down`` writes them back).
     kubelet_nodes: list[str] = dataclasses.field(default_factory=list)
     sysctls: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Which kubelet nodes run containerd (``--runtime containerd``), and the
+    # cgroup every container of theirs lives under (``kmm-sandbox-<id>``,
+    # in every hierarchy; ``down`` removes it).
+    container_nodes: list[str] = dataclasses.field(default_factory=list)
+    cgroup_parent: str = ""
     registry: RegistryRecord | None = None
 
     def alive(self) -> list[processes.Process]:
@@ -63,6 +68,8 @@ def save(state: SandboxState) -> None:
         "nodes": state.node_names,
         "kubeletNodes": state.kubelet_nodes,
         "sysctls": state.sysctls,
+        "containerNodes": state.container_nodes,
+        "cgroupParent": state.cgroup_parent,
         "registry": _registry_document(state.registry),
         "processes": [
             {
@@ -104,6 +111,8 @@ def load(directory: Path) -> SandboxState | None:
         node_names=list(document["nodes"]),
         kubelet_nodes=list(document.get("kubeletNodes") or ()),
         sysctls=dict(document.get("sysctls") or {}),
+        container_nodes=list(document.get("containerNodes") or ()),
+        cgroup_parent=str(document.get("cgroupParent") or ""),
         registry=_registry_record(document.get("registry")),
         launched=[
             processes.Process(
