@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import ociarchives
+import imagearchives
 import pytest
 
-INPUTS = ociarchives.ROOT / "scripts" / "image_inputs.py"
-ARCHIVE = ociarchives.BUILD / "kmm-image.tar"
-AGAIN = ociarchives.BUILD / "kmm-image-again.tar"
+INPUTS = imagearchives.ROOT / "scripts" / "image_inputs.py"
+ARCHIVE = imagearchives.BUILD / "kmm-image.tar"
+AGAIN = imagearchives.BUILD / "kmm-image-again.tar"
 # Looked up here: the command runs with the image's environment, not ours.
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 
@@ -35,9 +35,9 @@ def _work_tree_inputs() -> str:
     return done.stdout.strip()
 
 
-def fresh(archive: Path, into: Path, *, target: str) -> ociarchives.Image:
+def fresh(archive: Path, into: Path, *, target: str) -> imagearchives.Image:
     """The archive's image, failing when it was built from other sources."""
-    image = ociarchives.open_image(ociarchives.required(archive, target=target), into)
+    image = imagearchives.open_image(imagearchives.required(archive, target=target), into)
     recorded = (image.config["config"].get("Labels") or {}).get("kmm.image.inputs")
     expected = _work_tree_inputs()
     if recorded != expected:
@@ -70,7 +70,7 @@ def test_kmm_runs_in_the_unpacked_image_as_its_non_root_user(tmp_path: Path) -> 
     config = image.config
     settings = config["config"]
     assert settings["User"] == "65532:65532"  # deploy/'s runAsUser
-    rootfs = ociarchives.unpack(image, tmp_path / "rootfs")
+    rootfs = imagearchives.unpack(image, tmp_path / "rootfs")
     passwd = (rootfs / "etc" / "passwd").read_text().splitlines()
     assert "kmm:x:65532:65532:kmm:/nonexistent:/usr/sbin/nologin" in passwd
     assert settings["Entrypoint"] == ["kmm"]

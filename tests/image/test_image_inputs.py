@@ -13,12 +13,12 @@ import subprocess
 from pathlib import Path
 from types import ModuleType
 
-import ociarchives
+import imagearchives
 import pytest
 
 
 def _script() -> ModuleType:
-    path = ociarchives.ROOT / "scripts" / "image_inputs.py"
+    path = imagearchives.ROOT / "scripts" / "image_inputs.py"
     spec = importlib.util.spec_from_file_location("image_inputs", path)
     assert spec is not None
     assert spec.loader is not None

@@ -21,11 +21,11 @@ import struct
 import subprocess
 from pathlib import Path
 
-import ociarchives
+import imagearchives
 import pytest
 
-IMAGES = ociarchives.BUILD / "images"
-FILES = ociarchives.ROOT / "scripts" / "test_images"
+IMAGES = imagearchives.BUILD / "images"
+FILES = imagearchives.ROOT / "scripts" / "test_images"
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -33,10 +33,10 @@ PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 PT_INTERP = 3
 
 
-def _image(name: str, into: Path) -> tuple[ociarchives.Image, Path]:
-    archive = ociarchives.required(IMAGES / f"{name}.tar", target="test-images")
-    image = ociarchives.open_image(archive, into / "layout")
-    rootfs = ociarchives.unpack(image, into / "rootfs")
+def _image(name: str, into: Path) -> tuple[imagearchives.Image, Path]:
+    archive = imagearchives.required(IMAGES / f"{name}.tar", target="test-images")
+    image = imagearchives.open_image(archive, into / "layout")
+    rootfs = imagearchives.unpack(image, into / "rootfs")
     # The image carries the work tree's files, or it is an older build.
     here = FILES / name
     for source in here.rglob("*") if here.is_dir() else ():
@@ -83,8 +83,8 @@ def test_the_archives_name_their_images_as_the_readme_says(tmp_path: Path) -> No
         "pause": "kmm.sandbox/pause:3.10",
     }
     for name, reference in expected.items():
-        archive = ociarchives.required(IMAGES / f"{name}.tar", target="test-images")
-        image = ociarchives.open_image(archive, tmp_path / name)
+        archive = imagearchives.required(IMAGES / f"{name}.tar", target="test-images")
+        image = imagearchives.open_image(archive, tmp_path / name)
         assert image.reference == reference
         assert image.config["os"] == "linux"
         assert len(image.layers) == 1
