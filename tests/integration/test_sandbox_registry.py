@@ -26,7 +26,7 @@ import ociarchives
 import pytest
 
 from kmm.cli import paths
-from kmm.oci import auth, errors, mediatypes
+from kmm.oci import archive, auth, errors, mediatypes, pushing
 from kmm.oci import client as oci_client
 from kmm.sandbox import (
     addressing,
@@ -343,3 +343,16 @@ def test_up_with_registry_auth_serves_it_and_down_stops_it(tmp_path: Path) -> No
         shutil.rmtree(directory, ignore_errors=True)
     assert registry.COMPONENT in [process.name for process in stopped]
     assert not any(process.alive() for process in record.launched)
+
+
+async def test_a_layer_of_megabytes_is_pushed_in_process_without_a_warning(
+    open_client: oci_client.Client, tmp_path: Path
+) -> None:
+    # Past aiohttp's 1 MiB a bytes body draws a ResourceWarning (an error
+    # here, and the loop blocked while it is sent): layers go as streams.
+    big = os.urandom(3 * 1024 * 1024)
+    made = ociarchives.write(tmp_path / "big.tar", [ociarchives.layer({"big": big})])
+    with archive.Archive(made.path) as opened:
+        pushed = await pushing.push(open_client, opened, "kmm/big", "v1")
+    assert pushed.digest == made.manifest_digest
+    assert await open_client.exists("kmm/big", "v1") is not None

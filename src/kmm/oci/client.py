@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import io
 import json
 import re
 import ssl
@@ -150,9 +151,13 @@ class Client:
     async def _send(
         self, method: str, url: URL, headers: Mapping[str, str], data: bytes | None, what: str
     ) -> _Answer:
+        # A file-like body is written in chunks (bytes are sent whole, which
+        # aiohttp warns about past 1 MiB: a layer blocks the loop meanwhile);
+        # a fresh one per send, since a challenge answered means sending again.
+        stream = io.BytesIO(data) if data is not None else None
         try:
             async with self._session_now().request(
-                method, url, headers=headers, data=data, allow_redirects=False
+                method, url, headers=headers, data=stream, allow_redirects=False
             ) as response:
                 body = b"" if method == "HEAD" else await response.read()
                 return _Answer(response.status, dict(response.headers), body)
