@@ -210,6 +210,17 @@ def test_cli_build_reports_every_binary_from_the_cache() -> None:
         "dra-test-driver",  # a peer: what kmm kubelet is checked with
         "kubectl",  # the clients: kubectl of the pinned release, and helm
         "helm",
+        # container nodes' runtime, network and proxy, and the registry
+        "containerd",
+        "containerd-shim-runc-v2",
+        "ctr",
+        "runc",
+        "bridge",
+        "host-local",
+        "loopback",
+        "portmap",
+        "kube-proxy",
+        "registry",
     }
     for path in lines.values():
         assert os.access(path, os.X_OK), path
