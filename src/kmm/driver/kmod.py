@@ -10,7 +10,9 @@ Each device is published with its module name, kernel version, module
 version (``/sys/module/<module>/version`` when present), major/minor (from
 sysfs ``dev`` or the node's ``st_rdev``) and NUMA node (sysfs
 ``device/numa_node`` when not -1). A device is allocated to one claim at a
-time; a prepared claim gets CDI ``deviceNodes`` for its devices. A device
+time; a prepared claim gets CDI ``deviceNodes`` for its devices, and for
+each an environment variable naming its node (``KMM_DEVICE_FOO0=/dev/foo0``,
+``env_name``), so a workload knows which of the module's devices it holds. A device
 that disappears is reported UNHEALTHY on the health stream, which reports
 every device at each poll (the kubelet holds a report only for its timeout).
 
@@ -33,7 +35,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 from kmm.kubeletplugin import cdi, checkpointing, claims, owners, publishing
 
-__all__ = ["KmodDevice", "KmodPolicy"]
+__all__ = ["KmodDevice", "KmodPolicy", "env_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,12 @@ class KmodDevice:
 def _label(name: str) -> str:
     label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
     return label[:63].rstrip("-") or "dev"
+
+
+def env_name(device: str) -> str:
+    """The variable a prepared device's container gets, naming its node:
+    ``KMM_DEVICE_<published name>`` in capitals, ``-`` as ``_``."""
+    return "KMM_DEVICE_" + device.upper().replace("-", "_")
 
 
 def _read(path: pathlib.Path) -> str | None:
@@ -247,7 +255,7 @@ class KmodPolicy:
         if device.major is not None and device.minor is not None:
             node["major"] = device.major
             node["minor"] = device.minor
-        return {"deviceNodes": [node]}
+        return {"env": [f"{env_name(device.name)}={device.node}"], "deviceNodes": [node]}
 
     async def unprepare(self, uid: claims.ClaimUID) -> None:
         for name in self._by_claim.pop(uid, []):

@@ -54,6 +54,7 @@ async def test_one_claim_per_device(root: pathlib.Path) -> None:
     p = policy(root)
     (allocation,) = await p.prepare(preparing("u1", "foo0"))
     assert allocation.edits == {
+        "env": ["KMM_DEVICE_FOO0=/dev/foo0"],
         "deviceNodes": [
             {
                 "path": "/dev/foo0",
@@ -63,7 +64,7 @@ async def test_one_claim_per_device(root: pathlib.Path) -> None:
                 "major": 240,
                 "minor": 0,
             }
-        ]
+        ],
     }
     assert await p.prepare(preparing("u1", "foo0"))  # idempotent for the same claim
     with pytest.raises(ValueError, match="held by claim u1"):
