@@ -198,6 +198,13 @@ def workload(name: str, image: str, template: str) -> dict[str, Any]:
                 {
                     "name": "main",
                     "image": image,
+                    # The modes of the module's devices first, then the image's own
+                    # entrypoint (its KMM-WORKLOAD lines).
+                    "command": [
+                        "sh",
+                        "-c",
+                        f"stat -c 'KMM-TEST mode %n %a' /dev/{MODULE}*; exec /entrypoint",
+                    ],
                     "resources": {"claims": [{"name": "device"}]},
                 }
             ],
@@ -373,6 +380,10 @@ async def _workload_round(
     # The device node runc made from the CDI spec, with the node's numbers.
     assert f"KMM-WORKLOAD device /dev/{device} c 240:{number}" in log, log
     assert f"KMM-WORKLOAD env KMM_DEVICE_{device.upper()}=/dev/{device}" in log, log
+    # The node's mode, which containerd reads from the spec's hostPath on the
+    # node (a path in the driver's container is not there, and runc's default
+    # would make the device anyone's).
+    assert f"KMM-TEST mode /dev/{device} 600" in log, log
     specs = [p.name for p in cdi_dir.iterdir()]
     assert any(claim["metadata"]["uid"] in spec for spec in specs), specs
 

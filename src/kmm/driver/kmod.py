@@ -6,6 +6,11 @@ Discovery (under a configurable ``root`` so tests use a fake tree):
   ``/dev`` node exists (``--dev-pattern`` narrows them by name);
 - without one: every ``<root>/dev/<pattern>`` node (default ``<module>*``).
 
+``sys_dir`` / ``dev_dir`` say where the host's ``/sys`` and ``/dev`` are
+mounted when the driver runs in a container; a CDI spec's ``hostPath`` still
+names the node's ``/dev/...``, since the container runtime reads it on the
+node (a device's mode comes from there).
+
 Each device is published with its module name, kernel version, module
 version (``/sys/module/<module>/version`` when present), major/minor (from
 sysfs ``dev`` or the node's ``st_rdev``) and NUMA node (sysfs
@@ -95,6 +100,11 @@ class KmodPolicy:
         # Where the host's /sys and /dev are (a container mounts them elsewhere).
         self._sys = sys_dir or root / "sys"
         self._dev = dev_dir or root / "dev"
+        # The same /dev as the container runtime sees it, for the CDI spec's
+        # hostPath: the runtime reads the node's device there (its mode, with
+        # the numbers given), in its own mount namespace, where a dev_dir
+        # mounted into the driver's container does not exist.
+        self._node_dev = pathlib.Path("/dev") if dev_dir is not None else root / "dev"
         self._module = module
         self._node = node
         self._class = device_class
@@ -248,7 +258,7 @@ class KmodPolicy:
     def _edits(self, device: KmodDevice) -> cdi.ContainerEdits:
         node: cdi.DeviceNode = {
             "path": device.node,
-            "hostPath": str(device.host_path),
+            "hostPath": str(self._node_dev / device.host_path.relative_to(self._dev)),
             "type": device.kind,
             "permissions": "rw",
         }

@@ -3,7 +3,8 @@
 The kernel here cannot load modules, so a container node shows one as a
 user's node shows a loaded module, at the paths a driver reads there:
 ``/sys/class/NAME/NAMEi/dev`` (``MAJOR:i``), ``/sys/module/NAME/version``
-and a real character device ``/dev/NAMEi`` (``mknod``, the same numbers).
+and a real character device ``/dev/NAMEi`` (``mknod``, the same numbers,
+mode 0600 as udev leaves a device no rule names).
 A driver pod that mounts the node's ``/sys`` and ``/dev`` (hostPath, as a
 user's DRA Module does) finds them, and a CDI spec naming ``/dev/NAMEi``
 is applied by runc as on any node. Nothing opens the device: no driver owns
@@ -32,11 +33,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-__all__ = ["FIRST_MAJOR", "FakeModule", "lay_out", "mount_lines", "parse"]
+__all__ = ["DEVICE_MODE", "FIRST_MAJOR", "FakeModule", "lay_out", "mount_lines", "parse"]
 
 FakeModule = tuple[str, int]  # (module name, device count)
 
 FIRST_MAJOR: Final = 240
+# udev's mode for a device no rule names: root's alone.
+DEVICE_MODE: Final = 0o600
 _NAME: Final = re.compile(r"^[a-z0-9_]{1,55}$")
 _MAX_DEVICES: Final = 64
 # Overlaid mount point -> the upper directory's name under <node>/fake.
@@ -85,8 +88,8 @@ def lay_out(node_dir: Path, modules: Sequence[FakeModule]) -> None:
             device = _upper(node_dir, "/dev") / f"{name}{minor}"
             if not device.is_char_device():
                 device.unlink(missing_ok=True)
-                os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(major, minor))
-            device.chmod(0o666)  # mknod's mode passes through the umask
+                os.mknod(device, stat.S_IFCHR | DEVICE_MODE, os.makedev(major, minor))
+            device.chmod(DEVICE_MODE)  # mknod's mode passes through the umask
 
 
 def mount_lines(node_dir: Path) -> list[str]:

@@ -116,6 +116,18 @@ async def test_prepare_probes_its_devices_and_scans_only_for_a_new_one(
     assert scans == 2
 
 
+async def test_the_cdi_host_path_is_the_nodes_when_its_dev_is_mounted_elsewhere(
+    root: pathlib.Path,
+) -> None:
+    # In a container: the node's /dev at <root>/dev (say /host/dev), which
+    # the runtime reading the spec on the node knows as /dev.
+    make_tree(root)
+    p = policy(root, sys_dir=root / "sys", dev_dir=root / "dev")
+    (allocation,) = await p.prepare(preparing("u1", "foo1"))
+    (node,) = allocation.edits["deviceNodes"]
+    assert (node["path"], node.get("hostPath")) == ("/dev/foo1", "/dev/foo1")
+
+
 def test_restore_relearns_holders(root: pathlib.Path) -> None:
     make_tree(root)
     p = policy(root)

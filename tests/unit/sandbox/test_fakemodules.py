@@ -39,6 +39,7 @@ def test_the_node_shows_each_module_with_real_device_numbers(tmp_path: Path) -> 
     st = (fake / "dev/foo1").stat()
     assert stat.S_ISCHR(st.st_mode)
     assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (240, 1)
+    assert stat.S_IMODE(st.st_mode) == fakemodules.DEVICE_MODE
     fakemodules.lay_out(tmp_path, [("foo", 2), ("bar", 1)])  # again: a restart
 
 
