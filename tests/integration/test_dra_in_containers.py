@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 import test_operator_support as support
+from prometheus_client.parser import text_string_to_metric_families
 
 from kmm.api import labels
 from kmm.cli import applying, paths
@@ -300,24 +301,60 @@ async def dra_module(
                 raise AssertionError(f"{err}: {detail}\nlog:\n{log}") from err
             yield found["pod"]
         finally:
-            module = docs[-1]
             with contextlib.suppress(kube_errors.NotFound):
-                await api.request(
-                    "DELETE",
-                    f"/apis/kmm.sigs.x-k8s.io/v1beta1/namespaces/{NAMESPACE}/modules/"
-                    + module["metadata"]["name"],
-                )
+                await api.request("DELETE", _module_path())
+
+
+def _module_path() -> str:
+    return f"/apis/kmm.sigs.x-k8s.io/v1beta1/namespaces/{NAMESPACE}/modules/kmm-dra-demo"
+
+
+async def _probes(api: kube_client.Client, result: str) -> float:
+    """The driver container's liveness probes with ``result`` the node's
+    kubelet counted (its /metrics/probes, through the API server)."""
+    text = await api.request("GET", resources.NODES.path(name=NODE) + "/proxy/metrics/probes")
+    total = 0.0
+    for family in text_string_to_metric_families(str(text)):
+        for sample in family.samples:
+            if (
+                sample.name == "prober_probe_total"
+                and sample.labels.get("container") == "dra-driver"
+                and sample.labels.get("probe_type") == "Liveness"
+                and sample.labels.get("result") == result
+            ):
+                total += sample.value
+    return total
 
 
 async def test_a_workload_gets_the_module_device_the_driver_in_a_container_prepared(
     containers: cluster.state.SandboxState, images: dict[str, str], api: kube_client.Client
 ) -> None:
+    node = node_of(containers)
     async with dra_module(containers, api, images["kmm"]) as driver_pod:
         try:
             await _workload_round(containers, api, images, driver_pod)
+
+            # The kubelet's gRPC liveness probe reached the driver in its container.
+            async def probed() -> bool:
+                return await _probes(api, "successful") > 0
+
+            await testing.eventually(probed, "a successful liveness probe", bound=60)
+            assert await _probes(api, "failed") == 0
         except AssertionError as err:
             driver_log = await _log(api, driver_pod["metadata"]["name"])
             raise AssertionError(f"{err}\ndriver log:\n{driver_log}") from err
+
+        # The Module deleted: the operator deletes the DaemonSet, and the
+        # driver, stopped by SIGTERM as its container's PID 1, removes its sockets.
+        await api.request("DELETE", _module_path())
+
+        async def driver_gone() -> bool:
+            return await _driver_pod(api) is None
+
+        await testing.eventually(driver_gone, "the driver pod gone", bound=120)
+        kubelet_dir = node.source("/var/lib/kubelet")
+        assert not (kubelet_dir / "plugins_registry" / f"{DRIVER}-reg.sock").exists()
+        assert not (kubelet_dir / "plugins" / DRIVER / "dra.sock").exists()
 
 
 async def _workload_round(
