@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -304,6 +304,17 @@ async def dra_module(
             with contextlib.suppress(kube_errors.NotFound):
                 await api.request("DELETE", _module_path())
 
+            async def module_gone() -> bool:
+                try:
+                    await api.request("GET", _module_path())
+                except kube_errors.NotFound:
+                    return True
+                return False
+
+            # Gone before the operator stops (its finalizer), so the next test
+            # creates the Module anew.
+            await testing.eventually(module_gone, "the Module deleted", bound=120)
+
 
 def _module_path() -> str:
     return f"/apis/kmm.sigs.x-k8s.io/v1beta1/namespaces/{NAMESPACE}/modules/kmm-dra-demo"
@@ -357,23 +368,31 @@ async def test_a_workload_gets_the_module_device_the_driver_in_a_container_prepa
         assert not (kubelet_dir / "plugins" / DRIVER / "dra.sock").exists()
 
 
+async def _registered(node: containernodes.ContainerNode) -> None:
+    """Wait for the driver's registration socket in the node's own plugin
+    registry, where the real kubelet's plugin watcher finds it."""
+    registry_dir = node.source("/var/lib/kubelet") / "plugins_registry"
+
+    async def registering() -> bool:
+        return (registry_dir / f"{DRIVER}-reg.sock").is_socket()
+
+    await testing.eventually(registering, "the driver's registration socket", bound=120)
+
+
 async def _workload_round(
     containers: cluster.state.SandboxState,
     api: kube_client.Client,
     images: dict[str, str],
     driver_pod: dict[str, Any],
+    *,
+    meanwhile: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
+    """A workload gets a device; ``meanwhile`` runs while it holds it; its
+    deletion unprepares the claim."""
     node = node_of(containers)
-    registry_dir = node.source("/var/lib/kubelet") / "plugins_registry"
     cdi_dir = node.source("/var/run/cdi")
     assert driver_pod["spec"]["nodeName"] == NODE
-
-    # Its sockets in the node's own kubelet directories, where the real
-    # kubelet's plugin watcher finds them.
-    async def registering() -> bool:
-        return (registry_dir / f"{DRIVER}-reg.sock").is_socket()
-
-    await testing.eventually(registering, "the driver's registration socket", bound=120)
+    await _registered(node)
 
     async def published() -> bool:
         listing = await api.request(
@@ -424,6 +443,8 @@ async def _workload_round(
     specs = [p.name for p in cdi_dir.iterdir()]
     assert any(claim["metadata"]["uid"] in spec for spec in specs), specs
 
+    if meanwhile is not None:
+        await meanwhile()
     await api.request("DELETE", resources.PODS.path(namespace=NAMESPACE, name=name))
 
     async def gone() -> bool:
@@ -432,3 +453,40 @@ async def _workload_round(
     await testing.eventually(gone, "the workload pod deleted", bound=120)
     # The kubelet unprepared the claim before the pod could go: its spec is gone.
     assert not any(claim["metadata"]["uid"] in p.name for p in cdi_dir.iterdir())
+
+
+async def test_a_driver_pod_replaced_while_a_claim_is_prepared_unprepares_it(
+    containers: cluster.state.SandboxState, images: dict[str, str], api: kube_client.Client
+) -> None:
+    # What a driver update or a crash does: a new container, the prepared
+    # claim known only from the checkpoint in the node's plugin directory.
+    node = node_of(containers)
+    async with dra_module(containers, api, images["kmm"]) as driver_pod:
+        first = driver_pod["metadata"]["uid"]
+        current = driver_pod
+
+        async def replace_the_driver() -> None:
+            nonlocal current
+            await api.request(
+                "DELETE",
+                resources.PODS.path(namespace=NAMESPACE, name=driver_pod["metadata"]["name"]),
+            )
+
+            async def replaced() -> bool:
+                nonlocal current
+                pod = await _driver_pod(api)
+                if pod is None or pod["metadata"]["uid"] == first or not _ready(pod):
+                    return False
+                current = pod
+                return True
+
+            await testing.eventually(replaced, "a new driver pod Ready", bound=120)
+            await _registered(node)
+
+        try:
+            await _workload_round(containers, api, images, driver_pod, meanwhile=replace_the_driver)
+        except AssertionError as err:
+            driver_log = await _log(api, current["metadata"]["name"])
+            raise AssertionError(f"{err}\ndriver log:\n{driver_log}") from err
+        assert current["metadata"]["uid"] != first
+        assert "released" in await _log(api, current["metadata"]["name"])
