@@ -91,7 +91,7 @@ def _push(record: cluster.state.SandboxState, archive: Path, name_tag: str) -> s
 def images(containers: cluster.state.SandboxState) -> dict[str, str]:
     return {
         "kmm": _push(containers, KMM_IMAGE.resolve(), "kmm/kmm:test"),
-        "workload": _push(containers, (IMAGES / "workload.tar").resolve(), "kmm/workload:1"),
+        "workload": _push(containers, (IMAGES / "workload.tar").resolve(), "workload:1"),
     }
 
 
@@ -394,16 +394,26 @@ async def _workload_round(
     assert driver_pod["spec"]["nodeName"] == NODE
     await _registered(node)
 
+    found: dict[str, Any] = {}
+
     async def published() -> bool:
         listing = await api.request(
             "GET",
             resources.RESOURCE_SLICES.path(),
             query={"fieldSelector": f"spec.nodeName={NODE},spec.driver={DRIVER}"},
         )
-        names = sorted(d["name"] for s in listing["items"] for d in s["spec"]["devices"])
-        return names == [f"{MODULE}0", f"{MODULE}1"]
+        found.update({d["name"]: d for s in listing["items"] for d in s["spec"]["devices"]})
+        return sorted(found) == [f"{MODULE}0", f"{MODULE}1"]
 
     await testing.eventually(published, "both devices in the driver's ResourceSlice")
+    # What the driver read in the node's /sys and /dev, through its hostPaths.
+    attributes = found[f"{MODULE}1"]["attributes"]
+    assert {k: attributes[k] for k in ("module", "moduleVersion", "major", "minor")} == {
+        "module": {"string": MODULE},
+        "moduleVersion": {"string": "1.0"},
+        "major": {"int": 240},
+        "minor": {"int": 1},
+    }
 
     suffix = uuid.uuid4().hex[:6]
     template, name = f"dev-{suffix}", f"workload-{suffix}"
