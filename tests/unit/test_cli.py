@@ -91,3 +91,23 @@ def test_operator_help_shows_the_lease_timing() -> None:
     for flag in ("--lease-duration", "--renew-deadline", "--retry-period"):
         assert flag in result.output
     assert "[default: 15.0]" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--fake-module", "Foo=1"], "--fake-module 'Foo=1': NAME=COUNT"),
+        (["--fake-module", "foo=1"], "--fake-module needs --runtime containerd"),
+    ],
+)
+def test_sandbox_up_refuses_a_bad_fake_module_before_starting_anything(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = CliRunner().invoke(
+        cli.build("sandbox"),
+        ["sandbox", "up", "--dir", str(tmp_path / "s"), "--nodes", "0", *args],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 1
+    assert message in result.output
+    assert not (tmp_path / "s").exists()

@@ -21,6 +21,7 @@ from kmm.sandbox import (
     cluster,
     components,
     errors,
+    fakemodules,
     processes,
     pushing,
     restarting,
@@ -170,6 +171,16 @@ def up(
             show_default=False,
         ),
     ] = None,
+    fake_module: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME=COUNT",
+            help="Container nodes show kernel module NAME as loaded, with COUNT character "
+            "devices: /sys/class/NAME/NAMEi, /sys/module/NAME and /dev/NAMEi in each node's "
+            "mount namespace (repeatable; no module is really loaded).",
+            show_default=False,
+        ),
+    ] = None,
     registry_auth: Annotated[
         str | None,
         typer.Option(
@@ -184,6 +195,7 @@ def up(
     target = directory or paths.sandbox_dir()
     try:
         parsed_auth = sandbox_registry.parse_auth(registry_auth) if registry_auth else None
+        fake_modules = tuple(fakemodules.parse(text) for text in fake_module or ())
     except ValueError as err:
         raise _fail(err) from err
     options = cluster.Options(
@@ -202,6 +214,7 @@ def up(
         max_mutating_requests_inflight=max_mutating_requests_inflight,
         registry=registry,
         registry_auth=parsed_auth,
+        fake_modules=fake_modules,
     )
     started = time.monotonic()
     with _progress() as progress:

@@ -6,11 +6,18 @@ Discovery (under a configurable ``root`` so tests use a fake tree):
   ``/dev`` node exists (``--dev-pattern`` narrows them by name);
 - without one: every ``<root>/dev/<pattern>`` node (default ``<module>*``).
 
+``sys_dir`` / ``dev_dir`` say where the host's ``/sys`` and ``/dev`` are
+mounted when the driver runs in a container; a CDI spec's ``hostPath`` still
+names the node's ``/dev/...``, since the container runtime reads it on the
+node (a device's mode comes from there).
+
 Each device is published with its module name, kernel version, module
 version (``/sys/module/<module>/version`` when present), major/minor (from
 sysfs ``dev`` or the node's ``st_rdev``) and NUMA node (sysfs
 ``device/numa_node`` when not -1). A device is allocated to one claim at a
-time; a prepared claim gets CDI ``deviceNodes`` for its devices. A device
+time; a prepared claim gets CDI ``deviceNodes`` for its devices, and for
+each an environment variable naming its node (``KMM_DEVICE_FOO0=/dev/foo0``,
+``env_name``), so a workload knows which of the module's devices it holds. A device
 that disappears is reported UNHEALTHY on the health stream, which reports
 every device at each poll (the kubelet holds a report only for its timeout).
 
@@ -33,7 +40,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 from kmm.kubeletplugin import cdi, checkpointing, claims, owners, publishing
 
-__all__ = ["KmodDevice", "KmodPolicy"]
+__all__ = ["KmodDevice", "KmodPolicy", "env_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +60,12 @@ class KmodDevice:
 def _label(name: str) -> str:
     label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
     return label[:63].rstrip("-") or "dev"
+
+
+def env_name(device: str) -> str:
+    """The variable a prepared device's container gets, naming its node:
+    ``KMM_DEVICE_<published name>`` in capitals, ``-`` as ``_``."""
+    return "KMM_DEVICE_" + device.upper().replace("-", "_")
 
 
 def _read(path: pathlib.Path) -> str | None:
@@ -87,6 +100,11 @@ class KmodPolicy:
         # Where the host's /sys and /dev are (a container mounts them elsewhere).
         self._sys = sys_dir or root / "sys"
         self._dev = dev_dir or root / "dev"
+        # The same /dev as the container runtime sees it, for the CDI spec's
+        # hostPath: the runtime reads the node's device there (its mode, with
+        # the numbers given), in its own mount namespace, where a dev_dir
+        # mounted into the driver's container does not exist.
+        self._node_dev = pathlib.Path("/dev") if dev_dir is not None else root / "dev"
         self._module = module
         self._node = node
         self._class = device_class
@@ -240,14 +258,14 @@ class KmodPolicy:
     def _edits(self, device: KmodDevice) -> cdi.ContainerEdits:
         node: cdi.DeviceNode = {
             "path": device.node,
-            "hostPath": str(device.host_path),
+            "hostPath": str(self._node_dev / device.host_path.relative_to(self._dev)),
             "type": device.kind,
             "permissions": "rw",
         }
         if device.major is not None and device.minor is not None:
             node["major"] = device.major
             node["minor"] = device.minor
-        return {"deviceNodes": [node]}
+        return {"env": [f"{env_name(device.name)}={device.node}"], "deviceNodes": [node]}
 
     async def unprepare(self, uid: claims.ClaimUID) -> None:
         for name in self._by_claim.pop(uid, []):

@@ -148,23 +148,48 @@ def container_claims(
 
 
 # (version, predicate over the spec) from newest to oldest; the first match
-# is the minimum version a runtime must understand to accept the spec.
+# is the minimum version a runtime must understand to accept the spec. They
+# follow the CDI library's own checks (specs-go version.go): containerd
+# refuses a spec that declares less than it needs ("the spec version must be
+# at least v0.5.0"), and its devices are then unresolvable.
+def _all_edits(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The spec's own container edits and each device's."""
+    return [spec.get("containerEdits") or {}] + [
+        device.get("containerEdits") or {} for device in spec.get("devices", [])
+    ]
+
+
 def _needs_070(spec: Mapping[str, Any]) -> bool:
-    return any(
-        "additionalGIDs" in device.get("containerEdits", {}) for device in spec.get("devices", [])
-    ) or "additionalGIDs" in spec.get("containerEdits", {})
+    return any(edits.get("additionalGIDs") for edits in _all_edits(spec))
 
 
 def _needs_060(spec: Mapping[str, Any]) -> bool:
-    return "annotations" in spec or any("annotations" in d for d in spec.get("devices", []))
+    # Annotations, or a dot in the class of the kind.
+    return (
+        "annotations" in spec
+        or any("annotations" in d for d in spec.get("devices", []))
+        or "." in str(spec.get("kind", "")).partition("/")[2]
+    )
 
 
 def _needs_050(spec: Mapping[str, Any]) -> bool:
-    # Device names starting with a digit were accepted from 0.5.0 on.
-    return any(device["name"][:1].isdigit() for device in spec.get("devices", []))
+    # Device names starting with a digit, and a device node's hostPath.
+    return any(device["name"][:1].isdigit() for device in spec.get("devices", [])) or any(
+        node.get("hostPath") for edits in _all_edits(spec) for node in edits.get("deviceNodes", [])
+    )
 
 
-_VERSION_RULES = (("0.7.0", _needs_070), ("0.6.0", _needs_060), ("0.5.0", _needs_050))
+def _needs_040(spec: Mapping[str, Any]) -> bool:
+    # A mount's type.
+    return any(mount.get("type") for edits in _all_edits(spec) for mount in edits.get("mounts", []))
+
+
+_VERSION_RULES = (
+    ("0.7.0", _needs_070),
+    ("0.6.0", _needs_060),
+    ("0.5.0", _needs_050),
+    ("0.4.0", _needs_040),
+)
 _BASE_VERSION = "0.3.0"
 
 

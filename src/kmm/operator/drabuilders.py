@@ -8,7 +8,8 @@ environment ``NODE_NAME`` and ``POD_UID`` (downward API), ``DRIVER_NAME``,
 ``CDI_ROOT``, ``KUBELET_REGISTRAR_DIRECTORY_PATH``,
 ``KUBELET_PLUGINS_DIRECTORY_PATH`` and ``HEALTHCHECK_PORT`` (the gRPC
 liveness probe's), the user's ``env`` after them so a user may override one;
-privileged (a driver creates device nodes and sockets on the host). It runs
+privileged and root, whatever user the image names (a driver creates device
+nodes and sockets on the host). It runs
 where the module is loaded and the node is a DRA target (``.ready`` and
 ``.dra-target``, plus the device-plugin version label with a version); a
 Module without ``moduleLoader`` selects ``spec.selector`` and ``.dra-target``. The name
@@ -83,7 +84,11 @@ def daemonset(module: modules.Module) -> RawObject:
     dra = _dra(module)
     container = podspecs.container(dra.container, "dra-driver")
     container["env"] = _environment(dra)
-    container["securityContext"] = {"privileged": True}
+    # Root as well as privileged: a privileged container's capabilities are
+    # root's only, and a driver image may name a user of its own (kmm's does,
+    # 65532), which could not write the kubelet's root-owned plugin, registry
+    # and CDI directories.
+    container["securityContext"] = {"privileged": True, "runAsUser": 0}
     container["volumeMounts"] = [
         {"name": _PLUGINS_VOLUME, "mountPath": PLUGINS_DIR},
         {"name": _REGISTRY_VOLUME, "mountPath": REGISTRY_DIR},

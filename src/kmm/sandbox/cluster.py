@@ -33,6 +33,7 @@ from kmm.sandbox import (
     containernodes,
     containerstarting,
     errors,
+    fakemodules,
     health,
     kubeconfigs,
     kubeletnodes,
@@ -130,6 +131,9 @@ class Options:
     # nodes, when it has any); ``registry_auth`` turns htpasswd auth on.
     registry: bool | None = None
     registry_auth: RegistryAuth | None = None
+    # Kernel modules every container node shows as loaded, with their devices
+    # (``fakemodules``: the kernel here loads none).
+    fake_modules: tuple[fakemodules.FakeModule, ...] = ()
 
     @property
     def wants_registry(self) -> bool:
@@ -178,6 +182,9 @@ class Options:
             raise ValueError("--etcd-compaction-interval must be more than 0 seconds")
         if self.registry is False and self.registry_auth is not None:
             raise ValueError("--registry-auth needs the registry: drop --no-registry")
+        if self.fake_modules and self.runtime != containernodes.RUNTIME:
+            raise ValueError(f"--fake-module needs --runtime {containernodes.RUNTIME}")
+        fakemodules.check(self.fake_modules)
         for flag, value in (
             ("--max-requests-inflight", self.max_requests_inflight),
             ("--max-mutating-requests-inflight", self.max_mutating_requests_inflight),
@@ -325,7 +332,12 @@ async def up(
     launcher = _Launcher(record)
     container_plan = [
         containerstarting.plan(
-            directory, index, name, record.cgroup_parent, kubelet_ports[3 * index : 3 * index + 3]
+            directory,
+            index,
+            name,
+            record.cgroup_parent,
+            kubelet_ports[3 * index : 3 * index + 3],
+            fake_modules=options.fake_modules,
         )
         for index, name in enumerate(kubelet_names)
         if containers

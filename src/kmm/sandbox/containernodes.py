@@ -47,7 +47,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from kmm.sandbox import addressing, building, errors, kubeletnodes, namespaces, pki
+from kmm.sandbox import addressing, building, errors, fakemodules, kubeletnodes, namespaces, pki
 
 __all__ = [
     "MOUNTED",
@@ -109,6 +109,8 @@ class ContainerNode:
     proxy_healthz_port: int
     # /kmm-sandbox-<id>/<node>: the kubelet's cgroupRoot in every hierarchy.
     cgroup_root: str
+    # Kernel modules the node shows as loaded, with their devices (``fakemodules``).
+    fake_modules: tuple[fakemodules.FakeModule, ...] = ()
 
     @property
     def name(self) -> str:
@@ -146,6 +148,8 @@ class ContainerNode:
         for target in MOUNTED:
             self.source(target).mkdir(parents=True, exist_ok=True)
         (self.directory / "overlay").mkdir(exist_ok=True)
+        if self.fake_modules:
+            fakemodules.lay_out(self.directory, self.fake_modules)
 
 
 def save(node: ContainerNode) -> None:
@@ -159,6 +163,7 @@ def save(node: ContainerNode) -> None:
         "criHttpPort": 0,
         "proxyHealthzPort": node.proxy_healthz_port,
         "cgroupRoot": node.cgroup_root,
+        "fakeModules": [[name, count] for name, count in node.fake_modules],
     }
     (node.directory / "node.json").write_text(json.dumps(document, indent=2))
 
@@ -173,6 +178,9 @@ def load(directory: Path) -> ContainerNode | None:
         index=int(document["index"]),
         proxy_healthz_port=int(document["proxyHealthzPort"]),
         cgroup_root=str(document["cgroupRoot"]),
+        fake_modules=tuple(
+            (str(name), int(count)) for name, count in document.get("fakeModules", ())
+        ),
     )
 
 
@@ -258,6 +266,8 @@ def mount_script(node: ContainerNode, plan: MountPlan) -> str:
     for source, target in plan.binds:
         lines.append(f"mkdir -p {shlex.quote(target)}")
         lines.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
+    if node.fake_modules:
+        lines.extend(fakemodules.mount_lines(node.directory))
     lines.append("mount --make-rshared /")
     return "\n".join(lines)
 

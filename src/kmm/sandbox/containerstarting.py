@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from kmm.sandbox import (
     containernodes,
     errors,
+    fakemodules,
     health,
     kubeletnodes,
     namespaces,
@@ -47,10 +48,17 @@ class Launcher(namespaces.Launcher, Protocol):
 
 
 def plan(
-    directory: Path, index: int, name: str, cgroup_parent: str, free: list[int]
+    directory: Path,
+    index: int,
+    name: str,
+    cgroup_parent: str,
+    free: list[int],
+    *,
+    fake_modules: tuple[fakemodules.FakeModule, ...] = (),
 ) -> containernodes.ContainerNode:
     """Container node ``index``'s files and host ports (three ``free`` ones:
-    the kubelet's, its healthz and kube-proxy's health), recorded in its directory."""
+    the kubelet's, its healthz and kube-proxy's health), recorded in its
+    directory, with the fake modules' devices laid out."""
     port, healthz_port, proxy_port = free
     node = containernodes.ContainerNode(
         kubelet=kubeletnodes.KubeletNode(
@@ -64,6 +72,7 @@ def plan(
         index=index,
         proxy_healthz_port=proxy_port,
         cgroup_root=f"/{cgroup_parent}/{name}",
+        fake_modules=fake_modules,
     )
     node.make_dirs()
     containernodes.save(node)

@@ -54,6 +54,7 @@ async def test_one_claim_per_device(root: pathlib.Path) -> None:
     p = policy(root)
     (allocation,) = await p.prepare(preparing("u1", "foo0"))
     assert allocation.edits == {
+        "env": ["KMM_DEVICE_FOO0=/dev/foo0"],
         "deviceNodes": [
             {
                 "path": "/dev/foo0",
@@ -63,7 +64,7 @@ async def test_one_claim_per_device(root: pathlib.Path) -> None:
                 "major": 240,
                 "minor": 0,
             }
-        ]
+        ],
     }
     assert await p.prepare(preparing("u1", "foo0"))  # idempotent for the same claim
     with pytest.raises(ValueError, match="held by claim u1"):
@@ -113,6 +114,18 @@ async def test_prepare_probes_its_devices_and_scans_only_for_a_new_one(
     (allocation,) = await p.prepare(preparing("u8", "foo8"))
     assert allocation.device_name == "foo8"
     assert scans == 2
+
+
+async def test_the_cdi_host_path_is_the_nodes_when_its_dev_is_mounted_elsewhere(
+    root: pathlib.Path,
+) -> None:
+    # In a container: the node's /dev at <root>/dev (say /host/dev), which
+    # the runtime reading the spec on the node knows as /dev.
+    make_tree(root)
+    p = policy(root, sys_dir=root / "sys", dev_dir=root / "dev")
+    (allocation,) = await p.prepare(preparing("u1", "foo1"))
+    (node,) = allocation.edits["deviceNodes"]
+    assert (node["path"], node.get("hostPath")) == ("/dev/foo1", "/dev/foo1")
 
 
 def test_restore_relearns_holders(root: pathlib.Path) -> None:

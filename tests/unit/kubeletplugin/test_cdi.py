@@ -68,7 +68,40 @@ def test_spec_is_written_atomically_with_minimum_version(tmp_path: pathlib.Path)
     [
         ({"kind": "a/b", "devices": [{"name": "dev", "containerEdits": {}}]}, "0.3.0"),
         ({"kind": "a/b", "devices": [{"name": "0dev", "containerEdits": {}}]}, "0.5.0"),
+        # A device node's hostPath came in 0.5.0, whatever the device's name
+        # (kmm driver's specs: containerd refused them as 0.3.0).
+        (
+            {
+                "kind": "a/b",
+                "devices": [
+                    {
+                        "name": "dev",
+                        "containerEdits": {"deviceNodes": [{"path": "/dev/x", "hostPath": "/x"}]},
+                    }
+                ],
+            },
+            "0.5.0",
+        ),
+        (
+            {"kind": "a/b", "containerEdits": {"deviceNodes": [{"path": "/x", "hostPath": "/x"}]}},
+            "0.5.0",
+        ),
+        (
+            {
+                "kind": "a/b",
+                "devices": [
+                    {
+                        "name": "dev",
+                        "containerEdits": {
+                            "mounts": [{"hostPath": "/a", "containerPath": "/b", "type": "bind"}]
+                        },
+                    }
+                ],
+            },
+            "0.4.0",
+        ),
         ({"kind": "a/b", "annotations": {}, "devices": [{"name": "d"}]}, "0.6.0"),
+        ({"kind": "a/b.c", "devices": [{"name": "d"}]}, "0.6.0"),
         (
             {"kind": "a/b", "devices": [{"name": "d", "containerEdits": {"additionalGIDs": [5]}}]},
             "0.7.0",

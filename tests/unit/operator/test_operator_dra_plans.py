@@ -181,7 +181,7 @@ def test_daemonset_carries_what_driver_images_expect() -> None:
     assert container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert container["env"][1]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert container["env"][2]["value"] == DRIVER
-    assert container["securityContext"] == {"privileged": True}
+    assert container["securityContext"] == {"privileged": True, "runAsUser": 0}
     assert container["livenessProbe"]["grpc"] == {"port": 51515, "service": "liveness"}
     host = {v["hostPath"]["path"]: v["hostPath"].get("type") for v in pod["volumes"]}
     assert host == {

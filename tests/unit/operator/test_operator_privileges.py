@@ -78,7 +78,8 @@ _PRIVILEGED = {"privileged": True}
         # Upstream KMM runs device-plugin and DRA init containers privileged
         # (they mknod and write under /sys); kmm does the same.
         (_device_plugin, _PRIVILEGED, [_PRIVILEGED]),
-        (_dra, _PRIVILEGED, [_PRIVILEGED]),
+        # The DRA driver as root too: its image may name a user of its own.
+        (_dra, {**_PRIVILEGED, "runAsUser": 0}, [_PRIVILEGED]),
     ],
 )
 def test_module_pods_get_their_privilege_and_nothing_more(

@@ -51,6 +51,15 @@ def test_an_inflight_limit_turns_priority_and_fairness_off() -> None:
         ({"max_requests_inflight": 0}, "--max-requests-inflight"),
         ({"max_mutating_requests_inflight": -1}, "--max-mutating-requests-inflight"),
         ({"nodes": -1}, "--nodes"),
+        ({"fake_modules": (("foo", 1),)}, "--fake-module needs --runtime containerd"),
+        (
+            {
+                "fake_modules": (("foo", 1), ("foo", 2)),
+                "runtime": "containerd",
+                "kubelet_nodes": 1,
+            },
+            "--fake-module: a module is named twice",
+        ),
     ],
 )
 def test_out_of_range_options_are_refused_by_flag(fields: dict[str, object], flag: str) -> None:
