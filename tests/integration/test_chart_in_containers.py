@@ -51,6 +51,8 @@ NODES = [f"kmm-kubelet-{i}" for i in range(2)]
 OPERATOR_SELECTOR = "app.kubernetes.io/name=kmm-operator"
 DEPLOYMENTS = resources.Resource("apps", "v1", "deployments")
 MODULES = resources.Resource("kmm.sigs.x-k8s.io", "v1beta1", "modules")
+SERVICES = resources.Resource("", "v1", "services")
+CONFIG_MAPS = resources.Resource("", "v1", "configmaps")
 _KMM = Path(sys.executable).with_name("kmm")
 
 
@@ -74,7 +76,9 @@ def _push(directory: Path, archive: Path, name_tag: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-async def _release_namespace(kubeconfig: Path) -> None:
+async def _release_namespace(kubeconfig: Path, ca: Path) -> None:
+    """The release namespace, ``restricted`` enforced, with the sandbox CA in
+    a ConfigMap for the chart's ``registryCA`` (the registry's issuer)."""
     async with cluster.api_client(kubeconfig) as api:
         await api.request(
             "POST",
@@ -86,6 +90,16 @@ async def _release_namespace(kubeconfig: Path) -> None:
                     "name": RELEASE_NAMESPACE,
                     "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
                 },
+            },
+        )
+        await api.request(
+            "POST",
+            CONFIG_MAPS.path(namespace=RELEASE_NAMESPACE),
+            body={
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "registry-ca"},
+                "data": {"ca.crt": ca.read_text()},
             },
         )
 
@@ -106,7 +120,7 @@ def installed() -> Iterator[Installed]:
     try:
         kmm_image = _push(directory, KMM_IMAGE.resolve(), "kmm:chart")
         loader_image = _push(directory, (IMAGES / "loader.tar").resolve(), "loader:1")
-        asyncio.run(_release_namespace(record.kubeconfig))
+        asyncio.run(_release_namespace(record.kubeconfig, directory / "pki" / "ca.crt"))
         repository, _colon, tag = kmm_image.rpartition(":")
         helm = helm_support.binary(components.HELM)
         done = helm_support.helm(
@@ -120,7 +134,7 @@ def installed() -> Iterator[Installed]:
             "--kubeconfig",
             str(record.kubeconfig),
             "--set",
-            f"image.repository={repository},image.tag={tag}",
+            f"image.repository={repository},image.tag={tag},registryCA.configMap=registry-ca",
         )
         assert done.returncode == 0, done.stdout + done.stderr
         yield Installed(record, kmm_image, loader_image)
@@ -436,6 +450,20 @@ async def test_the_module_loads_and_unloads_in_containers_as_it_says(
         )
         assert _modprobe_calls(str(log)) == load
 
+    # kmm's CLI in a container finds the cluster as a pod does (the
+    # ServiceAccount's token, the kubernetes Service): the chart's account
+    # may list Modules.
+    ran = await _ran(
+        api,
+        "kmm-modules",
+        installed.kmm_image,
+        {"modules": {"args": ["modules"]}},
+        serviceAccountName="kmm-operator",
+    )
+    code, log = ran["modules"]
+    assert code == 0, log
+    assert "kmm-ci-a" in log, log
+
     # The firmware landed in each node's own /lib/firmware, not this host's.
     expected = (FIRMWARE / "kmm-test" / "fw.bin").read_bytes()
     for index in range(len(NODES)):
@@ -480,21 +508,19 @@ def _commands() -> list[str]:
     return sorted(group.commands)
 
 
-async def test_every_command_the_image_ships_starts_in_a_container(
-    api: kube_client.Client, installed: Installed
-) -> None:
-    # The chart's container settings: non-root, read-only root filesystem.
-    security = {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]},
-    }
-    argvs: dict[str, dict[str, list[str]]] = {
-        "kmm": {"args": ["--help"]},
-        "kubectl-kmm": {"command": ["kubectl-kmm"], "args": ["--help"]},
-        **{f"kmm-{name}": {"args": [name, "--help"]} for name in _commands()},
-    }
-    name = "kmm-commands"
+# The chart's container settings: non-root, read-only root filesystem.
+SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+async def _ran(
+    api: kube_client.Client, name: str, image: str, argvs: dict[str, dict[str, Any]], **spec: Any
+) -> dict[str, tuple[int, str]]:
+    """A pod of the release namespace (``restricted``) with one container per
+    entry of ``argvs``, run to its end: each container's exit code and log."""
     body = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -504,14 +530,10 @@ async def test_every_command_the_image_ships_starts_in_a_container(
             "terminationGracePeriodSeconds": 0,
             "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [
-                {
-                    "name": container,
-                    "image": installed.kmm_image,
-                    **argv,
-                    "securityContext": security,
-                }
+                {"name": container, "image": image, **argv, "securityContext": SECURITY}
                 for container, argv in argvs.items()
             ],
+            **spec,
         },
     }
     path = resources.PODS.path(namespace=RELEASE_NAMESPACE, name=name)
@@ -525,22 +547,58 @@ async def test_every_command_the_image_ships_starts_in_a_container(
 
         pod = await _until(finished)
         exits = {
-            status["name"]: status["state"]["terminated"]["exitCode"]
+            status["name"]: int(status["state"]["terminated"]["exitCode"])
             for status in pod["status"]["containerStatuses"]
         }
-        assert exits == dict.fromkeys(argvs, 0)
-        logs = {
-            container: str(await api.request("GET", path + "/log", query={"container": container}))
+        return {
+            container: (
+                exits[container],
+                str(await api.request("GET", path + "/log", query={"container": container})),
+            )
             for container in argvs
         }
-        assert "Usage: kmm [OPTIONS] COMMAND [ARGS]..." in logs["kmm"]
-        assert "Usage: kubectl kmm [OPTIONS] COMMAND [ARGS]..." in logs["kubectl-kmm"]
-        for command in _commands():
-            # kmm lists it, and it starts.
-            assert f" {command} " in logs["kmm"], command
-            assert f"Usage: kmm {command} " in logs[f"kmm-{command}"], logs[f"kmm-{command}"]
     finally:
         await api.request("DELETE", path)
+
+
+async def test_every_command_the_image_ships_starts_in_a_container(
+    api: kube_client.Client, installed: Installed
+) -> None:
+    argvs: dict[str, dict[str, Any]] = {
+        "kmm": {"args": ["--help"]},
+        "kubectl-kmm": {"command": ["kubectl-kmm"], "args": ["--help"]},
+        **{f"kmm-{name}": {"args": [name, "--help"]} for name in _commands()},
+    }
+    ran = await _ran(api, "kmm-commands", installed.kmm_image, argvs)
+    assert {container: code for container, (code, _log) in ran.items()} == dict.fromkeys(
+        argvs, 0
+    ), ran
+    logs = {container: log for container, (_code, log) in ran.items()}
+    assert "Usage: kmm [OPTIONS] COMMAND [ARGS]..." in logs["kmm"]
+    assert "Usage: kubectl kmm [OPTIONS] COMMAND [ARGS]..." in logs["kubectl-kmm"]
+    for command in _commands():
+        # kmm lists it, and it starts.
+        assert f" {command} " in logs["kmm"], command
+        assert f"Usage: kmm {command} " in logs[f"kmm-{command}"], logs[f"kmm-{command}"]
+
+
+async def test_the_metrics_service_reaches_the_operators_metrics(
+    api: kube_client.Client, installed: Installed
+) -> None:
+    await _available(api)
+    service = await api.request(
+        "GET", SERVICES.path(namespace=RELEASE_NAMESPACE, name="kmm-operator-metrics")
+    )
+    (port,) = service["spec"]["ports"]
+    url = f"http://{service['spec']['clusterIP']}:{port['port']}/metrics"
+    fetch = f"import urllib.request; print(urllib.request.urlopen({url!r}).read().decode())"
+    ran = await _ran(
+        api, "kmm-metrics", installed.kmm_image, {"fetch": {"command": ["python3", "-c", fetch]}}
+    )
+    code, log = ran["fetch"]
+    assert code == 0, log
+    # One replica answered through kube-proxy's rules for the ClusterIP.
+    assert "\nkmm_leader " in log, log
 
 
 # -- the operator's shutdown, last: it replaces a pod ----------------------------
