@@ -436,6 +436,13 @@ async def test_the_module_loads_and_unloads_in_containers_as_it_says(
         ) == len(NODES)
 
     await _until(converged)
+    ready_label = labels.ready(MODULE_NAMESPACE, "kmm-ci-a")
+    # The operator labelled the nodes (the chart's RBAC lets it patch them).
+    for node in (await api.request("GET", resources.NODES.path()))["items"]:
+        assert ready_label in node["metadata"]["labels"]
+        assert node["metadata"]["labels"][labels.KERNEL_VERSION_FULL] == labels.kernel_value(
+            node["status"]["nodeInfo"]["kernelVersion"]
+        )
     pods = await _loader_pods(api)
     assert sorted(pod["spec"]["nodeName"] for pod in pods) == sorted(NODES)
     load = [
@@ -497,6 +504,13 @@ async def test_the_module_loads_and_unloads_in_containers_as_it_says(
         # The main process left on the kubelet's SIGTERM, after preStop:
         # exit 0, not SIGKILL (137) at the end of the grace period.
         assert (states[name]["exitCode"], states[name]["reason"]) == (0, "Completed")
+
+    async def unlabelled() -> bool:
+        nodes = (await api.request("GET", resources.NODES.path()))["items"]
+        return not any(ready_label in node["metadata"]["labels"] for node in nodes)
+
+    # Unloaded everywhere: the operator takes the .ready label away.
+    await _until(unlabelled)
 
 
 # -- every command of the image -------------------------------------------------
