@@ -17,6 +17,7 @@ calls in the container's log (README "Test images").
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
@@ -53,6 +54,7 @@ DEPLOYMENTS = resources.Resource("apps", "v1", "deployments")
 MODULES = resources.Resource("kmm.sigs.x-k8s.io", "v1beta1", "modules")
 SERVICES = resources.Resource("", "v1", "services")
 CONFIG_MAPS = resources.Resource("", "v1", "configmaps")
+SECRETS = resources.Resource("", "v1", "secrets")
 _KMM = Path(sys.executable).with_name("kmm")
 
 
@@ -457,19 +459,28 @@ async def test_the_module_loads_and_unloads_in_containers_as_it_says(
         )
         assert _modprobe_calls(str(log)) == load
 
-    # kmm's CLI in a container finds the cluster as a pod does (the
-    # ServiceAccount's token, the kubernetes Service): the chart's account
-    # may list Modules.
+    # kmm's CLI in a container (the chart's settings: read-only root) finds
+    # the cluster as a pod does (the ServiceAccount's token, the kubernetes
+    # Service; the chart's account may list Modules), and with a kubeconfig
+    # holding a client certificate, which Python's ssl loads from files only.
+    await _kubeconfig_secret(api, installed.record.directory / "pki")
     ran = await _ran(
         api,
         "kmm-modules",
         installed.kmm_image,
-        {"modules": {"args": ["modules"]}},
+        {
+            "in-cluster": {"args": ["modules"]},
+            "kubeconfig": {
+                "args": ["modules", "--kubeconfig", "/kubeconfig/config"],
+                "volumeMounts": [{"name": "kubeconfig", "mountPath": "/kubeconfig"}],
+            },
+        },
         serviceAccountName="kmm-operator",
+        volumes=[{"name": "kubeconfig", "secret": {"secretName": "admin-kubeconfig"}}],
     )
-    code, log = ran["modules"]
-    assert code == 0, log
-    assert "kmm-ci-a" in log, log
+    for code, log in ran.values():
+        assert code == 0, log
+        assert "kmm-ci-a" in log, log
 
     # The firmware landed in each node's own /lib/firmware, not this host's.
     expected = (FIRMWARE / "kmm-test" / "fw.bin").read_bytes()
@@ -511,6 +522,52 @@ async def test_the_module_loads_and_unloads_in_containers_as_it_says(
 
     # Unloaded everywhere: the operator takes the .ready label away.
     await _until(unlabelled)
+
+
+async def _kubeconfig_secret(api: kube_client.Client, pki: Path) -> None:
+    """The sandbox admin's kubeconfig as a pod uses it: everything inline
+    (CA, client certificate and key) and the ``kubernetes`` Service's address
+    (in the API server's certificate)."""
+    service = await api.request("GET", SERVICES.path(namespace="default", name="kubernetes"))
+    (port,) = service["spec"]["ports"]
+
+    def inline(name: str) -> str:
+        return base64.b64encode((pki / name).read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "sandbox",
+                "cluster": {
+                    "server": f"https://{service['spec']['clusterIP']}:{port['port']}",
+                    "certificate-authority-data": inline("ca.crt"),
+                },
+            }
+        ],
+        "users": [
+            {
+                "name": "admin",
+                "user": {
+                    "client-certificate-data": inline("admin.crt"),
+                    "client-key-data": inline("admin.key"),
+                },
+            }
+        ],
+        "contexts": [{"name": "sandbox", "context": {"cluster": "sandbox", "user": "admin"}}],
+        "current-context": "sandbox",
+    }
+    await api.request(
+        "POST",
+        SECRETS.path(namespace=RELEASE_NAMESPACE),
+        body={
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "admin-kubeconfig"},
+            "stringData": {"config": json.dumps(config)},
+        },
+    )
 
 
 # -- every command of the image -------------------------------------------------
