@@ -1,8 +1,10 @@
 """Container nodes: pods in real containers (containerd, runc, CNI, kube-proxy).
 
 One sandbox for the module: two container nodes and one KWOK node. The test
-images come from ``make test-images`` (build/images/*.tar), imported into
-each node's containerd. Everything a pod says is read as a user reads it:
+images come from ``make test-images`` (build/images/*.tar): the workload is
+pushed to the sandbox registry with ``kmm sandbox push`` and pulled
+by each node's containerd from 10.253.0.1:5000 (the relay in the fabric,
+TLS from the sandbox CA). Everything a pod says is read as a user reads it:
 its log through the API server (``pods/log``, which the API server fetches
 from the kubelet through the relay's CONNECT proxy).
 """
@@ -13,6 +15,8 @@ import asyncio
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -25,10 +29,11 @@ from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.sandbox import building, cluster, components, containernodes, containerstarting
+from kmm.sandbox import addressing, cluster, containernodes
 
 IMAGES = Path("build/images")
-WORKLOAD = "kmm.sandbox/workload:1"
+# What the fixture pushes and pods pull; set once the registry answered.
+WORKLOAD = f"{addressing.GATEWAY}:{addressing.REGISTRY_PORT}/workload:1"
 NAMESPACE = "default"
 NODES = [f"kmm-kubelet-{i}" for i in range(2)]
 
@@ -47,11 +52,23 @@ def containers() -> Iterator[cluster.state.SandboxState]:
     )
     record = asyncio.run(cluster.up(options))
     try:
-        ctr = building.binary_dir(paths.cache_dir(), components.CONTAINERD) / "ctr"
-        for index in range(len(NODES)):
-            node = containernodes.load(directory / "kubelets" / str(index))
-            assert node is not None
-            containerstarting.import_image(ctr, node, (IMAGES / "workload.tar").resolve())
+        # As a user pushes: the command, whose last line is the reference.
+        pushed = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from kmm.cli import main; main()",
+                "sandbox",
+                "push",
+                f"--dir={directory}",
+                str((IMAGES / "workload.tar").resolve()),
+                "workload:1",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert pushed.stdout.splitlines()[-1] == WORKLOAD
         yield record
     finally:
         with contextlib.suppress(Exception):
@@ -71,7 +88,7 @@ def _pod(
     container: dict[str, Any] = {
         "name": "main",
         "image": image,
-        "imagePullPolicy": "Never" if image == WORKLOAD else "IfNotPresent",
+        "imagePullPolicy": "IfNotPresent",
         "command": ["sh", "-c", script + "; echo KMM-TEST done; exec sleep 3600"],
     }
     container.update(spec.pop("container", {}))

@@ -169,6 +169,8 @@ async def test_container_nodes_leave_no_shim_cgroup_namespace_mount_or_rule() ->
             for pid in procs.read_text().split()
         }
         shims = _shims(directory)
+        # The pinned shim (PATH puts the pinned directory first), never another.
+        shim_programs = {Path(os.readlink(f"/proc/{pid}/exe")) for pid in shims}
         holders = [p for p in record.launched if p.name == "fabric"]
         holders += [p for p in record.launched if p.name.startswith("node/")]
         pids = [p.pid for p in holders] + sorted(contained)
@@ -183,6 +185,7 @@ async def test_container_nodes_leave_no_shim_cgroup_namespace_mount_or_rule() ->
     # shim, the pod's own network namespace besides the node's and fabric's.
     assert contained
     assert shims
+    assert all(program.is_relative_to(paths.cache_dir()) for program in shim_programs)
     assert len(net_ids) >= 3
     assert not [pid for pid in (*contained, *shims) if _alive(pid)]
     assert not [cgroup for cgroup in cgroups if cgroup.exists()]

@@ -205,9 +205,11 @@ class _Launcher:
     def stop_all(self) -> None:
         for process in reversed(self.record.launched):
             process.stop()
-        containerstarting.clean_up(self.record)
-        if self.record.sysctls:
-            kubeletnodes.restore_sysctls(self.record.sysctls)
+        try:
+            containerstarting.clean_up(self.record)
+        finally:
+            if self.record.sysctls:
+                kubeletnodes.restore_sysctls(self.record.sysctls)
 
 
 def _reset(directory: Path) -> None:
@@ -253,6 +255,8 @@ async def up(
     options.check()
     if options.kubelet_nodes:
         kubeletnodes.check_directory(directory)
+        if options.runtime == containernodes.RUNTIME:
+            containernodes.check_directory(directory, containernodes.overlay_roots())
         if any(entry.startswith("resource.k8s.io/") for entry in options.runtime_config):
             raise ValueError(
                 "--kubelet-nodes needs resource.k8s.io served: the Node authorizer and "
@@ -740,9 +744,12 @@ def down(directory: Path) -> list[processes.Process]:
     running = record.alive()
     for process in reversed(record.launched):
         process.stop()
-    containerstarting.clean_up(record)
-    if record.sysctls:
-        kubeletnodes.restore_sysctls(record.sysctls)
+    try:
+        containerstarting.clean_up(record)
+    finally:
+        # Whatever clean_up could not remove, the host's sysctls come back.
+        if record.sysctls:
+            kubeletnodes.restore_sysctls(record.sysctls)
     return running
 
 

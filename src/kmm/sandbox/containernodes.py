@@ -68,6 +68,7 @@ __all__ = [
     "mount_in",
     "mount_plan",
     "mount_script",
+    "overlay_roots",
     "proxy_identity",
     "remove_cgroups",
     "save",
@@ -200,10 +201,11 @@ def _existing_ancestor(path: Path) -> Path:
     return Path("/")
 
 
-def mount_plan(node: ContainerNode) -> MountPlan:
-    """Binds for ``MOUNTED``, and the overlays that give missing mount points a
-    place without creating them on the host. SandboxError if a path's only
-    existing ancestor is ``/`` (covering the root is not on offer)."""
+def overlay_roots() -> tuple[str, ...]:
+    """The host directories a node covers with an overlay: the nearest
+    existing parent of each ``MOUNTED`` path missing on the host. SandboxError
+    if a path's only existing ancestor is ``/`` (covering the root is not on
+    offer)."""
     covered: set[Path] = set()
     for target in MOUNTED:
         if Path(target).is_dir():
@@ -217,8 +219,14 @@ def mount_plan(node: ContainerNode) -> MountPlan:
         covered.add(ancestor)
     # An overlay on a parent already lets its children be made.
     overlays = sorted(a for a in covered if not any(o in a.parents for o in covered))
+    return tuple(str(o) for o in overlays)
+
+
+def mount_plan(node: ContainerNode) -> MountPlan:
+    """Binds for ``MOUNTED``, and the overlays (``overlay_roots``) that give
+    missing mount points a place without creating them on the host."""
     binds = tuple((node.source(target), target) for target in MOUNTED)
-    return MountPlan(overlays=tuple(str(o) for o in overlays), binds=binds)
+    return MountPlan(overlays=overlay_roots(), binds=binds)
 
 
 def check_directory(directory: Path, plan_overlays: Sequence[str] = ()) -> None:

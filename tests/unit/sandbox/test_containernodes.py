@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kmm.sandbox import addressing, containernodes, errors, kubeletnodes
+from kmm.sandbox import addressing, cluster, containernodes, errors, kubeletnodes
 
 
 def _node(tmp_path: Path, index: int = 1) -> containernodes.ContainerNode:
@@ -177,3 +177,44 @@ def test_node_json_tells_a_container_node_from_a_fake_one(tmp_path: Path) -> Non
     fake.make_dirs()
     kubeletnodes.save(fake)
     assert containernodes.load(fake.directory) is None
+
+
+async def test_up_refuses_a_sandbox_dir_a_node_would_mount_over_before_starting_anything(
+    tmp_path: Path,
+) -> None:
+    options = cluster.Options(
+        directory=Path("/etc/containerd/kmm-sandbox"),
+        cache_dir=tmp_path / "cache",
+        nodes=0,
+        kubelet_nodes=1,
+        runtime="containerd",
+    )
+    with pytest.raises(errors.SandboxError, match="may not live under /etc/containerd"):
+        await cluster.up(options)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_down_writes_the_sysctls_back_even_when_the_cgroups_would_not_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = cluster.state.SandboxState(
+        directory=tmp_path,
+        server="https://127.0.0.1:1",
+        kubeconfig=tmp_path / "kubeconfig",
+        launched=[],
+        node_names=[],
+        versions={},
+        sysctls={"kernel/panic": "0"},
+        cgroup_parent="kmm-sandbox-test",
+    )
+    cluster.state.save(record)
+    restored: list[dict[str, str]] = []
+    monkeypatch.setattr(kubeletnodes, "restore_sysctls", restored.append)
+
+    def stuck(parent: str) -> list[Path]:
+        return [Path("/sys/fs/cgroup/pids") / parent.lstrip("/")]
+
+    monkeypatch.setattr(containernodes, "remove_cgroups", stuck)
+    with pytest.raises(errors.SandboxError, match="could not remove the sandbox's cgroups"):
+        cluster.down(tmp_path)
+    assert restored == [{"kernel/panic": "0"}]
