@@ -11,7 +11,12 @@ under the API are the node's own files (the firmware a loader copied) and
 the uid of the operator's process on this host.
 
 No kernel module is loaded: the loader image's ``modprobe`` records its
-calls in the container's log (README "Test images").
+calls in the container's log (README "Test images"). Two things the product
+got wrong in a container are pinned here: a loader pod's main process that
+ignored SIGTERM (exit 137 after the grace period; now 0), and a kubeconfig's
+client certificate that needed a writable /tmp (the chart's root
+filesystem is read-only). The image must be the work tree's (``make
+image``): a stale one fails the module at once, saying so.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from kmm.api import labels
 from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import resources
+from kmm.oci import archive as oci_archive
 from kmm.sandbox import cluster, components, containernodes, state
 
 IMAGES = Path("build/images")
@@ -106,8 +112,32 @@ async def _release_namespace(kubeconfig: Path, ca: Path) -> None:
         )
 
 
+def _require_fresh(archive: Path) -> None:
+    """Fail, saying what to run, unless ``archive`` was built from the work
+    tree's sources (the digest ``make image`` records in a label): a stale
+    image would test another kmm."""
+    if not archive.is_file():
+        pytest.fail(f"{archive} is missing: run `make image` (make test does) before pytest")
+    with oci_archive.Archive(archive) as image:
+        config_descriptor, *_layers = image.children(image.manifests[0])
+        config = json.loads(image.blob(config_descriptor))
+    recorded = (config.get("config", {}).get("Labels") or {}).get("kmm.image.inputs")
+    done = subprocess.run(
+        [sys.executable, "scripts/image_inputs.py"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    if recorded != done.stdout.strip():
+        pytest.fail(
+            f"{archive} is stale (built from other sources): run `make image` before pytest"
+        )
+
+
 @pytest.fixture(scope="module")
 def installed() -> Iterator[Installed]:
+    _require_fresh(KMM_IMAGE)
     # Short: unix sockets live under it.
     directory = Path(os.path.realpath(tempfile.mkdtemp(prefix="kh", dir="/tmp")))
     options = cluster.Options(
