@@ -1,7 +1,9 @@
 """kmm's image, Helm chart and loader pods in real containers, as a user runs them.
 
 One sandbox for the module: two container nodes (containerd, runc) and the
-registry. ``build/kmm-image.tar`` (``make image``) and the loader test image
+registry, asking for credentials (``--registry-auth``), so every pull goes
+with a pull secret: the chart's ``imagePullSecrets`` for the operator, the
+Module's ``imageRepoSecret`` for its loaders. ``build/kmm-image.tar`` (``make image``) and the loader test image
 (``make test-images``) are pushed with ``kmm sandbox push``; ``helm
 install`` of deploy/helm/kmm with that image runs the operator Deployment in
 a namespace enforcing the ``restricted`` Pod Security level. Everything is
@@ -45,7 +47,7 @@ from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import resources
 from kmm.oci import archive as oci_archive
-from kmm.sandbox import cluster, components, containernodes, state
+from kmm.sandbox import cluster, components, containernodes, registry, state
 
 IMAGES = Path("build/images")
 KMM_IMAGE = Path("build/kmm-image.tar")
@@ -62,6 +64,9 @@ SERVICES = resources.Resource("", "v1", "services")
 CONFIG_MAPS = resources.Resource("", "v1", "configmaps")
 SECRETS = resources.Resource("", "v1", "secrets")
 _KMM = Path(sys.executable).with_name("kmm")
+# The registry asks for these: every pull needs its pull secret.
+REGISTRY_AUTH = registry.Auth("kmm-test", "chart-in-containers")
+PULL_SECRET = "registry-credentials"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +89,14 @@ def _push(directory: Path, archive: Path, name_tag: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-async def _release_namespace(kubeconfig: Path, ca: Path) -> None:
+async def _release_namespace(kubeconfig: Path, directory: Path) -> None:
     """The release namespace, ``restricted`` enforced, with the sandbox CA in
-    a ConfigMap for the chart's ``registryCA`` (the registry's issuer)."""
+    a ConfigMap for the chart's ``registryCA`` (the registry's issuer), and
+    the registry's credentials as a pull secret there and in the Module's
+    namespace (the chart's ``imagePullSecrets``, the Module's
+    ``imageRepoSecret``)."""
+    ca = directory / "pki" / "ca.crt"
+    docker_config = (directory / "registry" / "auth.json").read_bytes()
     async with cluster.api_client(kubeconfig) as api:
         await api.request(
             "POST",
@@ -110,6 +120,18 @@ async def _release_namespace(kubeconfig: Path, ca: Path) -> None:
                 "data": {"ca.crt": ca.read_text()},
             },
         )
+        for namespace in (RELEASE_NAMESPACE, MODULE_NAMESPACE):
+            await api.request(
+                "POST",
+                SECRETS.path(namespace=namespace),
+                body={
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "type": "kubernetes.io/dockerconfigjson",
+                    "metadata": {"name": PULL_SECRET},
+                    "data": {".dockerconfigjson": base64.b64encode(docker_config).decode()},
+                },
+            )
 
 
 def _require_fresh(archive: Path) -> None:
@@ -147,12 +169,13 @@ def installed() -> Iterator[Installed]:
         kubelet_nodes=len(NODES),
         runtime="containerd",
         pause_image=(IMAGES / "pause.tar").resolve(),
+        registry_auth=REGISTRY_AUTH,
     )
     record = asyncio.run(cluster.up(options))
     try:
         kmm_image = _push(directory, KMM_IMAGE.resolve(), "kmm:chart")
         loader_image = _push(directory, (IMAGES / "loader.tar").resolve(), "loader:1")
-        asyncio.run(_release_namespace(record.kubeconfig, directory / "pki" / "ca.crt"))
+        asyncio.run(_release_namespace(record.kubeconfig, directory))
         repository, _colon, tag = kmm_image.rpartition(":")
         helm = helm_support.binary(components.HELM)
         done = helm_support.helm(
@@ -166,7 +189,8 @@ def installed() -> Iterator[Installed]:
             "--kubeconfig",
             str(record.kubeconfig),
             "--set",
-            f"image.repository={repository},image.tag={tag},registryCA.configMap=registry-ca",
+            f"image.repository={repository},image.tag={tag},registryCA.configMap=registry-ca,"
+            f"imagePullSecrets[0].name={PULL_SECRET}",
         )
         assert done.returncode == 0, done.stdout + done.stderr
         yield Installed(record, kmm_image, loader_image)
@@ -270,6 +294,49 @@ async def test_the_operator_deployment_is_available_as_non_root_containers(
         ]
 
 
+async def test_a_pull_without_the_pull_secret_is_refused(
+    api: kube_client.Client, installed: Installed
+) -> None:
+    """The registry asks for credentials: the pulls of every other test were
+    made with the pull secrets the chart and the Module name."""
+    name = "no-pull-secret"
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": MODULE_NAMESPACE},
+        "spec": {
+            "nodeName": NODES[0],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                # Always: asks the registry even where the image is present.
+                {"name": "main", "image": installed.loader_image, "imagePullPolicy": "Always"}
+            ],
+        },
+    }
+    path = resources.PODS.path(namespace=MODULE_NAMESPACE, name=name)
+    await api.request("POST", resources.PODS.path(namespace=MODULE_NAMESPACE), body=body)
+    try:
+
+        async def refused() -> str | None:
+            pod = await api.request("GET", path)
+            for status in (pod.get("status") or {}).get("containerStatuses") or ():
+                waiting = (status.get("state") or {}).get("waiting") or {}
+                if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff"):
+                    return str(waiting.get("message", ""))
+            return None
+
+        message = await _until(refused)
+        events = await api.request(
+            "GET",
+            resources.EVENTS.path(namespace=MODULE_NAMESPACE),
+            query={"fieldSelector": f"involvedObject.name={name}"},
+        )
+        said = message + " ".join(event.get("message", "") for event in events["items"])
+        assert "authorization failed: no basic auth credentials" in said, said
+    finally:
+        await api.request("DELETE", path)
+
+
 async def test_one_operator_pod_holds_the_lease(api: kube_client.Client) -> None:
     pods = {pod["metadata"]["name"] for pod in await _available(api)}
 
@@ -334,6 +401,7 @@ def _module(kernels: set[str], image: str) -> dict[str, Any]:
         "metadata": {"name": "kmm-ci-a", "namespace": MODULE_NAMESPACE},
         "spec": {
             "selector": {"kubernetes.io/os": "linux"},
+            "imageRepoSecret": {"name": PULL_SECRET},
             "moduleLoader": {
                 "container": {
                     "modprobe": {
@@ -642,6 +710,7 @@ async def _ran(
                 {"name": container, "image": image, **argv, "securityContext": SECURITY}
                 for container, argv in argvs.items()
             ],
+            "imagePullSecrets": [{"name": PULL_SECRET}],
             **spec,
         },
     }
