@@ -13,11 +13,12 @@ under the API are the node's own files (the firmware a loader copied) and
 the uid of the operator's process on this host.
 
 No kernel module is loaded: the loader image's ``modprobe`` records its
-calls in the container's log (README "Test images"). Two things the product
-got wrong in a container are pinned here: a loader pod's main process that
-ignored SIGTERM (exit 137 after the grace period; now 0), and a kubeconfig's
-client certificate that needed a writable /tmp (the chart's root
-filesystem is read-only). The image must be the work tree's (``make
+calls in the container's log (README "Test images"). Three things the
+product got wrong in a container are pinned here: a loader pod's main
+process that ignored SIGTERM (exit 137 after the grace period; now 0), a
+kubeconfig's client certificate that needed a writable /tmp (the chart's
+root filesystem is read-only), and probe and metrics ports bound to IPv4
+only. The image must be the work tree's (``make
 image``): a stale one fails the module at once, saying so.
 """
 
@@ -30,6 +31,7 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -47,7 +49,7 @@ from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import resources
 from kmm.oci import archive as oci_archive
-from kmm.sandbox import cluster, components, containernodes, registry, state
+from kmm.sandbox import cluster, components, containernodes, namespaces, registry, state
 
 IMAGES = Path("build/images")
 KMM_IMAGE = Path("build/kmm-image.tar")
@@ -383,6 +385,35 @@ async def test_the_probes_pass_through_the_real_kubelet(api: kube_client.Client)
         # counted against it.)
         counts = await _until(probed)
         assert counts.get(("Readiness", "successful"), 0) >= 1, counts
+
+
+def _get_in_pod_network(pid: int, family: int, address: str, port: int, path: str) -> str:
+    """An HTTP GET from inside the network namespace of process ``pid`` (a
+    pod's): the status line, or the error the connection met."""
+    with namespaces.socket_in(f"/proc/{pid}/ns/net", family) as connection:
+        connection.settimeout(30)
+        try:
+            connection.connect((address, port))
+        except OSError as err:
+            return f"{type(err).__name__}: {err}"
+        connection.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        return connection.makefile("rb").readline().decode().strip()
+
+
+async def test_the_probe_and_metrics_ports_answer_on_ipv6_too(api: kube_client.Client) -> None:
+    """A kubelet on an IPv6 or dual-stack cluster probes the pod's IPv6
+    address, and Prometheus scrapes it: the operator must listen there as
+    well as on IPv4 (this sandbox's pod network is IPv4, so the pod's own
+    IPv6 loopback stands for it)."""
+    for pod in await _available(api):
+        (status,) = pod["status"]["containerStatuses"]
+        pid = _process_of(status["containerID"].removeprefix("containerd://"))
+        for port, path in ((8081, "/healthz"), (8080, "/metrics")):
+            for family, address in ((socket.AF_INET6, "::1"), (socket.AF_INET, "127.0.0.1")):
+                answer = await asyncio.to_thread(
+                    _get_in_pod_network, pid, family, address, port, path
+                )
+                assert answer == "HTTP/1.0 200 OK", (address, port, answer)
 
 
 # -- a Module, converged by the installed operator ------------------------------
