@@ -6,6 +6,13 @@ kubelet emulator its ``/metrics``. The server is the standard library's
 its own; each route runs on the event loop, so it reads the process's state
 where the process writes it. A loop that is stuck therefore fails its probes
 too, which is what a liveness probe is for.
+
+Host ``""`` (the operator's default) is every address of both families: one
+IPv6 socket on ``::`` that takes IPv4 too (IPV6_V6ONLY off), as Go's
+``:8081`` does, so the kubelet's probes and a Prometheus scrape reach the
+pod on an IPv6 or dual-stack cluster, whose probes dial the pod's IPv6
+address, as well as on an IPv4 one. Where the network namespace has no IPv6,
+``0.0.0.0``. An explicit address binds that address only, in its family.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import asyncio
 import concurrent.futures
 import http.server
 import logging
+import socket
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -29,6 +37,29 @@ Routes = dict[str, Callable[[], tuple[int, bytes, str]]]
 _LOOP_TIMEOUT = 10.0
 
 
+class _IPv6Server(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+class _DualStackServer(_IPv6Server):
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+def _listen(
+    host: str, port: int, handler: type[http.server.BaseHTTPRequestHandler]
+) -> http.server.ThreadingHTTPServer:
+    if host == "":
+        try:
+            return _DualStackServer(("::", port), handler)
+        except OSError:  # no IPv6 in this network namespace (or kernel)
+            return http.server.ThreadingHTTPServer(("0.0.0.0", port), handler)
+    if ":" in host:
+        return _IPv6Server((host, port), handler)
+    return http.server.ThreadingHTTPServer((host, port), handler)
+
+
 class Server:
     """Serves ``routes`` on ``host:port`` until stopped."""
 
@@ -41,7 +72,7 @@ class Server:
 
     async def run(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
-        server = http.server.ThreadingHTTPServer((self.host, self.port), _handler(self, loop))
+        server = _listen(self.host, self.port, _handler(self, loop))
         server.daemon_threads = True
         self.port = server.server_address[1]  # tests bind port 0: the one the OS chose
         thread = threading.Thread(
@@ -49,7 +80,14 @@ class Server:
         )
         thread.start()
         self.bound.set()
-        _log.info("%s: serving %s on %s:%d", self.name, sorted(self.routes), self.host, self.port)
+        bound = str(server.server_address[0])
+        _log.info(
+            "%s: serving %s on %s:%d",
+            self.name,
+            sorted(self.routes),
+            f"[{bound}]" if ":" in bound else bound,
+            self.port,
+        )
         try:
             await stop.wait()
         finally:

@@ -46,7 +46,13 @@ def operator(
     context: clients.ContextOption = None,
     metrics_port: Annotated[int, typer.Option(help="Port for /metrics.")] = 8080,
     health_port: Annotated[int, typer.Option(help="Port for /healthz and /readyz.")] = 8081,
-    bind_address: Annotated[str, typer.Option(help="Address the HTTP endpoints bind.")] = "0.0.0.0",
+    bind_address: Annotated[
+        str,
+        typer.Option(
+            help="Address the HTTP endpoints bind; default: every address, IPv6 and IPv4 "
+            "(0.0.0.0 where there is no IPv6)."
+        ),
+    ] = "",
     leader_election: Annotated[
         bool, typer.Option(help="Run the controllers only while holding the Lease.")
     ] = True,

@@ -30,7 +30,8 @@ class Settings:
     election: wiring.Election | None
     metrics_port: int = 8080
     health_port: int = 8081
-    host: str = "0.0.0.0"
+    # "": every address, IPv6 and IPv4 (httpserving).
+    host: str = ""
     workers: int = 4
     resync_period: float = wiring.DEFAULT_RESYNC_PERIOD
     # Extra CAs for the operator's registry requests (--registry-ca, checked
