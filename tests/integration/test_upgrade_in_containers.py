@@ -1,0 +1,448 @@
+"""An ordered upgrade (seed 003) on container nodes, with real pod termination.
+
+One sandbox for the module: two containerd nodes, the registry on. The loader
+image (``make test-images``, build/images/loader.tar) is pushed twice, as
+loader:v1 and loader:v2: the same files, its ``modprobe`` recording each call
+as a ``KMM-MODPROBE {...}`` line in the container's log. The Module maps each
+node's real kernel (``nodeInfo.kernelVersion``) to loader:<version>. The
+operator runs in the test process, on the host (as test_operator_upgrades'
+does).
+
+What is shown, read as a user reads it (``pods/log`` through the API server,
+whose lines the kubelet took from the container):
+
+- both nodes load v1: one load call in each loader pod's log;
+- moving ONE node to v2: the old pod's ``preStop`` unload is in its log (the
+  log is followed while the pod terminates; the lines reach it before the
+  container exits), the v2 pod is created only after the v1 pod is gone
+  (the operator's guarantee: ``.ready`` stays while the old pod is there and
+  the v2 loader label waits on it), ordered by the pod watch's
+  resourceVersions, and the log's own timestamps put the unload before the
+  load; the other node's loader pod is untouched (same uid, same
+  restartCount, still one load call and no unload);
+- then the second node moves, and the same holds the other way round.
+
+Nothing is timed: every count is of log lines, pods and watch events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_operator_support as support
+from kubernetes_asyncio import client
+
+from kmm.api import kernels, labels, modules
+from kmm.cli import paths
+from kmm.kube import client as kube_client
+from kmm.kube import errors as kube_errors
+from kmm.kube import objects, resources
+from kmm.sandbox import addressing, cluster, testing
+
+IMAGES = Path("build/images")
+REGISTRY = f"{addressing.GATEWAY}:{addressing.REGISTRY_PORT}"
+NODES = [f"kmm-kubelet-{i}" for i in range(2)]
+NAME = "upgrade"
+MODULE = "kmm_test"
+SELECT = "kmm-test/upgrade"
+LOAD = ["-v", "-d", "/opt", MODULE]
+UNLOAD = ["-rv", "-d", "/opt", MODULE]
+MERGE = "application/merge-patch+json"
+
+
+def _push(directory: Path, archive: Path, reference: str) -> str:
+    """``kmm sandbox push`` as a user runs it; its last line is the reference."""
+    pushed = subprocess.run(
+        [sys.executable, "-c", "from kmm.cli import main; main()", "sandbox", "push",
+         f"--dir={directory}", str(archive), reference],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return pushed.stdout.splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def containers() -> Iterator[cluster.state.SandboxState]:
+    # Short: unix sockets live under it.
+    directory = Path(os.path.realpath(tempfile.mkdtemp(prefix="ku", dir="/tmp")))
+    options = cluster.Options(
+        directory=directory,
+        cache_dir=paths.cache_dir(),
+        nodes=0,
+        kubelet_nodes=2,
+        runtime="containerd",
+        pause_image=(IMAGES / "pause.tar").resolve(),
+    )
+    record = asyncio.run(cluster.up(options))
+    try:
+        loader = (IMAGES / "loader.tar").resolve()
+        for version in ("v1", "v2"):
+            assert _push(directory, loader, f"loader:{version}") == f"{REGISTRY}/loader:{version}"
+        asyncio.run(support.install_manifests(record.kubeconfig))
+        yield record
+    finally:
+        with contextlib.suppress(Exception):
+            cluster.down(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def module_body(namespace: str, version: str, kernel: str) -> dict[str, Any]:
+    return {
+        "apiVersion": modules.API_VERSION,
+        "kind": modules.KIND,
+        "metadata": {"name": NAME, "namespace": namespace},
+        "spec": {
+            "selector": {SELECT: "yes"},
+            "moduleLoader": {
+                "container": {
+                    "version": version,
+                    "modprobe": {"moduleName": MODULE},
+                    "kernelMappings": [
+                        {"literal": kernel, "containerImage": f"{REGISTRY}/loader:{version}"}
+                    ],
+                }
+            },
+        },
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One recorded ``modprobe`` call: the log's timestamp and its argv."""
+
+    at: datetime.datetime
+    argv: list[str]
+
+
+def calls(log: str) -> list[Call]:
+    """The ``KMM-MODPROBE`` lines of a log read with ``timestamps=true``."""
+    found = []
+    for line in log.splitlines():
+        stamp, _, text = line.partition(" ")
+        if text.startswith("KMM-MODPROBE "):
+            record = json.loads(text.removeprefix("KMM-MODPROBE "))
+            found.append(Call(_timestamp(stamp), record["argv"]))
+    return found
+
+
+def _timestamp(text: str) -> datetime.datetime:
+    # RFC 3339 with nanoseconds: Python keeps microseconds (enough to order
+    # lines that the same node's containerd stamped).
+    head, _, rest = text.rstrip("Z").partition(".")
+    digits = (rest + "000000")[:6]
+    return datetime.datetime.fromisoformat(f"{head}.{digits}+00:00")
+
+
+@dataclasses.dataclass(frozen=True)
+class PodEvent:
+    revision: int
+    type: str
+    name: str
+    uid: str
+    node: str
+    version: str | None
+
+
+class PodRecorder:
+    """Every ADDED and DELETED event of the namespace's loader pods, by revision."""
+
+    def __init__(self, api: kube_client.Client, namespace: str) -> None:
+        self.api, self.namespace = api, namespace
+        self.events: list[PodEvent] = []
+        self.listed = asyncio.Event()
+
+    async def _record(self) -> None:
+        path = resources.PODS.path(self.namespace)
+        query = {"labelSelector": f"{labels.ROLE}=module-loader"}
+        listing = await self.api.request("GET", path, query=query)
+        for pod in listing["items"]:
+            self._add("LISTED", pod)
+        version = listing["metadata"]["resourceVersion"]
+        self.listed.set()
+        while True:
+            with contextlib.suppress(kube_errors.Unavailable):
+                async for event in self.api.watch(
+                    path, query={**query, "resourceVersion": version}
+                ):
+                    version = objects.resource_version(event["object"]) or version
+                    if event["type"] in ("ADDED", "DELETED"):
+                        self._add(event["type"], event["object"])
+
+    def _add(self, type_: str, pod: dict[str, Any]) -> None:
+        self.events.append(
+            PodEvent(
+                int(objects.resource_version(pod) or 0),
+                type_,
+                objects.name(pod),
+                pod["metadata"]["uid"],
+                (pod.get("spec") or {}).get("nodeName") or "",
+                objects.labels(pod).get(labels.MODULE_VERSION),
+            )
+        )
+
+    def revision(self, type_: str, uid: str) -> int:
+        [found] = [e.revision for e in self.events if e.type == type_ and e.uid == uid]
+        return found
+
+    @contextlib.asynccontextmanager
+    async def recording(self) -> AsyncIterator[PodRecorder]:
+        task = asyncio.ensure_future(self._record())
+        try:
+
+            async def listed() -> bool:
+                if task.done():
+                    task.result()
+                return self.listed.is_set()
+
+            await testing.eventually(listed, "the loader pods listed")
+            yield self
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderPod:
+    name: str
+    uid: str
+    restarts: int
+    version: str | None
+
+
+async def loader_pod(api: kube_client.Client, namespace: str, node: str) -> LoaderPod:
+    """The one Ready loader pod on ``node`` (waited for)."""
+    found: list[LoaderPod] = []
+
+    async def one_ready() -> bool:
+        listing = await api.request(
+            "GET",
+            resources.PODS.path(namespace),
+            query={"labelSelector": f"{labels.ROLE}=module-loader"},
+        )
+        pods = [p for p in listing["items"] if p["spec"].get("nodeName") == node]
+        if len(pods) != 1 or not any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (pods[0].get("status") or {}).get("conditions") or ()
+        ):
+            return False
+        [status] = pods[0]["status"]["containerStatuses"]
+        found[:] = [
+            LoaderPod(
+                objects.name(pods[0]),
+                pods[0]["metadata"]["uid"],
+                status["restartCount"],
+                objects.labels(pods[0]).get(labels.MODULE_VERSION),
+            )
+        ]
+        return True
+
+    await testing.eventually(one_ready, f"one Ready loader pod on {node}", bound=180)
+    return found[0]
+
+
+async def read_log(api: kube_client.Client, namespace: str, pod: str) -> str:
+    path = resources.PODS.path(namespace, pod) + "/log"
+    return str(await api.request("GET", path, query={"timestamps": "true"}) or "")
+
+
+async def follow_log(core: client.CoreV1Api, namespace: str, pod: str) -> str:
+    """The pod's log followed until the container exits (the stream ends then)."""
+    response = await core.read_namespaced_pod_log(
+        pod, namespace, follow=True, timestamps=True, _preload_content=False
+    )
+    try:
+        return (await response.read()).decode()
+    finally:
+        response.release()
+
+
+async def set_node_label(api: kube_client.Client, node: str, key: str, value: str | None) -> None:
+    await api.request(
+        "PATCH",
+        resources.NODES.path(name=node),
+        body={"metadata": {"labels": {key: value}}},
+        content_type=kube_client.MERGE_PATCH,
+    )
+
+
+async def wait_on(api: kube_client.Client, namespace: str, node: str, version: str) -> None:
+    key = labels.version_ready(namespace, NAME)
+
+    async def there() -> bool:
+        found = await api.request("GET", resources.NODES.path(name=node))
+        return bool(objects.labels(found).get(key) == version)
+
+    await testing.eventually(there, f"{node} on {version}", bound=300)
+
+
+async def node_kernel(api: kube_client.Client, node: str) -> str:
+    found = await api.request("GET", resources.NODES.path(name=node))
+    return kernels.node_kernel(found["status"]["nodeInfo"]["kernelVersion"])
+
+
+@pytest.fixture
+async def api(containers: cluster.state.SandboxState) -> AsyncIterator[kube_client.Client]:
+    async with cluster.api_client(containers.kubeconfig) as found:
+        yield found
+
+
+@pytest.fixture
+async def core(containers: cluster.state.SandboxState) -> AsyncIterator[client.CoreV1Api]:
+    independent = await support.independent_client(containers.kubeconfig)
+    async with independent:
+        yield client.CoreV1Api(independent)
+
+
+async def move(
+    api: kube_client.Client,
+    core: client.CoreV1Api,
+    recorder: PodRecorder,
+    namespace: str,
+    node: str,
+    other: str,
+    *,
+    kubeconfig: Path | None = None,
+) -> str:
+    """Move ``node`` from v1 to v2 (with ``kubeconfig``, by ``kmm upgrade``; its
+    output returned); check the order there and that ``other`` was left alone."""
+    old = await loader_pod(api, namespace, node)
+    assert old.version == "v1"
+    kept = await loader_pod(api, namespace, other)
+    kept_log = calls(await read_log(api, namespace, kept.name))
+    since = len(recorder.events)
+    # Followed from before the move: the preStop's lines reach the log
+    # before the container exits, and the stream ends when it exits.
+    followed = asyncio.ensure_future(follow_log(core, namespace, old.name))
+    try:
+        said = ""
+        if kubeconfig is None:
+            await set_node_label(api, node, labels.module_version(namespace, NAME), "v2")
+        else:
+            said = await asyncio.to_thread(
+                kmm_upgrade, kubeconfig, f"{namespace}/{NAME}", node, "--to", "v2"
+            )
+        await wait_on(api, namespace, node, "v2")
+        old_calls = calls(await asyncio.wait_for(followed, 300))
+    finally:
+        followed.cancel()
+        await asyncio.gather(followed, return_exceptions=True)
+    new = await loader_pod(api, namespace, node)
+    assert new.version == "v2"
+    assert new.uid != old.uid
+    new_calls = calls(await read_log(api, namespace, new.name))
+
+    # The old pod loaded once and unloaded once, in that order; the new pod
+    # loaded once.
+    assert [c.argv for c in old_calls] == [LOAD, UNLOAD], old_calls
+    assert [c.argv for c in new_calls] == [LOAD], new_calls
+    # Unload before load: the v2 pod was created only after the v1 pod was
+    # gone (one etcd revision order for both events), and the log's own
+    # timestamps (the node's containerd stamped both) agree.
+    assert recorder.revision("DELETED", old.uid) < recorder.revision("ADDED", new.uid)
+    assert old_calls[1].at < new_calls[0].at
+
+    # The other node's loader pod was left alone.
+    still = await loader_pod(api, namespace, other)
+    assert still == kept
+    assert calls(await read_log(api, namespace, still.name)) == kept_log
+    assert [c.argv for c in kept_log] == [LOAD]
+    assert not [e for e in recorder.events[since:] if e.node == other], recorder.events
+    return said
+
+
+def kmm_upgrade(kubeconfig: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", "from kmm.cli import main; main()", "upgrade",
+         f"--kubeconfig={kubeconfig}", *args, "--timeout", "300"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return done.stdout
+
+
+async def test_an_ordered_upgrade_unloads_v1_before_loading_v2_one_node_at_a_time(
+    containers: cluster.state.SandboxState,
+    api: kube_client.Client,
+    core: client.CoreV1Api,
+) -> None:
+    namespace = f"upgrade-{uuid.uuid4().hex[:6]}"
+    await api.request("POST", resources.NAMESPACES.path(), body={"metadata": {"name": namespace}})
+    kernel = await node_kernel(api, NODES[0])
+    assert await node_kernel(api, NODES[1]) == kernel
+    async with support.operator_in_process(containers.kubeconfig) as running:
+        for node in NODES:
+            await set_node_label(api, node, SELECT, "yes")
+        await api.request(
+            "POST",
+            f"/apis/{modules.GROUP}/{modules.VERSION}/namespaces/{namespace}/{modules.PLURAL}",
+            body=module_body(namespace, "v1", kernel),
+        )
+        for node in NODES:
+            await set_node_label(api, node, labels.module_version(namespace, NAME), "v1")
+        for node in NODES:
+            await wait_on(api, namespace, node, "v1")
+        for node in NODES:
+            pod = await loader_pod(api, namespace, node)
+            assert pod.version == "v1"
+            assert [c.argv for c in calls(await read_log(api, namespace, pod.name))] == [LOAD]
+
+        await api.request(
+            "PATCH",
+            f"/apis/{modules.GROUP}/{modules.VERSION}/namespaces/{namespace}"
+            f"/{modules.PLURAL}/{NAME}",
+            body={"spec": module_body(namespace, "v2", kernel)["spec"]},
+            content_type=MERGE,
+        )
+        async with PodRecorder(api, namespace).recording() as recorder:
+            await move(api, core, recorder, namespace, NODES[0], NODES[1])
+            said = await move(
+                api, core, recorder, namespace, NODES[1], NODES[0], kubeconfig=containers.kubeconfig
+            )
+        assert f"{NODES[1]}: adding the module-loader version label v2" in said
+        assert said.splitlines()[-2:] == [f"{NODES[1]}: on v2", "1 node(s) on v2"]
+        await running.wait_idle("settled")
+        module = await api.request(
+            "GET",
+            f"/apis/{modules.GROUP}/{modules.VERSION}/namespaces/{namespace}"
+            f"/{modules.PLURAL}/{NAME}",
+        )
+        versions = module["status"]["moduleLoader"]["versions"]
+        assert versions == [{"version": "v2", "desiredNumber": 2, "availableNumber": 2}]
+        for node in NODES:
+            events = await api.request(
+                "GET",
+                resources.EVENTS.path("default"),
+                query={"fieldSelector": f"involvedObject.kind=Node,involvedObject.name={node}"},
+            )
+            # Each said once (the list's order is not the events' order).
+            told = sorted(
+                (e["reason"], e.get("message", ""))
+                for e in events["items"]
+                if f"{namespace}/{NAME}" in e.get("message", "")
+            )
+            what = f"module {namespace}/{NAME}"
+            assert told == [
+                ("ModuleLoaded", f"{what} version v1 loaded"),
+                ("ModuleLoaded", f"{what} version v2 loaded"),
+                ("ModuleUnloaded", f"{what} version v1 unloaded"),
+            ], told
+        for node in NODES:
+            await set_node_label(api, node, labels.module_version(namespace, NAME), None)
+            await set_node_label(api, node, SELECT, None)
+        independent = await support.independent_client(containers.kubeconfig)
+        async with independent:
+            await support.delete_and_wait_clean(independent, namespace, NAME)
+    await api.request("DELETE", resources.NAMESPACES.path(name=namespace))
