@@ -156,32 +156,44 @@ class PodEvent:
     version: str | None
 
 
-class PodRecorder:
-    """Every ADDED and DELETED event of the namespace's loader pods, by revision."""
+@dataclasses.dataclass(frozen=True)
+class ReadyEvent:
+    revision: int
+    node: str
+    ready: bool
+
+
+class Recorder:
+    """Every ADDED and DELETED event of the namespace's loader pods, and every
+    change of the Module's ``.ready`` label on a node, by revision (etcd's,
+    one order for both)."""
 
     def __init__(self, api: kube_client.Client, namespace: str) -> None:
         self.api, self.namespace = api, namespace
         self.events: list[PodEvent] = []
-        self.listed = asyncio.Event()
+        self.ready: list[ReadyEvent] = []
+        self._ready_now: dict[str, bool] = {}
 
-    async def _record(self) -> None:
-        path = resources.PODS.path(self.namespace)
-        query = {"labelSelector": f"{labels.ROLE}=module-loader"}
+    async def _stream(
+        self, path: str, query: dict[str, str], on: Any, listed: asyncio.Event
+    ) -> None:
         listing = await self.api.request("GET", path, query=query)
-        for pod in listing["items"]:
-            self._add("LISTED", pod)
+        for item in listing["items"]:
+            on("LISTED", item)
         version = listing["metadata"]["resourceVersion"]
-        self.listed.set()
+        listed.set()
         while True:
             with contextlib.suppress(kube_errors.Unavailable):
                 async for event in self.api.watch(
                     path, query={**query, "resourceVersion": version}
                 ):
                     version = objects.resource_version(event["object"]) or version
-                    if event["type"] in ("ADDED", "DELETED"):
-                        self._add(event["type"], event["object"])
+                    if event["type"] != "BOOKMARK":
+                        on(event["type"], event["object"])
 
-    def _add(self, type_: str, pod: dict[str, Any]) -> None:
+    def _pod(self, type_: str, pod: dict[str, Any]) -> None:
+        if type_ not in ("LISTED", "ADDED", "DELETED"):
+            return
         self.events.append(
             PodEvent(
                 int(objects.resource_version(pod) or 0),
@@ -193,25 +205,46 @@ class PodRecorder:
             )
         )
 
+    def _node(self, type_: str, node: dict[str, Any]) -> None:
+        name = objects.name(node)
+        ready = labels.ready(self.namespace, NAME) in objects.labels(node)
+        if type_ != "LISTED" and self._ready_now.get(name) != ready:
+            self.ready.append(ReadyEvent(int(objects.resource_version(node) or 0), name, ready))
+        self._ready_now[name] = ready
+
     def revision(self, type_: str, uid: str) -> int:
         [found] = [e.revision for e in self.events if e.type == type_ and e.uid == uid]
         return found
 
     @contextlib.asynccontextmanager
-    async def recording(self) -> AsyncIterator[PodRecorder]:
-        task = asyncio.ensure_future(self._record())
+    async def recording(self) -> AsyncIterator[Recorder]:
+        sources = [
+            (
+                resources.PODS.path(self.namespace),
+                {"labelSelector": f"{labels.ROLE}=module-loader"},
+                self._pod,
+            ),
+            (resources.NODES.path(), {}, self._node),
+        ]
+        listed = [asyncio.Event() for _ in sources]
+        tasks = [
+            asyncio.ensure_future(self._stream(path, query, on, done))
+            for (path, query, on), done in zip(sources, listed, strict=True)
+        ]
         try:
 
-            async def listed() -> bool:
-                if task.done():
-                    task.result()
-                return self.listed.is_set()
+            async def lists_in() -> bool:
+                for task in tasks:
+                    if task.done():
+                        task.result()  # a failed list fails the test here
+                return all(done.is_set() for done in listed)
 
-            await testing.eventually(listed, "the loader pods listed")
+            await testing.eventually(lists_in, "the recorder's lists in")
             yield self
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,7 +342,7 @@ async def core(containers: cluster.state.SandboxState) -> AsyncIterator[client.C
 async def move(
     api: kube_client.Client,
     core: client.CoreV1Api,
-    recorder: PodRecorder,
+    recorder: Recorder,
     namespace: str,
     node: str,
     other: str,
@@ -373,22 +406,23 @@ def kmm_upgrade(kubeconfig: Path, *args: str) -> str:
     return done.stdout
 
 
-async def test_an_ordered_upgrade_unloads_v1_before_loading_v2_one_node_at_a_time(
-    containers: cluster.state.SandboxState,
-    api: kube_client.Client,
-    core: client.CoreV1Api,
-) -> None:
+MODULES_PATH = f"/apis/{modules.GROUP}/{modules.VERSION}/namespaces/{{}}/{modules.PLURAL}"
+
+
+@contextlib.asynccontextmanager
+async def loaded_v1(api: kube_client.Client) -> AsyncIterator[tuple[str, str]]:
+    """A namespace of its own and the Module in it at v1, loaded on both
+    nodes (an operator must run); its namespace and kernel yielded. The
+    nodes' labels are taken off afterwards."""
     namespace = f"upgrade-{uuid.uuid4().hex[:6]}"
     await api.request("POST", resources.NAMESPACES.path(), body={"metadata": {"name": namespace}})
     kernel = await node_kernel(api, NODES[0])
     assert await node_kernel(api, NODES[1]) == kernel
-    async with support.operator_in_process(containers.kubeconfig) as running:
+    try:
         for node in NODES:
             await set_node_label(api, node, SELECT, "yes")
         await api.request(
-            "POST",
-            f"/apis/{modules.GROUP}/{modules.VERSION}/namespaces/{namespace}/{modules.PLURAL}",
-            body=module_body(namespace, "v1", kernel),
+            "POST", MODULES_PATH.format(namespace), body=module_body(namespace, "v1", kernel)
         )
         for node in NODES:
             await set_node_label(api, node, labels.module_version(namespace, NAME), "v1")
@@ -398,15 +432,30 @@ async def test_an_ordered_upgrade_unloads_v1_before_loading_v2_one_node_at_a_tim
             pod = await loader_pod(api, namespace, node)
             assert pod.version == "v1"
             assert [c.argv for c in calls(await read_log(api, namespace, pod.name))] == [LOAD]
+        yield namespace, kernel
+    finally:
+        for node in NODES:
+            await set_node_label(api, node, labels.module_version(namespace, NAME), None)
+            await set_node_label(api, node, SELECT, None)
+        await api.request("DELETE", resources.NAMESPACES.path(name=namespace))
 
+
+async def test_an_ordered_upgrade_unloads_v1_before_loading_v2_one_node_at_a_time(
+    containers: cluster.state.SandboxState,
+    api: kube_client.Client,
+    core: client.CoreV1Api,
+) -> None:
+    async with (
+        support.operator_in_process(containers.kubeconfig) as running,
+        loaded_v1(api) as (namespace, kernel),
+    ):
         await api.request(
             "PATCH",
-            f"/apis/{modules.GROUP}/{modules.VERSION}/namespaces/{namespace}"
-            f"/{modules.PLURAL}/{NAME}",
+            MODULES_PATH.format(namespace) + f"/{NAME}",
             body={"spec": module_body(namespace, "v2", kernel)["spec"]},
             content_type=MERGE,
         )
-        async with PodRecorder(api, namespace).recording() as recorder:
+        async with Recorder(api, namespace).recording() as recorder:
             await move(api, core, recorder, namespace, NODES[0], NODES[1])
             said = await move(
                 api, core, recorder, namespace, NODES[1], NODES[0], kubeconfig=containers.kubeconfig
@@ -414,11 +463,7 @@ async def test_an_ordered_upgrade_unloads_v1_before_loading_v2_one_node_at_a_tim
         assert f"{NODES[1]}: adding the module-loader version label v2" in said
         assert said.splitlines()[-2:] == [f"{NODES[1]}: on v2", "1 node(s) on v2"]
         await running.wait_idle("settled")
-        module = await api.request(
-            "GET",
-            f"/apis/{modules.GROUP}/{modules.VERSION}/namespaces/{namespace}"
-            f"/{modules.PLURAL}/{NAME}",
-        )
+        module = await api.request("GET", MODULES_PATH.format(namespace) + f"/{NAME}")
         versions = module["status"]["moduleLoader"]["versions"]
         assert versions == [{"version": "v2", "desiredNumber": 2, "availableNumber": 2}]
         for node in NODES:
@@ -439,10 +484,60 @@ async def test_an_ordered_upgrade_unloads_v1_before_loading_v2_one_node_at_a_tim
                 ("ModuleLoaded", f"{what} version v2 loaded"),
                 ("ModuleUnloaded", f"{what} version v1 unloaded"),
             ], told
-        for node in NODES:
-            await set_node_label(api, node, labels.module_version(namespace, NAME), None)
-            await set_node_label(api, node, SELECT, None)
-        independent = await support.independent_client(containers.kubeconfig)
-        async with independent:
-            await support.delete_and_wait_clean(independent, namespace, NAME)
-    await api.request("DELETE", resources.NAMESPACES.path(name=namespace))
+        await delete_module(api, core, namespace)
+
+
+async def delete_module(api: kube_client.Client, core: client.CoreV1Api, namespace: str) -> None:
+    """Delete the Module; each loader pod's log shows its unload, and the
+    node's ``.ready`` went only after that pod was gone (the operator's
+    finalizer waits on it: the module stays loaded until the pod is gone)."""
+    pods = {node: await loader_pod(api, namespace, node) for node in NODES}
+    async with Recorder(api, namespace).recording() as recorder:
+        followed = {
+            node: asyncio.ensure_future(follow_log(core, namespace, pod.name))
+            for node, pod in pods.items()
+        }
+        try:
+            await api.request("DELETE", MODULES_PATH.format(namespace) + f"/{NAME}")
+
+            async def gone() -> bool:
+                try:
+                    await api.request("GET", MODULES_PATH.format(namespace) + f"/{NAME}")
+                except kube_errors.NotFound:
+                    return True
+                return False
+
+            await testing.eventually(gone, "the Module gone", bound=300)
+            logs = {node: await asyncio.wait_for(task, 300) for node, task in followed.items()}
+        finally:
+            for task in followed.values():
+                task.cancel()
+            await asyncio.gather(*followed.values(), return_exceptions=True)
+        for node, pod in pods.items():
+            assert [c.argv for c in calls(logs[node])] == [LOAD, UNLOAD], logs[node]
+
+            async def seen(node: str = node, uid: str = pod.uid) -> bool:
+                return any(e.uid == uid and e.type == "DELETED" for e in recorder.events) and any(
+                    e.node == node and not e.ready for e in recorder.ready
+                )
+
+            await testing.eventually(seen, f"the watches caught up on {node}")
+            [unready] = [e.revision for e in recorder.ready if e.node == node and not e.ready]
+            assert recorder.revision("DELETED", pod.uid) < unready, (
+                recorder.events,
+                recorder.ready,
+            )
+    listing = await api.request("GET", resources.DAEMONSETS.path(namespace))
+    assert listing["items"] == []
+
+
+async def test_deleting_the_module_keeps_ready_until_each_loader_pod_unloaded_and_went(
+    containers: cluster.state.SandboxState,
+    api: kube_client.Client,
+    core: client.CoreV1Api,
+) -> None:
+    async with (
+        support.operator_in_process(containers.kubeconfig),
+        loaded_v1(api) as (namespace, _kernel),
+    ):
+        await delete_module(api, core, namespace)
