@@ -431,18 +431,43 @@ class Client:
 
 
 def _load_certificate(context: ssl.SSLContext, certificate: credentials.Certificate) -> None:
-    # ssl loads a client certificate from files only: write both to a private
-    # directory for the call, then remove them.
+    # ssl loads a client certificate from files only. On Linux they are
+    # memory files (memfd), opened through /proc/self/fd: nothing is written
+    # anywhere, so a container with a read-only root filesystem (the chart's,
+    # whose /tmp is not writable) loads it too, and the key never reaches a
+    # disk. Elsewhere, a private temporary directory, removed after the call.
+    try:
+        if hasattr(os, "memfd_create") and Path("/proc/self/fd").is_dir():
+            _load_from_memory(context, certificate)
+        else:
+            _load_from_directory(context, certificate)
+    except ssl.SSLError as err:
+        raise errors.ConfigError(f"unusable client certificate: {err}") from err
+
+
+def _load_from_memory(context: ssl.SSLContext, certificate: credentials.Certificate) -> None:
+    descriptors: list[int] = []
+    try:
+        for name, data in (("cert", certificate.cert), ("key", certificate.key)):
+            descriptor = os.memfd_create(f"kmm-tls-{name}", os.MFD_CLOEXEC)
+            descriptors.append(descriptor)
+            with open(descriptor, "wb", closefd=False) as stream:
+                stream.write(data)
+        cert, key = (f"/proc/self/fd/{descriptor}" for descriptor in descriptors)
+        context.load_cert_chain(cert, key)
+    finally:
+        for descriptor in descriptors:
+            os.close(descriptor)
+
+
+def _load_from_directory(context: ssl.SSLContext, certificate: credentials.Certificate) -> None:
     with tempfile.TemporaryDirectory(prefix="kmm-tls-") as directory:
         cert, key = Path(directory) / "cert.pem", Path(directory) / "key.pem"
         for path, data in ((cert, certificate.cert), (key, certificate.key)):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as stream:
                 stream.write(data)
-        try:
-            context.load_cert_chain(str(cert), str(key))
-        except ssl.SSLError as err:
-            raise errors.ConfigError(f"unusable client certificate: {err}") from err
+        context.load_cert_chain(str(cert), str(key))
 
 
 def _event(line: bytes, path: str) -> dict[str, Any]:

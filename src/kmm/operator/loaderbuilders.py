@@ -5,7 +5,11 @@ The loader pod loads the module in ``postStart`` and unloads it in
 module is loaded. DESIGN §5 keeps KMM's early DaemonSet design and closes its
 hole: ``updateStrategy: OnDelete``, and the pod template is a function of the
 (kernel, image, modprobe) content and the Module's scheduling fields only, so
-an operator upgrade never changes it and never restarts a loader pod.
+an operator upgrade never restarts a loader pod. (One upgrade did change the
+template: the main process, ``MAIN_COMMAND``, became a shell that exits on
+SIGTERM. The operator then patches each loader DaemonSet once; OnDelete
+leaves its running pods as they are, and only pods made afterwards, on new
+nodes or in place of deleted ones, run the new command.)
 
 With ``version`` set (ordered upgrades), a DaemonSet is per (kernel, image,
 version): its name and labels carry the version and its pods select the
@@ -37,6 +41,7 @@ from kmm.api import kernels, labels, modules
 from kmm.operator import objects, podspecs
 
 __all__ = [
+    "MAIN_COMMAND",
     "daemonset",
     "daemonset_name",
     "load_commands",
@@ -48,6 +53,13 @@ __all__ = [
 RawObject = dict[str, Any]
 
 _CONTAINER = "module-loader"
+# The main process only waits; it is PID 1 of its container, where a signal
+# without a handler is ignored: a bare ``sleep infinity`` ignores the
+# kubelet's SIGTERM after ``preStop``, so every loader pod deletion waited out
+# the whole grace period and ended in SIGKILL (exit 137). The shell's trap
+# exits 0 on SIGTERM instead (``wait``, unlike a foreground ``sleep``, lets
+# the trap run at once). The hooks already need /bin/sh in the image.
+MAIN_COMMAND = ("/bin/sh", "-c", "trap 'exit 0' TERM; sleep infinity & wait")
 _FIRMWARE_HOST_PATH = "/var/lib/firmware"
 # KMM's names: a file of its own in modprobe.d, so the image's configuration stays in force.
 _SOFTDEP_VOLUME = "modules-order"
@@ -212,7 +224,7 @@ def daemonset(module: modules.Module, target: kernels.Target) -> RawObject:
         "name": _CONTAINER,
         "image": target.image,
         # The container only holds the module files; the hooks do the work.
-        "command": ["sleep", "infinity"],
+        "command": list(MAIN_COMMAND),
         # modprobe needs root and SYS_MODULE (DESIGN §5), and the firmware
         # copy writes a root-owned host directory; nothing else: the
         # runtime's default capabilities are dropped.

@@ -92,20 +92,23 @@ def test_loading_order_mounts_the_softdep_file() -> None:
 
 # -- templates of Modules without modulesLoadingOrder: pinned ----------------
 
-# Spec hashes of the whole DaemonSet, computed by the builder before
-# modulesLoadingOrder got its softdep file: a changed value is a rollout of
-# every loader pod of such a Module.
+# Spec hashes of the whole DaemonSet, computed by the builder after
+# modulesLoadingOrder got its softdep file (which left them as they were) and
+# after the main process became a shell exiting on SIGTERM (which changed
+# them, on purpose: loaderbuilders.MAIN_COMMAND). A changed value is one
+# patch of every loader DaemonSet of such a Module on an operator upgrade,
+# and a new command for its pods made afterwards (OnDelete keeps the running ones).
 _PINNED = {
-    ("plain", "6.8.0-45-generic"): "74492cfb4bdbdca8373d",
-    ("plain", "6.1.0-27-amd64"): "71e447c62e7dd6ed0b63",
-    ("args", "6.8.0-45-generic"): "dc90eb0a73ffd756a29f",
-    ("args", "6.1.0-27-amd64"): "8461f965bd96d49a8b93",
-    ("raw", "6.8.0-45-generic"): "9512ba3f884e19534e4d",
-    ("raw", "6.1.0-27-amd64"): "220b59cc3a84bab4f81a",
-    ("firmware", "6.8.0-45-generic"): "3c41a247d17a6b8ca537",
-    ("firmware", "6.1.0-27-amd64"): "237200fff11d0eae2156",
-    ("version", "6.8.0-45-generic"): "c71def611dcfd569eeb1",
-    ("version", "6.1.0-27-amd64"): "4d3a8d63e60ba6925636",
+    ("plain", "6.8.0-45-generic"): "c1f4676e8023a048f3fd",
+    ("plain", "6.1.0-27-amd64"): "eb89640e4ed1827a7be2",
+    ("args", "6.8.0-45-generic"): "67ba646897f5ed8077a0",
+    ("args", "6.1.0-27-amd64"): "5171f47142a877091af6",
+    ("raw", "6.8.0-45-generic"): "4cd709db08c1dc4fac56",
+    ("raw", "6.1.0-27-amd64"): "327c41ebfcfba1ddc181",
+    ("firmware", "6.8.0-45-generic"): "c00ed48564ad7c3225ac",
+    ("firmware", "6.1.0-27-amd64"): "f4a9eee500b00dd45fc9",
+    ("version", "6.8.0-45-generic"): "b22ccef438f3618f82bd",
+    ("version", "6.1.0-27-amd64"): "cb2d0b1529f25b9bd2c2",
 }
 _VARIANTS: dict[str, dict[str, Any]] = {
     "plain": _module_raw(),
@@ -141,7 +144,7 @@ def test_plain_template_is_byte_identical() -> None:
                 {
                     "name": "module-loader",
                     "image": "r.io/m:v1",
-                    "command": ["sleep", "infinity"],
+                    "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep infinity & wait"],
                     "securityContext": {
                         "capabilities": {"drop": ["ALL"], "add": ["SYS_MODULE"]},
                         "runAsUser": 0,
