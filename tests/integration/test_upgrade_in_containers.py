@@ -171,6 +171,8 @@ class Recorder:
     def __init__(self, api: kube_client.Client, namespace: str) -> None:
         self.api, self.namespace = api, namespace
         self.events: list[PodEvent] = []
+        # A deleted pod's container, as the kubelet last reported it (by pod uid).
+        self.ended: dict[str, dict[str, Any]] = {}
         self.ready: list[ReadyEvent] = []
         self._ready_now: dict[str, bool] = {}
 
@@ -194,6 +196,9 @@ class Recorder:
     def _pod(self, type_: str, pod: dict[str, Any]) -> None:
         if type_ not in ("LISTED", "ADDED", "DELETED"):
             return
+        if type_ == "DELETED":
+            [status] = (pod.get("status") or {}).get("containerStatuses") or [{}]
+            self.ended[pod["metadata"]["uid"]] = (status.get("state") or {}).get("terminated") or {}
         self.events.append(
             PodEvent(
                 int(objects.resource_version(pod) or 0),
@@ -386,6 +391,10 @@ async def move(
     # timestamps (the node's containerd stamped both) agree.
     assert recorder.revision("DELETED", old.uid) < recorder.revision("ADDED", new.uid)
     assert old_calls[1].at < new_calls[0].at
+    # The main process ended on the kubelet's SIGTERM after preStop, not on
+    # SIGKILL (137) at the end of the grace period.
+    ended = recorder.ended[old.uid]
+    assert (ended.get("exitCode"), ended.get("reason")) == (0, "Completed"), ended
 
     # The other node's loader pod was left alone.
     still = await loader_pod(api, namespace, other)
