@@ -4,23 +4,30 @@ One sandbox for the module: two containerd nodes, the registry on. The loader
 image (``make test-images``, build/images/loader.tar) is pushed twice, as
 loader:v1 and loader:v2: the same files, its ``modprobe`` recording each call
 as a ``KMM-MODPROBE {...}`` line in the container's log. The Module maps each
-node's real kernel (``nodeInfo.kernelVersion``) to loader:<version>. The
-operator runs in the test process, on the host (as test_operator_upgrades'
-does).
+node's real kernel (``nodeInfo.kernelVersion``) to loader:<version>, and has
+a device plugin that only waits (the workload image, pushed as plugin:v1 and
+plugin:v2). The operator runs in the test process, on the host (as
+test_operator_upgrades' does).
 
 What is shown, read as a user reads it (``pods/log`` through the API server,
 whose lines the kubelet took from the container):
 
 - both nodes load v1: one load call in each loader pod's log;
-- moving ONE node to v2: the old pod's ``preStop`` unload is in its log (the
-  log is followed while the pod terminates; the lines reach it before the
-  container exits), the v2 pod is created only after the v1 pod is gone
-  (the operator's guarantee: ``.ready`` stays while the old pod is there and
-  the v2 loader label waits on it), ordered by the pod watch's
-  resourceVersions, and the log's own timestamps put the unload before the
-  load; the other node's loader pod is untouched (same uid, same
-  restartCount, still one load call and no unload);
-- then the second node moves, and the same holds the other way round.
+- moving ONE node to v2: its v1 device-plugin pod goes before the loader
+  label does; the old loader pod's ``preStop`` unload is in its log (the log
+  is followed while the pod terminates; the lines reach it before the
+  container exits), and its main process ends on SIGTERM (exit 0); the v2
+  pod is created only after the v1 pod is gone (the operator's guarantee:
+  ``.ready`` stays while the old pod is there and the v2 loader label waits
+  on it), ordered by the watches' resourceVersions, and the log's own
+  timestamps put the unload before the load; the other node's pods are
+  untouched (same uids, same restartCount, still one load call and no
+  unload, no pod event there);
+- then the second node moves (by ``kmm upgrade``), and the same holds the
+  other way round;
+- deleting the Module: the device-plugin pods go before any loader pod is
+  deleted, each loader pod unloads, and each node keeps ``.ready`` until its
+  loader pod is gone.
 
 Nothing is timed: every count is of log lines, pods and watch events.
 """
@@ -31,6 +38,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import shutil
@@ -62,6 +70,7 @@ SELECT = "kmm-test/upgrade"
 LOAD = ["-v", "-d", "/opt", MODULE]
 UNLOAD = ["-rv", "-d", "/opt", MODULE]
 MERGE = "application/merge-patch+json"
+PLUGIN = "device-plugin"
 
 
 def _push(directory: Path, archive: Path, reference: str) -> str:
@@ -88,9 +97,11 @@ def containers() -> Iterator[cluster.state.SandboxState]:
     )
     record = asyncio.run(cluster.up(options))
     try:
-        loader = (IMAGES / "loader.tar").resolve()
-        for version in ("v1", "v2"):
-            assert _push(directory, loader, f"loader:{version}") == f"{REGISTRY}/loader:{version}"
+        for archive, name in (("loader.tar", "loader"), ("workload.tar", "plugin")):
+            for version in ("v1", "v2"):
+                reference = f"{name}:{version}"
+                pushed = _push(directory, (IMAGES / archive).resolve(), reference)
+                assert pushed == f"{REGISTRY}/{reference}"
         asyncio.run(support.install_manifests(record.kubeconfig))
         yield record
     finally:
@@ -113,6 +124,14 @@ def module_body(namespace: str, version: str, kernel: str) -> dict[str, Any]:
                     "kernelMappings": [
                         {"literal": kernel, "containerImage": f"{REGISTRY}/loader:{version}"}
                     ],
+                }
+            },
+            # A device plugin that only waits (the workload image's busybox):
+            # the move takes its pod off the node before the loader's.
+            "devicePlugin": {
+                "container": {
+                    "image": f"{REGISTRY}/plugin:{version}",
+                    "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep infinity & wait"],
                 }
             },
         },
@@ -154,6 +173,7 @@ class PodEvent:
     uid: str
     node: str
     version: str | None
+    role: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,9 +184,11 @@ class ReadyEvent:
 
 
 class Recorder:
-    """Every ADDED and DELETED event of the namespace's loader pods, and every
-    change of the Module's ``.ready`` label on a node, by revision (etcd's,
-    one order for both)."""
+    """Every ADDED and DELETED event of the namespace's loader and
+    device-plugin pods and the first one showing each deleted (its
+    ``deletionTimestamp``), and every change of the Module's ``.ready`` and
+    loader version labels on a node, by revision (etcd's, one order for
+    all)."""
 
     def __init__(self, api: kube_client.Client, namespace: str) -> None:
         self.api, self.namespace = api, namespace
@@ -175,6 +197,11 @@ class Recorder:
         self.ended: dict[str, dict[str, Any]] = {}
         self.ready: list[ReadyEvent] = []
         self._ready_now: dict[str, bool] = {}
+        # By pod uid: the revision its deletion began.
+        self.terminating: dict[str, int] = {}
+        # (revision, node, value) of each change of the loader version label.
+        self.loader_label: list[tuple[int, str, str | None]] = []
+        self._loader_now: dict[str, str | None] = {}
 
     async def _stream(
         self, path: str, query: dict[str, str], on: Any, listed: asyncio.Event
@@ -194,6 +221,9 @@ class Recorder:
                         on(event["type"], event["object"])
 
     def _pod(self, type_: str, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        if pod["metadata"].get("deletionTimestamp") and uid not in self.terminating:
+            self.terminating[uid] = int(objects.resource_version(pod) or 0)
         if type_ not in ("LISTED", "ADDED", "DELETED"):
             return
         if type_ == "DELETED":
@@ -207,6 +237,7 @@ class Recorder:
                 pod["metadata"]["uid"],
                 (pod.get("spec") or {}).get("nodeName") or "",
                 objects.labels(pod).get(labels.MODULE_VERSION),
+                objects.labels(pod).get(labels.ROLE, ""),
             )
         )
 
@@ -216,6 +247,10 @@ class Recorder:
         if type_ != "LISTED" and self._ready_now.get(name) != ready:
             self.ready.append(ReadyEvent(int(objects.resource_version(node) or 0), name, ready))
         self._ready_now[name] = ready
+        loader = objects.labels(node).get(labels.module_loader_version(self.namespace, NAME))
+        if type_ != "LISTED" and self._loader_now.get(name) != loader:
+            self.loader_label.append((int(objects.resource_version(node) or 0), name, loader))
+        self._loader_now[name] = loader
 
     def revision(self, type_: str, uid: str) -> int:
         [found] = [e.revision for e in self.events if e.type == type_ and e.uid == uid]
@@ -226,7 +261,7 @@ class Recorder:
         sources = [
             (
                 resources.PODS.path(self.namespace),
-                {"labelSelector": f"{labels.ROLE}=module-loader"},
+                {"labelSelector": f"{labels.ROLE} in (module-loader,device-plugin)"},
                 self._pod,
             ),
             (resources.NODES.path(), {}, self._node),
@@ -260,15 +295,15 @@ class LoaderPod:
     version: str | None
 
 
-async def loader_pod(api: kube_client.Client, namespace: str, node: str) -> LoaderPod:
-    """The one Ready loader pod on ``node`` (waited for)."""
+async def loader_pod(
+    api: kube_client.Client, namespace: str, node: str, role: str = "module-loader"
+) -> LoaderPod:
+    """The one Ready pod of ``role`` on ``node`` (waited for)."""
     found: list[LoaderPod] = []
 
     async def one_ready() -> bool:
         listing = await api.request(
-            "GET",
-            resources.PODS.path(namespace),
-            query={"labelSelector": f"{labels.ROLE}=module-loader"},
+            "GET", resources.PODS.path(namespace), query={"labelSelector": f"{labels.ROLE}={role}"}
         )
         pods = [p for p in listing["items"] if p["spec"].get("nodeName") == node]
         if len(pods) != 1 or not any(
@@ -287,7 +322,7 @@ async def loader_pod(api: kube_client.Client, namespace: str, node: str) -> Load
         ]
         return True
 
-    await testing.eventually(one_ready, f"one Ready loader pod on {node}", bound=180)
+    await testing.eventually(one_ready, f"one Ready {role} pod on {node}", bound=180)
     return found[0]
 
 
@@ -358,7 +393,9 @@ async def move(
     output returned); check the order there and that ``other`` was left alone."""
     old = await loader_pod(api, namespace, node)
     assert old.version == "v1"
+    old_plugin = await loader_pod(api, namespace, node, PLUGIN)
     kept = await loader_pod(api, namespace, other)
+    kept_plugin = await loader_pod(api, namespace, other, PLUGIN)
     kept_log = calls(await read_log(api, namespace, kept.name))
     since = len(recorder.events)
     # Followed from before the move: the preStop's lines reach the log
@@ -395,10 +432,19 @@ async def move(
     # SIGKILL (137) at the end of the grace period.
     ended = recorder.ended[old.uid]
     assert (ended.get("exitCode"), ended.get("reason")) == (0, "Completed"), ended
+    # Seed 003's order before that: the device plugin's v1 pod was gone
+    # before the loader label went (so before the loader pod was deleted
+    # and its preStop ran), and the v2 one came after the v2 loader pod.
+    new_plugin = await loader_pod(api, namespace, node, PLUGIN)
+    assert new_plugin.version == "v2"
+    [off] = [r for r, n, v in recorder.loader_label if n == node and v is None]
+    assert recorder.revision("DELETED", old_plugin.uid) < off < recorder.terminating[old.uid]
+    assert recorder.revision("ADDED", new.uid) < recorder.revision("ADDED", new_plugin.uid)
 
     # The other node's loader pod was left alone.
     still = await loader_pod(api, namespace, other)
     assert still == kept
+    assert await loader_pod(api, namespace, other, PLUGIN) == kept_plugin
     assert calls(await read_log(api, namespace, still.name)) == kept_log
     assert [c.argv for c in kept_log] == [LOAD]
     assert not [e for e in recorder.events[since:] if e.node == other], recorder.events
@@ -501,6 +547,7 @@ async def delete_module(api: kube_client.Client, core: client.CoreV1Api, namespa
     node's ``.ready`` went only after that pod was gone (the operator's
     finalizer waits on it: the module stays loaded until the pod is gone)."""
     pods = {node: await loader_pod(api, namespace, node) for node in NODES}
+    plugins = {node: await loader_pod(api, namespace, node, PLUGIN) for node in NODES}
     async with Recorder(api, namespace).recording() as recorder:
         followed = {
             node: asyncio.ensure_future(follow_log(core, namespace, pod.name))
@@ -536,8 +583,19 @@ async def delete_module(api: kube_client.Client, core: client.CoreV1Api, namespa
                 recorder.events,
                 recorder.ready,
             )
+        # The device plugin's pods went before any loader pod was deleted.
+        for plugin in plugins.values():
+            await testing.eventually(
+                functools.partial(_seen_deleted, recorder, plugin.uid), "plugin pod deletion seen"
+            )
+        last_plugin = max(recorder.revision("DELETED", p.uid) for p in plugins.values())
+        assert last_plugin < min(recorder.terminating[p.uid] for p in pods.values())
     listing = await api.request("GET", resources.DAEMONSETS.path(namespace))
     assert listing["items"] == []
+
+
+async def _seen_deleted(recorder: Recorder, uid: str) -> bool:
+    return any(e.uid == uid and e.type == "DELETED" for e in recorder.events)
 
 
 async def test_deleting_the_module_keeps_ready_until_each_loader_pod_unloaded_and_went(
