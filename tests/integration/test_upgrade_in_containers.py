@@ -331,15 +331,21 @@ async def read_log(api: kube_client.Client, namespace: str, pod: str) -> str:
     return str(await api.request("GET", path, query={"timestamps": "true"}) or "")
 
 
-async def follow_log(core: client.CoreV1Api, namespace: str, pod: str) -> str:
-    """The pod's log followed until the container exits (the stream ends then)."""
+async def follow_log(core: client.CoreV1Api, namespace: str, pod: str) -> asyncio.Future[str]:
+    """The pod's log, followed until the container exits (the stream ends
+    then). Returned once the stream is open, so nothing done afterwards can
+    come before it."""
     response = await core.read_namespaced_pod_log(
         pod, namespace, follow=True, timestamps=True, _preload_content=False
     )
-    try:
-        return (await response.read()).decode()
-    finally:
-        response.release()
+
+    async def read() -> str:
+        try:
+            return (await response.read()).decode()
+        finally:
+            response.release()
+
+    return asyncio.ensure_future(read())
 
 
 async def set_node_label(api: kube_client.Client, node: str, key: str, value: str | None) -> None:
@@ -400,7 +406,7 @@ async def move(
     since = len(recorder.events)
     # Followed from before the move: the preStop's lines reach the log
     # before the container exits, and the stream ends when it exits.
-    followed = asyncio.ensure_future(follow_log(core, namespace, old.name))
+    followed = await follow_log(core, namespace, old.name)
     try:
         said = ""
         if kubeconfig is None:
@@ -549,11 +555,10 @@ async def delete_module(api: kube_client.Client, core: client.CoreV1Api, namespa
     pods = {node: await loader_pod(api, namespace, node) for node in NODES}
     plugins = {node: await loader_pod(api, namespace, node, PLUGIN) for node in NODES}
     async with Recorder(api, namespace).recording() as recorder:
-        followed = {
-            node: asyncio.ensure_future(follow_log(core, namespace, pod.name))
-            for node, pod in pods.items()
-        }
+        followed: dict[str, asyncio.Future[str]] = {}
         try:
+            for node, pod in pods.items():
+                followed[node] = await follow_log(core, namespace, pod.name)
             await api.request("DELETE", MODULES_PATH.format(namespace) + f"/{NAME}")
 
             async def gone() -> bool:
