@@ -21,9 +21,12 @@ Module shows it before the controller retries the key with backoff
 Event once per distinct message, not once per retry; the next reconcile that
 goes through sets Degraded back. Conflicts, throttling and an unavailable
 API server are retried without showing.
-For a Module being deleted it removes its node labels and its DeviceClasses
-(cluster-scoped: nothing namespaced can own them), then the finalizer; the
-garbage collector deletes the DaemonSets it owns (seed 000 step 6).
+For a Module being deleted it deletes its DaemonSets in seed 003's order
+(device plugin and DRA driver, then, once their pods are gone, the loader)
+and waits for the loader pods to go, since they unload the module on their
+way out; then it removes its node labels (``.ready`` last of all, true to
+the end) and its DeviceClasses (cluster-scoped: nothing namespaced can own
+them), then the finalizer (seed 000 step 6).
 Everything is read from the informer caches; a converged Module costs no write.
 
 The DRA part is a planner in this reconcile, not a controller of its own
@@ -40,7 +43,7 @@ import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from kmm.api import conditions, labels, modules, validation
 from kmm.kube import errors
@@ -70,6 +73,9 @@ RawObject = dict[str, Any]
 # Node label patches in flight at once: enough to converge 500 nodes quickly,
 # few enough not to swamp the API server's inflight limit.
 _PARALLEL_WRITES = 16
+# The roles of a Module's pods, by the order they go when it is deleted.
+_WORKLOAD_ROLES: Final = ("device-plugin", "dra")
+_LOADER_ROLE: Final = "module-loader"
 # While a rollout progresses, counts change with every pod; a status write
 # that only moves counts waits until this long after the previous one (a
 # condition changing state is written at once). 500 nodes: ~30 status
@@ -356,10 +362,40 @@ class ModuleReconciler:
     ) -> None:
         if labels.FINALIZER not in finalizers:
             return
+        if await self._pods_still_going(raw, f"{namespace}/{name}"):
+            return  # their deletions requeue the Module
         await self._remove_labels(namespace, name)
         await self._remove_device_classes(f"{namespace}/{name}")
         with failures.step("removing the finalizer"):
             await self.writer.set_finalizers(raw, [f for f in finalizers if f != labels.FINALIZER])
+
+    async def _pods_still_going(self, raw: RawObject, key: str) -> bool:
+        """Delete the Module's DaemonSets in seed 003's order, one stage at a
+        time: the device plugin's and DRA driver's first (they use the module),
+        then the loader's; True while a pod of the current stage is left.
+
+        A loader pod unloads the module in ``preStop``, and a real kubelet
+        runs that hook only once the pod is deleted; until it is gone the
+        module is loaded. Left to the garbage collector, which starts on the
+        DaemonSets only once the Module is gone, every pod went after
+        ``.ready`` and the finalizer, all at once: the node said unloaded
+        while it was not, and a loader's unload could run beside a device
+        plugin still using the module. So ``.ready`` and the finalizer stay
+        until the last pod of the Module is gone, as in an upgrade (a pod
+        stuck on a node that is down holds the Module as it holds a move).
+        """
+        for roles in (_WORKLOAD_ROLES, (_LOADER_ROLE,)):
+            stage = [
+                obj
+                for obj in self.caches.daemonsets.by_index(caches.MODULE_INDEX, key)
+                if _role(obj) in roles and not obj["metadata"].get("deletionTimestamp")
+            ]
+            await self._delete_daemonsets(raw, sorted(obj["metadata"]["name"] for obj in stage))
+            if any(
+                _role(pod) in roles for pod in self.caches.pods.by_index(caches.MODULE_INDEX, key)
+            ):
+                return True
+        return False
 
     async def _remove_labels(self, namespace: str, name: str) -> None:
         """Every label the operator put on nodes for the Module (the user's own
@@ -441,6 +477,11 @@ class ModuleReconciler:
                 instance=self.instance,
             )
         )
+
+
+def _role(obj: RawObject) -> str:
+    value = ((obj.get("metadata") or {}).get("labels") or {}).get(labels.ROLE)
+    return value if isinstance(value, str) else ""
 
 
 def _observed(

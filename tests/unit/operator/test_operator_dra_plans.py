@@ -326,6 +326,15 @@ async def test_dra_module_converges_then_writes_nothing_and_cleans_up(dra_world:
     assert writer.calls == []
 
     module["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    # The DRA driver's pods go first, then the loader's (they unload on
+    # their way out); only then the DeviceClass and the labels.
+    for role in ("dra", "module-loader"):
+        await rec.reconcile("ns/m")
+        assert ("delete-class", "gpu.example.com") not in writer.calls
+        assert any(READY in n["metadata"]["labels"] for n in cached.nodes.objects())
+        for pod in cached.pods.objects():
+            if pod["metadata"]["labels"][labels.ROLE] == role:
+                cached.pods.delete(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
     await rec.reconcile("ns/m")
     assert ("delete-class", "gpu.example.com") in writer.calls
     assert cached.device_classes.objects() == []

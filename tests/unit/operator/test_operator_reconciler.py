@@ -174,10 +174,51 @@ async def test_finalizer_added_and_labels_cleaned_on_delete(world: Any) -> None:
     current["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     writer.calls.clear()
     await rec.reconcile("ns/m")
-    assert writer.kinds() == ["labels", "labels", "finalizers"]
+    # The loader DaemonSets go first; .ready and the finalizer stay while
+    # their pods unload (preStop) on their way out.
+    assert writer.kinds() == ["delete", "event", "delete", "event"]
     ready_key = labels.ready("ns", "m")
+    assert {n["metadata"]["name"] for n in cached.nodes.objects()
+            if ready_key in n["metadata"]["labels"]} == {"n0", "n1"}  # fmt: skip
+    assert cached.modules.get("ns/m") is not None
+    for pod in cached.pods.objects():
+        cached.pods.delete(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    assert writer.kinds() == ["labels", "labels", "finalizers"]
     assert not any(ready_key in n["metadata"]["labels"] for n in cached.nodes.objects())
     assert cached.modules.get("ns/m") is None
+
+
+async def test_a_deleted_module_unloads_only_once_its_device_plugin_pods_are_gone(
+    world: Any,
+) -> None:
+    rec, writer, cached = world
+    cached.modules.put(fixtures.module_raw(devicePlugin={"container": {"image": "r.io/p:1"}}))
+    for _ in range(3):  # loader pods Ready, then the device plugin's
+        await rec.reconcile("ns/m")
+        for ds in cached.daemonsets.objects():
+            for node in ("n0", "n1"):
+                cached.pods.put(fixtures.pod(ds, node))
+    roles = {
+        ds["metadata"]["name"]: ds["metadata"]["labels"][labels.ROLE]
+        for ds in cached.daemonsets.objects()
+    }
+    assert sorted(roles.values()) == ["device-plugin", "module-loader", "module-loader"]
+    cached.modules.get("ns/m")["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    # The device plugin's DaemonSet only: its pods still use the module.
+    deleted = [roles[name] for kind, name in writer.calls if kind == "delete"]
+    assert deleted == ["device-plugin"]
+    for pod in cached.pods.objects():
+        if pod["metadata"]["labels"][labels.ROLE] == "device-plugin":
+            cached.pods.delete(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    deleted = [roles[name] for kind, name in writer.calls if kind == "delete"]
+    assert deleted == ["module-loader", "module-loader"]
+    assert "finalizers" not in writer.kinds()
 
 
 async def test_node_leaving_the_selector_loses_label_and_pair(world: Any) -> None:
