@@ -29,23 +29,20 @@ import base64
 import contextlib
 import dataclasses
 import json
-import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import containersandbox
 import helm_support
 import pytest
 import typer
 
 from kmm import cli
 from kmm.api import labels
-from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import resources
 from kmm.oci import archive as oci_archive
@@ -76,19 +73,6 @@ class Installed:
     record: state.SandboxState
     kmm_image: str
     loader_image: str
-
-
-def _push(directory: Path, archive: Path, name_tag: str) -> str:
-    """``kmm sandbox push``, as a user runs it: the reference it prints last."""
-    done = subprocess.run(
-        [str(_KMM), "sandbox", "push", "--dir", str(directory), str(archive), name_tag],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout.strip().splitlines()[-1]
 
 
 async def _release_namespace(kubeconfig: Path, directory: Path) -> None:
@@ -162,21 +146,12 @@ def _require_fresh(archive: Path) -> None:
 @pytest.fixture(scope="module")
 def installed() -> Iterator[Installed]:
     _require_fresh(KMM_IMAGE)
-    # Short: unix sockets live under it.
-    directory = Path(os.path.realpath(tempfile.mkdtemp(prefix="kh", dir="/tmp")))
-    options = cluster.Options(
-        directory=directory,
-        cache_dir=paths.cache_dir(),
-        nodes=0,
-        kubelet_nodes=len(NODES),
-        runtime="containerd",
-        pause_image=(IMAGES / "pause.tar").resolve(),
-        registry_auth=REGISTRY_AUTH,
-    )
-    record = asyncio.run(cluster.up(options))
-    try:
-        kmm_image = _push(directory, KMM_IMAGE.resolve(), "kmm:chart")
-        loader_image = _push(directory, (IMAGES / "loader.tar").resolve(), "loader:1")
+    with containersandbox.started(
+        "kh", kubelet_nodes=len(NODES), registry_auth=REGISTRY_AUTH
+    ) as record:
+        directory = record.directory
+        kmm_image = containersandbox.push(directory, KMM_IMAGE, "kmm:chart")
+        loader_image = containersandbox.push(directory, IMAGES / "loader.tar", "loader:1")
         asyncio.run(_release_namespace(record.kubeconfig, directory))
         repository, _colon, tag = kmm_image.rpartition(":")
         helm = helm_support.binary(components.HELM)
@@ -196,10 +171,6 @@ def installed() -> Iterator[Installed]:
         )
         assert done.returncode == 0, done.stdout + done.stderr
         yield Installed(record, kmm_image, loader_image)
-    finally:
-        with contextlib.suppress(Exception):
-            cluster.down(directory)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

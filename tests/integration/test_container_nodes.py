@@ -13,19 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import containersandbox
 import pytest
 
-from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
@@ -40,40 +35,11 @@ NODES = [f"kmm-kubelet-{i}" for i in range(2)]
 
 @pytest.fixture(scope="module")
 def containers() -> Iterator[cluster.state.SandboxState]:
-    # Short: unix sockets live under it.
-    directory = Path(os.path.realpath(tempfile.mkdtemp(prefix="kc", dir="/tmp")))
-    options = cluster.Options(
-        directory=directory,
-        cache_dir=paths.cache_dir(),
-        nodes=1,
-        kubelet_nodes=2,
-        runtime="containerd",
-        pause_image=(IMAGES / "pause.tar").resolve(),
-    )
-    record = asyncio.run(cluster.up(options))
-    try:
+    with containersandbox.started("kc", nodes=1, kubelet_nodes=2) as record:
         # As a user pushes: the command, whose last line is the reference.
-        pushed = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "from kmm.cli import main; main()",
-                "sandbox",
-                "push",
-                f"--dir={directory}",
-                str((IMAGES / "workload.tar").resolve()),
-                "workload:1",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        assert pushed.stdout.splitlines()[-1] == WORKLOAD
+        pushed = containersandbox.push(record.directory, IMAGES / "workload.tar", "workload:1")
+        assert pushed == WORKLOAD
         yield record
-    finally:
-        with contextlib.suppress(Exception):
-            cluster.down(directory)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

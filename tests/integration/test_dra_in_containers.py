@@ -18,24 +18,20 @@ node's ``/var/run/cdi``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import containersandbox
 import pytest
 import test_operator_support as support
 from prometheus_client.parser import text_string_to_metric_families
 
 from kmm.api import labels
-from kmm.cli import applying, paths
+from kmm.cli import applying
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
@@ -53,45 +49,17 @@ _KMM = Path(sys.executable).with_name("kmm")
 
 @pytest.fixture(scope="module")
 def containers() -> Iterator[cluster.state.SandboxState]:
-    # Short: unix sockets live under it.
-    directory = Path(os.path.realpath(tempfile.mkdtemp(prefix="kd", dir="/tmp")))
-    options = cluster.Options(
-        directory=directory,
-        cache_dir=paths.cache_dir(),
-        nodes=0,
-        kubelet_nodes=1,
-        runtime="containerd",
-        pause_image=(IMAGES / "pause.tar").resolve(),
-        fake_modules=((MODULE, 2),),
-    )
-    record = asyncio.run(cluster.up(options))
-    try:
+    with containersandbox.started("kd", kubelet_nodes=1, fake_modules=((MODULE, 2),)) as record:
         yield record
-    finally:
-        with contextlib.suppress(Exception):
-            cluster.down(directory)
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _push(record: cluster.state.SandboxState, archive: Path, name_tag: str) -> str:
-    """``kmm sandbox push``; the reference it printed."""
-    result = subprocess.run(
-        [str(_KMM), "sandbox", "push", "--dir", str(record.directory), str(archive), name_tag],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout.splitlines()[-1]
 
 
 @pytest.fixture(scope="module")
 def images(containers: cluster.state.SandboxState) -> dict[str, str]:
     return {
-        "kmm": _push(containers, KMM_IMAGE.resolve(), "kmm/kmm:test"),
-        "workload": _push(containers, (IMAGES / "workload.tar").resolve(), "workload:1"),
+        "kmm": containersandbox.push(containers.directory, KMM_IMAGE, "kmm/kmm:test"),
+        "workload": containersandbox.push(
+            containers.directory, IMAGES / "workload.tar", "workload:1"
+        ),
     }
 
 

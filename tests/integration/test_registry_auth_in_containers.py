@@ -14,21 +14,17 @@ import asyncio
 import base64
 import contextlib
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import containersandbox
 import pytest
 import test_operator_support as support
 
 from kmm.api import labels, modules
-from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
@@ -45,32 +41,12 @@ NAMESPACE = "default"
 @pytest.fixture(scope="module")
 def locked() -> Iterator[tuple[cluster.state.SandboxState, str]]:
     """The sandbox and the loader image's reference, pushed with credentials."""
-    directory = Path(os.path.realpath(tempfile.mkdtemp(prefix="ka", dir="/tmp")))
-    options = cluster.Options(
-        directory=directory,
-        cache_dir=paths.cache_dir(),
-        nodes=0,
-        kubelet_nodes=1,
-        runtime="containerd",
-        pause_image=Path("build/images/pause.tar").resolve(),
-        registry_auth=registry.Auth(_USER, _PASSWORD),
-    )
-    record = asyncio.run(cluster.up(options))
-    try:
-        pushed = subprocess.run(
-            [str(_KMM), "sandbox", "push", "--dir", str(directory), str(_LOADER.resolve()), "authed/loader:1"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )  # fmt: skip
-        assert pushed.returncode == 0, pushed.stderr
+    auth = registry.Auth(_USER, _PASSWORD)
+    with containersandbox.started("ka", kubelet_nodes=1, registry_auth=auth) as record:
+        # kmm sandbox push authenticates itself with the sandbox's credentials.
+        pushed = containersandbox.push(record.directory, _LOADER, "authed/loader:1")
         asyncio.run(support.install_manifests(record.kubeconfig))
-        yield record, pushed.stdout.splitlines()[-1]
-    finally:
-        with contextlib.suppress(Exception):
-            cluster.down(directory)
-        shutil.rmtree(directory, ignore_errors=True)
+        yield record, pushed
 
 
 @pytest.fixture

@@ -40,22 +40,19 @@ import dataclasses
 import datetime
 import functools
 import json
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import containersandbox
 import pytest
 import test_operator_support as support
 from kubernetes_asyncio import client
 
 from kmm.api import kernels, labels, modules
-from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import objects, resources
@@ -73,41 +70,16 @@ MERGE = "application/merge-patch+json"
 PLUGIN = "device-plugin"
 
 
-def _push(directory: Path, archive: Path, reference: str) -> str:
-    """``kmm sandbox push`` as a user runs it; its last line is the reference."""
-    pushed = subprocess.run(
-        [sys.executable, "-c", "from kmm.cli import main; main()", "sandbox", "push",
-         f"--dir={directory}", str(archive), reference],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return pushed.stdout.splitlines()[-1]
-
-
 @pytest.fixture(scope="module")
 def containers() -> Iterator[cluster.state.SandboxState]:
-    # Short: unix sockets live under it.
-    directory = Path(os.path.realpath(tempfile.mkdtemp(prefix="ku", dir="/tmp")))
-    options = cluster.Options(
-        directory=directory,
-        cache_dir=paths.cache_dir(),
-        nodes=0,
-        kubelet_nodes=2,
-        runtime="containerd",
-        pause_image=(IMAGES / "pause.tar").resolve(),
-    )
-    record = asyncio.run(cluster.up(options))
-    try:
+    with containersandbox.started("ku", kubelet_nodes=2) as record:
         for archive, name in (("loader.tar", "loader"), ("workload.tar", "plugin")):
             for version in ("v1", "v2"):
                 reference = f"{name}:{version}"
-                pushed = _push(directory, (IMAGES / archive).resolve(), reference)
+                pushed = containersandbox.push(record.directory, IMAGES / archive, reference)
                 assert pushed == f"{REGISTRY}/{reference}"
         asyncio.run(support.install_manifests(record.kubeconfig))
         yield record
-    finally:
-        with contextlib.suppress(Exception):
-            cluster.down(directory)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def module_body(namespace: str, version: str, kernel: str) -> dict[str, Any]:
