@@ -48,3 +48,12 @@ def namespace_ids(kind: str) -> set[str]:
             except OSError:
                 continue
     return found
+
+
+def alive(pid: int) -> bool:
+    """Running, and not a zombie waiting for its (new) parent to reap it."""
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return status[status.rindex(")") + 2] != "Z"

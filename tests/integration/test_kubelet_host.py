@@ -123,15 +123,6 @@ def _container_host_view() -> dict[str, object]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    """Running, not a zombie waiting for its new parent to reap it."""
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return status[status.rindex(")") + 2] != "Z"
-
-
 def _shims(directory: Path) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -206,7 +197,7 @@ async def test_container_nodes_leave_no_shim_cgroup_namespace_mount_or_rule() ->
     assert shims
     assert all(program.is_relative_to(paths.cache_dir()) for program in shim_programs)
     assert len(net_ids) >= 3
-    assert not [pid for pid in (*contained, *shims) if _alive(pid)]
+    assert not [pid for pid in (*contained, *shims) if namespacing.alive(pid)]
     assert not [cgroup for cgroup in cgroups if cgroup.exists()]
     assert not net_ids & namespacing.namespace_ids("net")
     assert not mnt_ids & namespacing.namespace_ids("mnt")

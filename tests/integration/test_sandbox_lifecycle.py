@@ -17,19 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import namespacing
 import pytest
 
 from kmm.cli import paths
 from kmm.sandbox import building, cluster, components, errors, state, testing
-
-
-def _alive(pid: int) -> bool:
-    """Running, and not a zombie waiting to be reaped."""
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return status[status.rindex(")") + 2] != "Z"
 
 
 def processes_mentioning(directory: Path) -> list[int]:
@@ -42,7 +34,7 @@ def processes_mentioning(directory: Path) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if str(directory).encode() in cmdline and _alive(int(entry.name)):
+        if str(directory).encode() in cmdline and namespacing.alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 
@@ -111,7 +103,7 @@ async def test_down_leaves_no_process_and_a_running_dir_is_refused(tmp_path: Pat
         stopped = cluster.down(directory)
     assert {process.pid for process in stopped} == pids
     assert processes_mentioning(directory.resolve()) == []
-    assert not any(_alive(pid) for pid in pids)
+    assert not any(namespacing.alive(pid) for pid in pids)
 
 
 def test_cli_up_status_down(tmp_path: Path) -> None:
