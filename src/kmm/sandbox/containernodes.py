@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import select
 import shlex
 import shutil
 import signal
@@ -614,10 +615,16 @@ def remove_cgroups(parent: str, *, timeout: float = 10.0) -> list[Path]:
     return left
 
 
-def kill_shims(address: Path) -> list[int]:
+def kill_shims(address: Path, *, timeout: float = 10.0) -> list[int]:
     """SIGKILL the containerd shims started for containerd at ``address``
-    (they leave its session and outlive it); their pids."""
-    killed = []
+    (they leave its session and outlive it) and wait, up to ``timeout``
+    seconds, until each has exited; their pids.
+
+    The wait is what lets ``down`` promise that no shim outlives it: a
+    SIGKILLed process still runs until the kernel has torn it down, which on
+    a loaded machine is long enough to be seen."""
+    killed: list[int] = []
+    exits: list[int] = []  # pidfds: readable once the process has exited
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -629,7 +636,21 @@ def kill_shims(address: Path) -> list[int]:
             continue
         flag = argv.index(b"-address") if b"-address" in argv else -1
         if 0 <= flag < len(argv) - 1 and argv[flag + 1] == str(address).encode():
+            try:
+                # Opened first, so the signal reaches this process and not a
+                # later one given the same pid.
+                pidfd = os.pidfd_open(int(entry.name))
+            except ProcessLookupError:
+                continue
+            exits.append(pidfd)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGKILL)
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
                 killed.append(int(entry.name))
+    deadline = time.monotonic() + timeout
+    try:
+        for pidfd in exits:
+            select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))
+    finally:
+        for pidfd in exits:
+            os.close(pidfd)
     return killed

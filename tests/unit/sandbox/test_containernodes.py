@@ -161,6 +161,10 @@ def test_kill_shims_kills_the_shims_of_one_containerd_only(
 ) -> None:
     killed = containernodes.kill_shims(tmp_path / "ours")
     assert killed == [fake_shims["ours"].pid]
+    # Gone already when it returns (a zombie until this parent reaps it):
+    # down's promise that no shim outlives it.
+    stat = Path(f"/proc/{killed[0]}/stat").read_text()
+    assert stat[stat.rindex(")") + 2] == "Z"
     assert fake_shims["ours"].wait(timeout=10) == -9
     assert fake_shims["theirs"].poll() is None
 
