@@ -20,7 +20,9 @@ from typing import Any
 
 import containersandbox
 import pytest
+import test_operator_support as support
 
+from kmm.api import labels, modules
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
@@ -31,6 +33,7 @@ IMAGES = Path("build/images")
 WORKLOAD = f"{addressing.GATEWAY}:{addressing.REGISTRY_PORT}/workload:1"
 NAMESPACE = "default"
 NODES = [f"kmm-kubelet-{i}" for i in range(2)]
+_MODULES = resources.Resource(modules.GROUP, modules.VERSION, modules.PLURAL)
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +209,96 @@ async def test_kwok_nodes_are_tainted_and_container_nodes_are_not(
         assert cluster.KWOK_TAINT in taints[name]
     for name in NODES:
         assert cluster.KWOK_TAINT not in taints[name]
+
+
+def _kwok_module(name: str, node: str, *, tolerate: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "selector": {"kubernetes.io/hostname": node},
+        "moduleLoader": {
+            "container": {
+                "modprobe": {"moduleName": "kmm_kwok"},
+                "kernelMappings": [{"regexp": ".*", "containerImage": WORKLOAD}],
+            }
+        },
+    }
+    if tolerate:
+        spec["tolerations"] = [
+            {"key": cluster.KWOK_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    return {
+        "apiVersion": modules.API_VERSION,
+        "kind": modules.KIND,
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": spec,
+    }
+
+
+async def test_a_module_meant_for_kwok_nodes_reaches_them_only_by_tolerating_the_taint(
+    api: kube_client.Client, containers: cluster.state.SandboxState
+) -> None:
+    (kwok_node,) = containers.node_names
+    await support.install_manifests(containers.kubeconfig)
+    collection = _MODULES.path(namespace=NAMESPACE)
+    names = {tolerate: _name("kwok-tolerating" if tolerate else "kwok-plain") for tolerate in (True, False)}  # fmt: skip
+    async with support.operator_in_process(containers.kubeconfig):
+        for tolerate, name in names.items():
+            await api.request(
+                "POST", collection, body=_kwok_module(name, kwok_node, tolerate=tolerate)
+            )
+        try:
+
+            async def settled() -> tuple[dict[bool, dict[str, Any]], dict[bool, list[Any]]]:
+                statuses, daemonsets = {}, {}
+                for tolerate, name in names.items():
+                    module = await api.request("GET", _MODULES.path(namespace=NAMESPACE, name=name))
+                    statuses[tolerate] = module.get("status") or {}
+                    listing = await api.request(
+                        "GET",
+                        resources.DAEMONSETS.path(namespace=NAMESPACE),
+                        query={"labelSelector": f"{labels.MODULE_NAME}={name}"},
+                    )
+                    daemonsets[tolerate] = [item.get("status") or {} for item in listing["items"]]
+                return statuses, daemonsets
+
+            statuses: dict[bool, dict[str, Any]] = {}
+            daemonsets: dict[bool, list[Any]] = {}
+            try:
+                async with asyncio.timeout(180):
+                    while True:
+                        statuses, daemonsets = await settled()
+                        reconciled = all(
+                            s.get("observedGeneration") == 1 for s in statuses.values()
+                        )
+                        ready = [d.get("numberReady") for d in daemonsets[True]] == [1] and (
+                            statuses[True].get("moduleLoader", {}).get("availableNumber") == 1
+                        )
+                        if reconciled and ready:
+                            break
+                        await asyncio.sleep(0.5)
+            except TimeoutError:
+                pytest.fail(f"never settled: {statuses} {daemonsets}")
+            # Both reconciled: the taint keeps the plain Module off the KWOK
+            # node (no loader for it, as KMM leaves out what a Module does not
+            # tolerate); the tolerating one's loader runs there, as far as KWOK
+            # runs anything.
+            assert daemonsets[False] == []
+            # The node matches its selector; it is not a target while tainted.
+            assert statuses[False]["moduleLoader"] == {
+                "nodesMatchingSelectorNumber": 1,
+                "desiredNumber": 0,
+                "availableNumber": 0,
+            }
+            node = await api.request("GET", resources.NODES.path(name=kwok_node))
+            node_labels = node["metadata"].get("labels") or {}
+            assert labels.ready(NAMESPACE, names[True]) in node_labels
+            assert labels.ready(NAMESPACE, names[False]) not in node_labels
+        finally:
+            for name in names.values():
+                with contextlib.suppress(kube_errors.NotFound):
+                    await api.request("DELETE", _MODULES.path(namespace=NAMESPACE, name=name))
+            async with asyncio.timeout(180):
+                for name in names.values():
+                    with contextlib.suppress(kube_errors.NotFound):
+                        while True:
+                            await api.request("GET", _MODULES.path(namespace=NAMESPACE, name=name))
+                            await asyncio.sleep(0.5)
