@@ -126,6 +126,20 @@ async def test_a_pod_reaches_the_api_server_through_the_kubernetes_service(
         assert "wget: server returned error: HTTP/1.0 400 Bad Request" in log
 
 
+async def test_a_pod_reaches_the_registry_at_the_reference_it_pulls_by(
+    api: kube_client.Client, containers: cluster.state.SandboxState
+) -> None:
+    # Where a build pod will push: the reference's host, from a pod's own
+    # network namespace (routed by its node across the fabric to the relay).
+    # Plain HTTP to the TLS port, as above: the registry's Go TLS server
+    # answers 400, which only the registry behind the relay can have said.
+    assert containers.registry is not None
+    host = containers.registry.reference_host
+    script = f"wget -O - http://{host}/v2/ 2>&1"
+    async with running(api, _pod(_name("reg"), NODES[0], script)) as log:
+        assert "wget: server returned error: HTTP/1.0 400 Bad Request" in log
+
+
 async def test_a_hostpath_under_var_lib_kubelet_is_the_nodes_directory(
     api: kube_client.Client, containers: cluster.state.SandboxState
 ) -> None:
