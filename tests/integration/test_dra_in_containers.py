@@ -30,7 +30,7 @@ import pytest
 import test_operator_support as support
 from prometheus_client.parser import text_string_to_metric_families
 
-from kmm.api import labels
+from kmm.api import examples, installation, labels
 from kmm.cli import applying
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
@@ -41,8 +41,8 @@ IMAGES = Path("build/images")
 KMM_IMAGE = Path("build/kmm-image.tar")
 NAMESPACE = "default"
 NODE = "kmm-kubelet-0"
-MODULE = "kmmdemo"
-DRIVER = "kmmdemo.kmm.io"
+MODULE = examples.DRA_MODULE
+DRIVER = "kmm-dra-demo.kmm.io"  # the example's
 SELECT = "kmm-dra-in-containers"
 _KMM = Path(sys.executable).with_name("kmm")
 
@@ -77,82 +77,12 @@ def node_of(record: cluster.state.SandboxState) -> containernodes.ContainerNode:
 
 def driver_objects(image: str) -> list[dict[str, Any]]:
     """The driver's ServiceAccount and RBAC, and the DRA Module, as
-    deploy/examples/dra-module.yaml has them (image and selector ours)."""
-    account = "kmm-dra-driver"
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": {"name": account, "namespace": NAMESPACE},
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": "kmm-dra-in-containers"},
-            "rules": [
-                {
-                    "apiGroups": ["resource.k8s.io"],
-                    "resources": ["resourceslices"],
-                    "verbs": ["list", "watch", "create", "delete"],
-                },
-                {
-                    "apiGroups": ["resource.k8s.io"],
-                    "resources": ["resourceclaims"],
-                    "verbs": ["get", "list", "watch"],
-                },
-                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-                {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": "kmm-dra-in-containers"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "kmm-dra-in-containers",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}],
-        },
-        {
-            "apiVersion": "kmm.sigs.x-k8s.io/v1beta1",
-            "kind": "Module",
-            "metadata": {"name": "kmm-dra-demo", "namespace": NAMESPACE},
-            "spec": {
-                "selector": {SELECT: "yes"},
-                "dra": {
-                    "driverName": DRIVER,
-                    "serviceAccountName": account,
-                    "container": {
-                        "image": image,
-                        "command": ["kmm", "driver"],
-                        "args": [
-                            f"--module={MODULE}",
-                            f"--device-class={MODULE}",
-                            "--sys-dir=/host/sys",
-                            "--dev-dir=/host/dev",
-                        ],
-                        "volumeMounts": [
-                            {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True},
-                            {"name": "host-dev", "mountPath": "/host/dev"},
-                        ],
-                    },
-                    "volumes": [
-                        {
-                            "name": "host-sys",
-                            "hostPath": {"path": "/sys", "type": "Directory"},
-                        },
-                        {
-                            "name": "host-dev",
-                            "hostPath": {"path": "/dev", "type": "Directory"},
-                        },
-                    ],
-                    "deviceClasses": [{"name": DRIVER}],
-                },
-            },
-        },
-    ]
+    deploy/examples/dra-module.yaml has them (built by the same code), with
+    the image pushed here and the test's own selector."""
+    module = examples.dra_module(namespace=NAMESPACE, selector={SELECT: "yes"})
+    module["spec"]["dra"]["container"]["image"] = image
+    assert module["spec"]["dra"]["driverName"] == DRIVER
+    return [*installation.dra_driver_rbac(NAMESPACE), module]
 
 
 def workload(name: str, image: str, template: str) -> dict[str, Any]:
