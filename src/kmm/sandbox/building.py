@@ -79,6 +79,18 @@ def _is_complete(directory: Path, tool: components.GoTool) -> bool:
     return all(os.access(directory / binary, os.X_OK) for binary in tool.binaries)
 
 
+def publish(staging: Path, target: Path, tool: components.GoTool) -> None:
+    """Rename a finished build into place. Two builds of one tool may run at
+    once (two worktrees, `make test` beside a helper's run): the one renaming
+    second finds ``target`` complete and keeps it, rather than failing a
+    build that produced the same thing."""
+    try:
+        staging.rename(target)
+    except OSError:
+        if not _is_complete(target, tool):
+            raise
+
+
 def _environment(tool: components.GoTool) -> dict[str, str]:
     """The environment of the tool's ``go list`` and ``go build``."""
     env = dict(os.environ)
@@ -234,7 +246,7 @@ async def _build(tool: components.GoTool, target: Path, log: Path, progress: Bui
                         progress.advanced(tool.name, 1)
             if await process.wait() != 0:
                 raise errors.BuildFailed(tool.name, log)
-        staging.rename(target)
+        publish(staging, target, tool)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -219,3 +219,27 @@ def test_pinned_dir_is_found_before_same_named_binaries(tmp_path: Path) -> None:
     for name in ("runc", "containerd", "containerd-shim-runc-v2", "portmap", "kube-proxy"):
         assert shutil.which(name, path=path) == str(pinned / name)
     assert (pinned / "runc").resolve() == building.binary_dir(cache, components.RUNC) / "runc"
+
+
+def _finished(directory: Path, binary: str = "broken") -> Path:
+    directory.mkdir(parents=True)
+    (directory / binary).write_text("#!/bin/sh\n")
+    (directory / binary).chmod(0o755)
+    return directory
+
+
+def test_a_build_finishing_second_keeps_the_first_ones_binaries(tmp_path: Path) -> None:
+    # Two `kmm sandbox build` runs at once: the first renamed its staging
+    # directory into place; the second's rename finds it there, complete.
+    target = _finished(tmp_path / "bin")
+    staging = _finished(tmp_path / ".broken-x")
+    building.publish(staging, target, _tool(tmp_path))
+    assert (target / "broken").read_text() == "#!/bin/sh\n"
+
+
+def test_a_rename_over_an_incomplete_directory_still_fails(tmp_path: Path) -> None:
+    target = tmp_path / "bin"
+    (target / "leftover").mkdir(parents=True)
+    staging = _finished(tmp_path / ".broken-x")
+    with pytest.raises(OSError, match="not empty"):
+        building.publish(staging, target, _tool(tmp_path))
