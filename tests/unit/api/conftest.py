@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import build_sign_cases
 import pytest
 import yaml
 
@@ -84,3 +85,9 @@ def upstream_style() -> dict[str, Any]:
     """A fresh copy of the upstream-style Module (tests mutate it)."""
     loaded: dict[str, Any] = yaml.safe_load(UPSTREAM_STYLE)
     return loaded
+
+
+@pytest.fixture
+def build_sign() -> dict[str, Any]:
+    """A fresh copy of the building and signing Module (tests mutate it)."""
+    return build_sign_cases.module()
