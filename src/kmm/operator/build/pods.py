@@ -70,10 +70,13 @@ DEFAULT_BUILDER_IMAGE: Final = "ghcr.io/kmm/kmm-builder:0.1.0"
 DOCKERFILE_KEY: Final = "dockerfile"
 RESOURCE_TYPES: Final[Mapping[PodRole, str]] = {"build": "BuildImage", "sign": "SignImage"}
 
-# What buildah needs beyond a root container's default capabilities: the
-# mounts of its overlay storage, of RUN steps' /proc, /dev and --volume
-# binds, and the namespaces of chroot isolation (measured, README "Build
-# pods": without it buildah fails at its first mount).
+# What buildah needs beyond a root container's default capabilities
+# (measured on the sandbox's container nodes, README "Build and sign pods"):
+# CAP_SYS_ADMIN, for the mounts of its overlay storage (on the emptyDir at
+# STORAGE), of `buildah mount` (sign) and of RUN steps under chroot
+# isolation. Without it a build still passes there only because buildah then
+# re-executes itself in a user namespace, which RuntimeDefault seccomp
+# forbids, and `buildah mount` fails outright; privileged is not needed.
 BUILDER_CAPABILITIES: Final = ("SYS_ADMIN",)
 
 # Where the pods keep things (none of them user-visible but the first two).
@@ -385,8 +388,8 @@ fi
 openssl x509 -in "$cert" -inform PEM -noout 2>/dev/null ||
     openssl x509 -in "$cert" -inform DER -noout 2>/dev/null ||
     fail "key 'cert' of Secret $KMM_CERT_SECRET is not a PEM or DER certificate"
-# sign-file would sign with any key: a signature the certificate cannot
-# verify is refused here, naming both Secrets.
+# sign-file refuses a key that is not the certificate's too, but only after
+# the pull and in OpenSSL's words: refuse it first, naming both Secrets.
 certkey=$(openssl x509 -in "$cert" -inform PEM -pubkey -noout 2>/dev/null ||
     openssl x509 -in "$cert" -inform DER -pubkey -noout)
 [ "$certkey" = "$(openssl pkey -in "$key" -pubout)" ] ||
