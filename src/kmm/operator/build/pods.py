@@ -74,9 +74,9 @@ RESOURCE_TYPES: Final[Mapping[PodRole, str]] = {"build": "BuildImage", "sign": "
 # (measured on the sandbox's container nodes, README "Build and sign pods"):
 # CAP_SYS_ADMIN, for the mounts of its overlay storage (on the emptyDir at
 # STORAGE), of `buildah mount` (sign) and of RUN steps under chroot
-# isolation. Without it a build still passes there only because buildah then
-# re-executes itself in a user namespace, which RuntimeDefault seccomp
-# forbids, and `buildah mount` fails outright; privileged is not needed.
+# isolation. Without it buildah re-executes itself in a user namespace,
+# which the RuntimeDefault seccomp profile the pods carry refuses, and
+# `buildah mount` fails outright; privileged is not needed.
 BUILDER_CAPABILITIES: Final = ("SYS_ADMIN",)
 
 # Where the pods keep things (none of them user-visible but the first two).
@@ -248,6 +248,9 @@ def _pod(
         "securityContext": {
             "runAsUser": 0,
             "capabilities": {"add": list(BUILDER_CAPABILITIES)},
+            # The runtime's default syscall filter, whatever the kubelet's
+            # default: buildah needs nothing it forbids (measured).
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [*shared_mounts, *mounts],
