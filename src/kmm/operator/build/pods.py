@@ -52,6 +52,7 @@ __all__ = [
     "STORAGE",
     "PodInputs",
     "PodRole",
+    "build_args",
     "build_pod",
     "intermediate_image",
     "pod_name",
