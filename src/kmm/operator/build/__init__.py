@@ -1,9 +1,16 @@
-"""Build and sign: kernel-module images made in the cluster when missing.
+"""The build-and-sign concern: kernel-module images made in the cluster.
 
-``existence`` asks registries whether an image exists and remembers it;
-``hashing`` digests a pod's inputs; ``planner`` (pure) decides which build
-and sign pods to create or delete and which (kernel, image) pairs wait for
-their image; ``pods`` renders the pods. The reconciler runs this concern
-before the loader's, which skips the pairs it gates. Nothing here writes to
-the API server: the reconciler sends what the planner wants.
+When a Module's kernel mapping has ``build`` or ``sign`` and its image is
+missing from the registry, kmm builds it with buildah in a pod from the
+Module's Dockerfile and/or signs its modules with the kernel's ``sign-file``
+in another, pushing only a signed image under the final name.
+
+- :mod:`.pods`: the build and sign pods, pure builders (no I/O), with the
+  scripts they run;
+- :mod:`.existence`: asks registries whether an image exists, remembers it;
+- :mod:`.hashing`: the digest of a pod's inputs (``last-hash``);
+- :mod:`.planner`: which pods to create or delete and which kernels wait for
+  their image (pure); the reconciler runs it before the loader's planner,
+  which skips those kernels, and sends what it wants.
+Nothing here writes to the API server.
 """
