@@ -71,8 +71,6 @@ REASON_SIGN_FAILED: Final = "SignFailed"
 # Lines of a failed pod's termination message the Degraded condition quotes.
 _TAIL_LINES = 6
 DEFAULT_POLL: Final = 10.0
-# The ConfigMap key holding the Dockerfile, as in KMM.
-DOCKERFILE_KEY: Final = "dockerfile"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,7 +269,9 @@ class _Kernel:
     now: datetime.datetime
     out: BuildPlan
 
-    def image(self, state: str, *, pod: str | None = None, message: str | None = None) -> None:
+    def image(
+        self, state: modules.ImageState, *, pod: str | None = None, message: str | None = None
+    ) -> None:
         self.out.images.append(
             modules.ImageStatus(
                 kernel=self.kernel, image=self.target.image, state=state, pod=pod, message=message
@@ -308,7 +308,7 @@ class _Kernel:
             name = self.target.build.dockerfile_config_map
             if name not in self.inputs.dockerfiles:
                 missing.append(
-                    f"ConfigMap {self.view.namespace}/{name} has no key {DOCKERFILE_KEY!r}"
+                    f"ConfigMap {self.view.namespace}/{name} has no key {pods.DOCKERFILE_KEY!r}"
                 )
         return versions, missing
 
@@ -402,8 +402,8 @@ class _Kernel:
         it, or show its failure."""
         name = pods.pod_name(self.view.name, role, self.kernel)
         observed = _pod_named(self.view, role, name)
-        busy = "Building" if role == "build" else "Signing"
-        failed_state = "BuildFailed" if role == "build" else "SignFailed"
+        busy: modules.ImageState = "Building" if role == "build" else "Signing"
+        failed_state: modules.ImageState = "BuildFailed" if role == "build" else "SignFailed"
         failed_reason = REASON_BUILD_FAILED if role == "build" else REASON_SIGN_FAILED
         if observed is not None and _meta(observed).get("deletionTimestamp"):
             self.image(busy, pod=name, message="waiting for the old pod to go")
