@@ -470,12 +470,14 @@ async def test_a_converged_module_asks_no_registry(
         await running.wait_idle("converged")
         checks = running.op.checker.requests
         assert checks > 0  # the restart asked once
+        writes = running.counter.total_writes
         done = running.op.counting.done
         for _ in range(5):
             running.op.resync()
             await running.wait_idle("resynced")
         assert running.op.counting.done >= done + 5
         assert running.op.checker.requests == checks
+        assert running.counter.total_writes == writes  # no status write, no Event
         assert _state(sandbox.kernel, "Exists")(await _get_module(api, name))
 
 
