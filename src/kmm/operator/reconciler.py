@@ -233,7 +233,9 @@ class ModuleReconciler:
         if self.build is None:
             return build_planner.BuildPlan()
         with failures.step("planning the image builds"):
-            targets = loader_planner.grouping(view).targets
+            # The loader groups the nodes again; only Modules that build pay twice.
+            builds = build_planner.module_builds(view.module)
+            targets = loader_planner.grouping(view).targets if builds else {}
             return await self.build.plan(view, targets)
 
     def _trigger_generation(
