@@ -119,6 +119,9 @@ async def _operator(sandbox: Sandbox) -> AsyncIterator[support.InProcess]:
         registry_endpoints={sandbox.host: sandbox.record.registry.host},
     ) as running:
         yield running
+    # The operator's clients closed their TLS connections; the closing
+    # handshakes finish on this loop, which ends with the test.
+    await asyncio.sleep(0.2)
 
 
 def _pull_secret(sandbox: Sandbox, name: str, *, password: str = _PASSWORD) -> dict[str, Any]:
@@ -279,8 +282,20 @@ async def _delete_image(sandbox: Sandbox, image: str) -> None:
 
 
 async def _delete_module(api: kube_client.Client, name: str) -> None:
+    """Delete the Module and wait until it is gone: call it while the
+    operator runs (it removes the finalizer once the loader pods are gone)."""
+    path = _MODULES.path(namespace=NAMESPACE, name=name)
     with contextlib.suppress(kube_errors.NotFound):
-        await api.request("DELETE", _MODULES.path(namespace=NAMESPACE, name=name))
+        await api.request("DELETE", path)
+
+    async def gone() -> bool:
+        try:
+            await api.request("GET", path)
+        except kube_errors.NotFound:
+            return True
+        return False
+
+    await testing.eventually(gone, f"Module {name} deleted", bound=180)
 
 
 async def _reconciles(running: support.InProcess, count: int) -> None:
@@ -510,7 +525,7 @@ async def test_a_bumped_trigger_rebuilds_a_deleted_image_once(
             running.op.resync()
             await running.wait_idle("resynced")
         assert (await _events(api, name))["BuildCreated"] == built + 1
-    await _delete_module(api, name)
+        await _delete_module(api, name)
 
 
 async def test_a_wrong_signing_key_fails_the_sign_until_the_secret_is_fixed(
@@ -537,8 +552,8 @@ async def test_a_wrong_signing_key_fails_the_sign_until_the_secret_is_fixed(
         },
     )
     await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
-    try:
-        async with _operator(sandbox) as running:
+    async with _operator(sandbox) as running:
+        try:
             failed = await _until(api, name, _state(sandbox.kernel, "SignFailed"), "SignFailed")
             degraded = _condition(failed, "Degraded")
             assert degraded["reason"] == "SignFailed"
@@ -552,8 +567,8 @@ async def test_a_wrong_signing_key_fails_the_sign_until_the_secret_is_fixed(
             await _until(api, name, _state(sandbox.kernel, "Exists"), "signed after the fix")
             reasons = await _events(api, name)
             assert (reasons["BuildCreated"], reasons["SignCreated"]) == (1, 2), reasons
-    finally:
-        await _delete_module(api, name)
+        finally:
+            await _delete_module(api, name)
 
 
 async def test_a_wrong_password_is_an_authentication_error_and_builds_nothing(
@@ -570,8 +585,8 @@ async def test_a_wrong_password_is_an_authentication_error_and_builds_nothing(
         build={"dockerfileConfigMap": {"name": f"{name}-dockerfile"}},
     )
     await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
-    try:
-        async with _operator(sandbox) as running:
+    async with _operator(sandbox) as running:
+        try:
             refused = await _until(
                 api, name, _state(sandbox.kernel, "AuthenticationFailed"), "AuthenticationFailed"
             )
@@ -589,5 +604,5 @@ async def test_a_wrong_password_is_an_authentication_error_and_builds_nothing(
             )
             assert found["items"] == []
             assert await _loader_daemonsets(api, name) == {}
-    finally:
-        await _delete_module(api, name)
+        finally:
+            await _delete_module(api, name)
