@@ -148,6 +148,13 @@ def _set_build(value: Obj) -> Callable[[Obj], None]:
 _DIGEST = "registry.example:5000/kmod@sha256:" + "a" * 64
 
 
+def _signing_in_place(obj: Obj) -> None:
+    _no_build(obj)
+    container(obj)["sign"]["unsignedImage"] = container(obj)["containerImage"]
+    # The first mapping signs another image into the same name: allowed.
+    mapping(obj, 0)["sign"]["unsignedImage"] = "registry.example:5000/kmod:unsigned"
+
+
 def _signing_to_a_digest(obj: Obj) -> None:
     _no_build(obj)
     container(obj)["sign"]["unsignedImage"] = "registry.example:5000/kmod:unsigned"
@@ -221,6 +228,14 @@ CASES: Final = (
         _C,
         "containerImage must name a tag, not a digest, when build or sign is set",
         f"{_C}.kernelMappings",
+    ),
+    Case(
+        "sign-in-place",
+        _signing_in_place,
+        _C,
+        "kernelMappings[1]: sign.unsignedImage must differ from containerImage",
+        f"{_C}.kernelMappings",
+        "sign.unsignedImage must differ from containerImage",
     ),
     Case(
         "container-file-outside-dir-name",

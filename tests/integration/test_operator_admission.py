@@ -52,11 +52,15 @@ CASES: list[tuple[str, Callable[[Obj], None], tuple[str, ...]]] = [
         ("metadata.name",),
     ),
     (
-        "build",
-        _mapping(0, "build", {"dockerfileConfigMap": {"name": "x"}}),
-        ("kernelMappings[0].build", "not supported"),
+        "build-without-dockerfile",
+        _mapping(0, "build", {"buildArgs": [{"name": "A", "value": "1"}]}),
+        ("container.kernelMappings", "build.dockerfileConfigMap is required"),
     ),
-    ("sign", _container("sign", {"keySecret": {"name": "k"}}), ("sign", "not supported")),
+    (
+        "sign-without-cert",
+        _container("sign", {"keySecret": {"name": "k"}, "filesToSign": ["/opt/a.ko"]}),
+        ("container.kernelMappings", "sign.certSecret is required"),
+    ),
 ]
 
 

@@ -200,13 +200,21 @@ def target(module: modules.Module, kernel_version: str) -> Target | None:
     invalid = formats.image_error(image)
     if invalid is not None:
         raise KernelMappingError(f"for kernel {kernel!r}: {invalid}")
+    build = _build(container.build, mapping.build, kernel)
+    sign = _sign(container.sign, mapping.sign, kernel, values)
+    if build is None and sign is not None and sign.unsigned_image == image:
+        # Written apart, equal once expanded: the unsigned image would pass
+        # for the signed one and never be signed.
+        raise KernelMappingError(
+            f"for kernel {kernel!r}: sign.unsignedImage and containerImage are both {image!r}"
+        )
     return Target(
         kernel,
         mapping,
         image,
         remove,
-        build=_build(container.build, mapping.build, kernel),
-        sign=_sign(container.sign, mapping.sign, kernel, values),
+        build=build,
+        sign=sign,
         registry_tls=_tls(mapping.registry_tls, container.registry_tls),
     )
 

@@ -520,7 +520,20 @@ _PUSHED_DIGEST_MESSAGE = (
     "containerImage must name a tag, not a digest, when build or sign is set: "
     "kmm pushes the image it builds or signs under that name"
 )
+_SIGNS_IN_PLACE_MESSAGE = (
+    "sign.unsignedImage must differ from containerImage: kmm pushes the signed image to "
+    "containerImage, and an unsigned one already under that name would pass for it"
+)
 _UNDER_DIR_NAME_MESSAGE = "every sign.filesToSign entry must lie under modprobe.dirName"
+# CEL: mapping m's containerImage and unsignedImage after the merge ('' if none).
+_IMAGE_OF_M = (
+    "(has(m.containerImage) ? m.containerImage : "
+    "(has(self.containerImage) ? self.containerImage : ''))"
+)
+_UNSIGNED_OF_M = (
+    "((has(m.sign) && has(m.sign.unsignedImage)) ? m.sign.unsignedImage : "
+    "((has(self.sign) && has(self.sign.unsignedImage)) ? self.sign.unsignedImage : ''))"
+)
 _UNDER_DIR_NAME = "f.startsWith(self.modprobe.dirName + '/')"
 
 _BUILD_SIGN_RULES = (
@@ -539,10 +552,15 @@ _BUILD_SIGN_RULES = (
         ".kernelMappings",
     ),
     cel.Rule(
-        f"self.kernelMappings.all(m, !({_BUILDS} || {_SIGNS}) || "
-        "!(has(m.containerImage) ? m.containerImage : "
-        "(has(self.containerImage) ? self.containerImage : '')).contains('@'))",
+        f"self.kernelMappings.all(m, !({_BUILDS} || {_SIGNS}) || !{_IMAGE_OF_M}.contains('@'))",
         _PUSHED_DIGEST_MESSAGE,
+        ".kernelMappings",
+    ),
+    # Compared as written; kernels.target compares them expanded as well.
+    cel.Rule(
+        f"self.kernelMappings.all(m, {_BUILDS} || {_UNSIGNED_OF_M} == '' || "
+        f"{_UNSIGNED_OF_M} != {_IMAGE_OF_M})",
+        _SIGNS_IN_PLACE_MESSAGE,
         ".kernelMappings",
     ),
     cel.Rule(
@@ -592,6 +610,12 @@ def _build_sign_errors(container: ModuleLoaderContainerSpec) -> list[str]:
         image = mappings[i][1].container_image or container.container_image
         if image is not None and "@" in image:
             errors.append(f"kernelMappings[{i}].containerImage {image!r}: {_PUSHED_DIGEST_MESSAGE}")
+    for i in sorted(signs - builds):
+        image = mappings[i][1].container_image or container.container_image
+        given = [s.unsigned_image for s in (mappings[i][1].sign, container.sign) if s is not None]
+        to_sign = next((u for u in given if u is not None), None)
+        if to_sign is not None and to_sign == image:
+            errors.append(f"kernelMappings[{i}]: {_SIGNS_IN_PLACE_MESSAGE}")
     dir_name = container.modprobe.dir_name
     levels = [("container.sign", container.sign)] + [
         (f"kernelMappings[{i}].sign", m.sign) for i, m in mappings

@@ -126,6 +126,19 @@ def test_sign_without_build_expands_the_unsigned_image(build_sign: Obj) -> None:
     assert found.sign.unsigned_image == "registry.example:5000/kmod-built-unsigned:6.8.0"
 
 
+def test_an_unsigned_image_that_expands_to_the_final_one_is_refused(build_sign: Obj) -> None:
+    """Admission compares them as written; written apart, they may still meet."""
+    container = _container(build_sign)
+    del container["build"]
+    del container["kernelMappings"][0]["build"]
+    container["sign"]["unsignedImage"] = (
+        "registry.example:5000/drivers/$MOD_NAME:$KERNEL_FULL_VERSION"
+    )
+    module = validation.parse_module(build_sign)
+    with pytest.raises(kernels.KernelMappingError, match=r"are both 'registry\.example:5000/"):
+        kernels.target(module, "6.8.0-45-generic")
+
+
 def test_an_unsigned_image_that_expands_invalid_is_refused_naming_the_kernel(
     build_sign: Obj,
 ) -> None:
