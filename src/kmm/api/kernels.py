@@ -281,12 +281,17 @@ def _sign(
         if level is not None
         for path in level.files_to_sign or ()
     ]
+    # filesToSign are paths in the image, where the build put the modules
+    # under the kernel as the build arg KERNEL_FULL_VERSION gives it (Debian's
+    # 6.12.118+deb13-amd64), not the tag-safe form an image tag needs
+    # (6.12.118_deb13-amd64): a '+' kernel would otherwise match no file.
+    paths = {**values, "KERNEL_FULL_VERSION": kernel}
     return SignTarget(
         unsigned_image=unsigned,
         unsigned_image_registry_tls=_tls(*(s.unsigned_image_registry_tls for s in levels)),
         key_secret=key,
         cert_secret=cert,
-        files_to_sign=_once(expand(path, values) for path in files),
+        files_to_sign=_once(expand(path, paths) for path in files),
     )
 
 

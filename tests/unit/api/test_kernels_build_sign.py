@@ -223,6 +223,7 @@ def test_files_to_sign_append_expanded_once(
     found = _target(obj, "6.1.0-27+x").sign
     assert found is not None
     values = kernels.variables("6.1.0-27+x", module_name="m", module_namespace="ns")
+    values["KERNEL_FULL_VERSION"] = "6.1.0-27+x"  # a path, not a tag: the kernel as written
     expanded = [kernels.expand(f, values) for f in container_files + mapping_files]
     assert found.files_to_sign == tuple(dict.fromkeys(expanded))
     assert not any("$" in f for f in found.files_to_sign)
@@ -299,3 +300,21 @@ def test_file_variables_judged_alike_by_cel_and_python_and_accepted_ones_expand(
     assert found is not None
     assert found.sign is not None
     assert not any("$" in f for f in found.sign.files_to_sign)
+
+
+def test_files_to_sign_name_the_kernel_as_the_build_arg_gives_it() -> None:
+    """A Debian kernel's '+' is kept in paths (the build copies its modules
+    under ``$KERNEL_FULL_VERSION`` as the build arg has it), while the image
+    tag takes the tag-safe form."""
+    obj: Obj = copy.deepcopy(_MINIMAL)
+    container = _container(obj)
+    container["containerImage"] = "r/m:${KERNEL_FULL_VERSION}"
+    container["sign"] = {
+        "keySecret": {"name": "k"},
+        "certSecret": {"name": "c"},
+        "filesToSign": ["/opt/lib/modules/${KERNEL_FULL_VERSION}/kmm_ci_a.ko"],
+    }
+    found = _target(obj, "6.12.118+deb13-amd64")
+    assert found.image == "r/m:6.12.118_deb13-amd64"
+    assert found.sign is not None
+    assert found.sign.files_to_sign == ("/opt/lib/modules/6.12.118+deb13-amd64/kmm_ci_a.ko",)
