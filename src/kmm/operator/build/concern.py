@@ -10,8 +10,10 @@ planner needs for the kernels whose mapping builds or signs:
 2. a build or sign pod that succeeded since the last reconcile: the image it
    pushed is forgotten (``planner.pushed_by_succeeded``);
 3. existence facts (``existence.Checker``; remembered, so a converged Module
-   asks no registry anything), the intermediate image only while the final
-   one is missing;
+   asks no registry anything); while the final image is missing, also of the
+   image a sign pod would sign (the build's intermediate one, or
+   ``unsignedImage`` without build, which someone else pushes: asked again
+   on every requeue while it is missing);
 4. the ConfigMaps and Secrets the pods read, GET on demand and only for
    kernels whose image is not known to exist (no informer on Secrets).
 
@@ -113,6 +115,12 @@ class BuildConcern:
         )
         for at in retry:
             found.requeue(at - self.monotonic())
+        for kernel, target in wanted.items():
+            # Pushed by someone else, whenever: asked again on the planner's
+            # requeue (every poll) rather than remembered as missing.
+            awaited = planner.unsigned_awaited(target, facts[kernel])
+            if awaited is not None:
+                self.checker.forget(awaited)
         return found
 
     async def _inputs(

@@ -13,8 +13,9 @@ the build and sign pods the cache holds:
   build; ``ERROR``: checked again after the back-off (``Checking``);
 - ``MISSING``: the kernel is *gated* (its loader DaemonSet is not created
   until the image exists; one that exists stays, ``loader.planner``). Build
-  only: a build pod pushes the final image. Sign only: a sign pod signs
-  ``unsignedImage`` into the final image. Build and sign: the build pushes
+  only: a build pod pushes the final image. Sign only: once the registry has
+  ``unsignedImage`` (asked every ``Settings.poll`` seconds until then), a
+  sign pod signs it into the final image. Build and sign: the build pushes
   ``pods.intermediate_image(final)`` and, once that exists, a sign pod pushes
   the signed result under the final name, so only a signed image ever
   carries it; a failed sign is retried as a sign, never by a rebuild.
@@ -60,6 +61,7 @@ __all__ = [
     "module_builds",
     "plan",
     "pushed_by_succeeded",
+    "unsigned_awaited",
 ]
 
 RawObject = dict[str, Any]
@@ -160,24 +162,37 @@ def concerned(targets: Mapping[str, kernels.Target]) -> dict[str, kernels.Target
 
 
 def keys_of(view: views.ModuleView, target: kernels.Target) -> tuple[existence.Key, existence.Key]:
-    """The existence keys of the final and of the intermediate image."""
+    """The existence keys of the final image and of the one a sign pod
+    signs: the build's intermediate image, or without build ``unsignedImage``
+    (asked with ``unsignedImageRegistryTLS``)."""
     secret = view.module.spec.image_repo_secret
     who = f"{view.namespace}/{secret.name}" if secret is not None else ""
     tls = existence.Tls.of(target.registry_tls)
-    return (
-        existence.Key(target.image, tls, who),
-        existence.Key(pods.intermediate_image(target.image), tls, who),
-    )
+    final = existence.Key(target.image, tls, who)
+    sign = target.sign
+    if target.build is None and sign is not None and sign.unsigned_image is not None:
+        unsigned_tls = existence.Tls.of(sign.unsigned_image_registry_tls)
+        return final, existence.Key(sign.unsigned_image, unsigned_tls, who)
+    return final, existence.Key(pods.intermediate_image(target.image), tls, who)
 
 
 def intermediate_wanted(target: kernels.Target, final: existence.Fact) -> bool:
-    """Whether the intermediate image's existence matters: build and sign,
-    final image missing."""
-    return (
-        target.build is not None
-        and target.sign is not None
-        and final.state is (existence.State.MISSING)
-    )
+    """Whether the existence of the image a sign pod signs matters: the
+    kernel signs and its final image is missing."""
+    return target.sign is not None and final.state is existence.State.MISSING
+
+
+def unsigned_awaited(target: kernels.Target, facts: Facts) -> str | None:
+    """Sign without build whose ``unsignedImage`` the registry says is
+    missing: that image (someone else pushes it; it is asked again every
+    ``Settings.poll`` seconds, and no sign pod is made meanwhile)."""
+    sign = target.sign
+    if target.build is not None or sign is None or sign.unsigned_image is None:
+        return None
+    found = facts.intermediate
+    if found is None or found.state is not existence.State.MISSING:
+        return None
+    return sign.unsigned_image
 
 
 def inputs_wanted(view: views.ModuleView, targets: Mapping[str, kernels.Target]) -> set[str]:
@@ -501,7 +516,33 @@ class _Kernel:
             else:
                 self.run_pod("build")
             return
-        self.run_pod("build" if build is not None else "sign")
+        if build is None and sign is not None:
+            self.plan_sign_only(sign)
+            return
+        self.run_pod("build")
+
+    def plan_sign_only(self, sign: kernels.SignTarget) -> None:
+        """Sign ``unsignedImage`` once the registry has it: a sign pod made
+        before would fail and, its inputs unchanged, never be retried."""
+        name = pods.pod_name(self.view.name, "sign", self.kernel)
+        if _pod_named(self.view, "sign", name) is not None:
+            self.run_pod("sign")
+            return
+        unsigned = self.facts.intermediate
+        if unsigned is None:
+            self.image("Checking")
+            return
+        if self.blocked(unsigned, sign.unsigned_image or ""):
+            return
+        if unsigned.state is existence.State.MISSING:
+            self.image(
+                "Missing",
+                message=f"unsigned image {sign.unsigned_image} does not exist yet; "
+                f"asked again every {self.settings.poll:g} s",
+            )
+            self.out.requeue(self.settings.poll)
+            return
+        self.run_pod("sign")
 
     def finish_stale(self, role: Role) -> None:
         """A terminated pod of ``role`` no longer needed for this kernel."""

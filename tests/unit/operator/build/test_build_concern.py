@@ -98,3 +98,20 @@ async def test_a_succeeded_pod_has_its_image_asked_again_once() -> None:
     assert again.events == []
     assert checker.asked[cases.IMAGE1] == 2
     assert pods.pod_name("m", "build", cases.K1) == done["metadata"]["name"]
+
+
+async def test_an_awaited_unsigned_image_is_asked_again_each_time_until_it_exists() -> None:
+    unsigned = f"r.io/unsigned:{cases.K1}"
+    checker = _Checker({cases.IMAGE2: existence.State.EXISTS})
+    build = concern.BuildConcern(checker, _Reader())
+    raw = cases._raw(build=False)
+    for _ in range(3):
+        found = await _plan(build, raw)
+        assert found.create == []
+    assert checker.asked[unsigned] == 3
+    assert checker.asked[cases.IMAGE1] == 1  # the final image stays known missing
+    checker.images[unsigned] = existence.State.EXISTS
+    (creation,) = (await _plan(build, raw)).create
+    assert creation.pod["metadata"]["labels"]["kmm.node.kubernetes.io/role"] == "sign"
+    await _plan(build, raw)
+    assert checker.asked[unsigned] == 4

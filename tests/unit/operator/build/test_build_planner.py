@@ -163,10 +163,26 @@ def test_once_the_intermediate_image_exists_a_sign_pod_pushes_the_final_one() ->
 
 
 def test_sign_without_build_signs_the_unsigned_image() -> None:
-    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+    facts = {K1: planner.Facts(MISSING, EXISTS), K2: planner.Facts(EXISTS)}
     (creation,) = _plan(_view(_raw(build=False)), facts).create
     assert _env(creation.pod, "KMM_UNSIGNED_IMAGE") == f"r.io/unsigned:{K1}"
     assert _env(creation.pod, "KMM_IMAGE") == IMAGE1
+
+
+def test_sign_without_build_waits_for_its_unsigned_image_without_a_pod() -> None:
+    facts = {K1: planner.Facts(MISSING, MISSING), K2: planner.Facts(EXISTS)}
+    view = _view(_raw(build=False))
+    found = _plan(view, facts)
+    assert found.create == []
+    assert found.gated == {K1}
+    (waiting,) = [i for i in found.images if i.kernel == K1]
+    assert waiting.state == "Missing"
+    assert waiting.message is not None
+    assert f"r.io/unsigned:{K1}" in waiting.message
+    assert found.requeue_after == SETTINGS.poll
+    targets = loader_planner.grouping(view).targets
+    assert planner.unsigned_awaited(targets[K1], facts[K1]) == f"r.io/unsigned:{K1}"
+    assert planner.keys_of(view, targets[K1])[1].image == f"r.io/unsigned:{K1}"
 
 
 def _failed_build(raw: Obj, inputs: planner.Inputs = INPUTS) -> Obj:
