@@ -451,6 +451,7 @@ class _Kernel:
         if desired is None:
             message = f"{role} for kernel {self.kernel}: " + "; ".join(missing)
             self.out.problems.append(status.Problem(failed_reason, message))
+            self.tell(f"inputs:{message}", Event("Warning", failed_reason, message))
             self.image(failed_state, pod=name if observed is not None else None, message=message)
             self.out.requeue(self.settings.poll)
             return
@@ -585,12 +586,16 @@ def plan(
             if _phase(pod) in ("Succeeded", "Failed"):
                 out.delete.append(pod)
     # A pod stays noticed while the cache shows it; an authentication
-    # failure while it is still the one shown.
+    # failure or a missing input while it is still the one shown.
     shown = {_uid(p) for role in ROLES for p in view.pods.get(role, ())}
     out.noticed = {
         key
         for key in noticed | out.noticed
-        if (key in out.noticed if key.startswith("auth:") else key.split(":", 1)[0] in shown)
+        if (
+            key in out.noticed
+            if key.startswith(("auth:", "inputs:"))
+            else key.split(":", 1)[0] in shown
+        )
     }
     out.delete = _unique(out.delete)
     return out

@@ -303,6 +303,12 @@ def test_a_missing_configmap_is_shown_and_nothing_built() -> None:
     (problem,) = found.problems
     assert "ConfigMap ns/dockerfile does not exist" in problem.message
     assert found.requeue_after == SETTINGS.poll
+    (event,) = found.events
+    assert (event.type, event.reason) == ("Warning", "BuildFailed")
+    assert "ConfigMap ns/dockerfile does not exist" in event.message
+    # Told once: the next reconcile, inputs still missing, says nothing new.
+    again = _plan(_view(_raw(sign=False)), {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}, inputs=inputs, noticed=found.noticed)  # fmt: skip
+    assert again.events == []
 
 
 def test_a_succeeded_pod_names_the_image_to_check_again_once() -> None:
