@@ -23,7 +23,7 @@ Sources, for the churn's Modules (a ``moduleLoader`` each, no version, no DRA):
 - DESIGN §5, schedulable: not cordoned and every NoSchedule/NoExecute taint
   tolerated. A selected node counts for a pair when the Module may schedule
   on it or a loader pod of the Module already runs there (cordoning or
-  tainting must not unload a module in use; ``kmm.operator.moduleloader``'s
+  tainting must not unload a module in use; ``kmm.operator.loader.planner``'s
   stated rule, the one place the spec leaves it open);
 - DESIGN §4: ``<ns>.<name>.ready`` exactly where the loader pod of the node's
   pair is Ready; ``device-plugin-ready`` where the Module's device-plugin pod

@@ -19,7 +19,8 @@ import test_operator_support as support
 from kubernetes_asyncio import client
 
 from kmm.api import conditions, labels, modules
-from kmm.operator import moduleloader, views, wiring
+from kmm.operator import views, wiring
+from kmm.operator.loader import planner as loader_planner
 from kmm.runtime import controllers
 from kmm.sandbox import testing
 
@@ -76,17 +77,17 @@ async def test_a_raising_planner_degrades_its_module_once_and_it_converges_after
     name = "failing"
     select = f"kmm-test/{namespace}"
     node = sandbox.node_names[0]
-    real = moduleloader.plan
+    real = loader_planner.plan
     armed = True
 
-    def planner(view: views.ModuleView) -> moduleloader.LoaderPlan:
+    def planner(view: views.ModuleView) -> loader_planner.LoaderPlan:
         # Only this test's Module: another test's operator shares nothing
         # with this one, but the function is the process's.
         if armed and (view.namespace, view.name) == (namespace, name):
             raise RuntimeError("injected planner failure")
         return real(view)
 
-    monkeypatch.setattr(moduleloader, "plan", planner)
+    monkeypatch.setattr(loader_planner, "plan", planner)
     counted: list[CountingFailures] = []
     async with (
         support.selecting(api_client, [node], select),

@@ -23,7 +23,9 @@ from kmm.cli import applying
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.operator import devicepluginbuilders, drabuilders, loaderbuilders
+from kmm.operator.deviceplugin import builders as deviceplugin_builders
+from kmm.operator.dra import builders as dra_builders
+from kmm.operator.loader import builders as loader_builders
 from kmm.sandbox import cluster, testing
 
 DEPLOYMENTS = resources.Resource("apps", "v1", "deployments")
@@ -90,9 +92,9 @@ def _module_workloads() -> dict[str, dict[str, Any]]:
     dra_raw = examples.dra_module(namespace="pss")
     dra_raw["spec"]["dra"]["initContainer"] = {"image": "example.com/driver-init:1"}
     return {
-        "module-loader": loaderbuilders.daemonset(loader, target),
-        "device-plugin": devicepluginbuilders.daemonset(validation.parse_module(plugin_raw)),
-        "dra": drabuilders.daemonset(validation.parse_module(dra_raw)),
+        "module-loader": loader_builders.daemonset(loader, target),
+        "device-plugin": deviceplugin_builders.daemonset(validation.parse_module(plugin_raw)),
+        "dra": dra_builders.daemonset(validation.parse_module(dra_raw)),
     }
 
 

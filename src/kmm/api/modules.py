@@ -202,7 +202,7 @@ ModuleVersion = Annotated[
     ),
 ]
 # A module name is one word to modprobe, and modulesLoadingOrder entries are
-# written into a modprobe.d file (loaderbuilders), where whitespace would
+# written into a modprobe.d file (kmm.operator.loader.builders), where whitespace would
 # split a line or start another. One explicit class, the same in Python and RE2.
 _WHITESPACE = r"[ \t\n\v\f\r]"
 _MODULE_NAME_RULE = "must be a kernel module name: no whitespace"

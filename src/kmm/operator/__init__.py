@@ -4,34 +4,43 @@ It never imports ``kmm.kubeletplugin`` (the node side is a separate process),
 and it does not re-implement the runtime: informers, the work queue, the
 controller loop and its one requeue policy, the manager and Lease election
 all come from ``kmm.runtime``; API access from ``kmm.kube``; Module models,
-validation, names and kernel mapping from ``kmm.api``. Import modules, not names.
+validation, names and kernel mapping from ``kmm.api``. Import modules, not
+names: a concern's module as ``<concern>_<module>``, e.g.
+``from kmm.operator.loader import planner as loader_planner``.
 
-A reconcile reads one ``views.ModuleView`` and asks one pure planner per
-concern what it wants (each answers a ``plans.Plan``: DaemonSets to apply or
-delete, the node labels it owns); ``nodelabels`` merges their labels into one
-patch per node; ``reconciler`` sends it all and writes the status.
+A reconcile reads one ``views.ModuleView`` and asks each concern's pure
+planner what it wants (each answers a ``plans.Plan``: DaemonSets to apply or
+delete, the node labels it owns); ``nodelabels`` merges their labels into
+one patch per node; ``reconciler`` sends it all and writes the status.
 
-Pure (no I/O, table-tested):
+Concerns, one sub-package each (``planner`` pure, ``builders`` pure):
+
+==================  ========================================================
+``loader``          loader DaemonSets per (kernel, image[, version]); where
+                    the module is loaded
+``deviceplugin``    the device-plugin DaemonSet(s) and their readiness
+``dra``             the DRA driver DaemonSet(s), target labels held by
+                    claims in use, DeviceClasses
+``upgrade``         ordered upgrades: the version labels, the action table
+==================  ========================================================
+
+Shared, pure (no I/O, table-tested):
 
 - ``views``: the read-only view of the caches; ``plans``: the planners' answer;
-- ``moduleloader``: loader DaemonSets per (kernel, image[, version]), where
-  the module is loaded; ``deviceplugin``: the plugin DaemonSet(s) and
-  readiness; ``dra``: the DRA driver DaemonSet(s), target labels held by
-  claims in use, DeviceClasses; ``workloads``: what the last two share;
-  ``upgrade``: ordered upgrades, the action table as data;
-- ``loaderbuilders`` / ``devicepluginbuilders`` / ``drabuilders``: the
-  DaemonSets (and DeviceClasses), on the shared pod-spec base of ``podspecs``
-  and, for the two device workloads, ``workloadbuilders``; ``objects``: owner references and the
+- ``workloads``: what the device plugin and DRA planners share;
+- ``podspecs`` (every pod) and ``workloadbuilders`` (the two device
+  workloads): pod-spec bases; ``objects``: owner references and the
   ``SPEC_HASH`` stamp;
 - ``nodelabels``: merging wanted labels into patches; ``status``: status
   and conditions; ``events``: Event bodies (Module and Node);
-  ``caches``: projections, indexes, event -> key maps.
+  ``caches``: projections, indexes, event -> key maps; ``failures``: a
+  failed reconcile step, shown on the Module.
 
-With I/O:
+Shared, with I/O:
 
 - ``writing``: every API write, and ``Pending`` (writes the cache has not
   shown yet, so a lagging cache causes no repeat);
-- ``reconciler``: the Module reconciler tying the above together;
+- ``reconciler``: the Module reconciler asking the concerns' planners;
 - ``nodekernels``: a node-keyed controller keeping ``kernel-version.full``
   true on nodes no Module's reconcile visits;
 - ``wiring``: informers + controller + manager (``Operator``);

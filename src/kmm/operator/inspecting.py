@@ -1,7 +1,7 @@
 """What an admin sees of one Module on each node: its labels, its pods, the upgrade step.
 
 Read through any ``kube.client.Client`` (so against any cluster) and judged
-with the planners' own rule (``upgrade.step``): ``kmm status`` and
+with the planners' own rule (``upgrade.planner.step``): ``kmm status`` and
 ``kmm upgrade`` say what the operator does next on a node, in its words. A
 pod of the Module that cannot run there (an image that does not pull, a
 container that keeps crashing) is reported as the node's ``problem``: an
@@ -26,7 +26,8 @@ from typing import Any, Final
 from kmm.aio import tasks
 from kmm.api import kernels, labels
 from kmm.kube import client, listwatch, objects, reflecting, resources
-from kmm.operator import upgrade, writing
+from kmm.operator import writing
+from kmm.operator.upgrade import planner as upgrade_planner
 
 __all__ = [
     "STUCK_REASONS",
@@ -120,7 +121,7 @@ class NodeState:
     loaded: bool
     plugin_ready: bool
     version_ready: str | None
-    step: upgrade.Step
+    step: upgrade_planner.Step
     problem: str | None
     # The image of the node's kernel, from status.images (empty: none written).
     images: tuple[ImageState, ...] = ()
@@ -221,7 +222,7 @@ def states(
                 loaded=keys["ready"] in node_labels,
                 plugin_ready=plugin_ready,
                 version_ready=node_labels.get(keys["version_ready"]),
-                step=upgrade.step(
+                step=upgrade_planner.step(
                     user=user,
                     loader=node_labels.get(keys["loader"]),
                     plugin=node_labels.get(keys["plugin"]),

@@ -1,6 +1,6 @@
 """Keeping ``kernel-version.full`` true on every node that carries it.
 
-The loader planner (``moduleloader``) puts the label on the nodes a Module
+The loader planner (``loader.planner``) puts the label on the nodes a Module
 selects, so that its DaemonSets can select on it, and never takes it off
 (Modules share it). A node no Module selects is visited by no Module's
 reconcile: after a reboot into another kernel its label would name the old

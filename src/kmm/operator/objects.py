@@ -4,7 +4,7 @@ A builder returns the *desired* object as raw JSON. Its ``SPEC_HASH``
 annotation is a digest of everything the builder set, so a reconciler tells
 "unchanged" by comparing one annotation with the observed object instead of
 deep-diffing server-defaulted fields (DESIGN §5: a no-op reconcile makes zero
-writes). Neighbours: ``loaderbuilders`` and ``devicepluginbuilders`` use these.
+writes). Neighbours: ``loader.builders`` and ``deviceplugin.builders`` use these.
 """
 
 from __future__ import annotations

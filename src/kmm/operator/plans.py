@@ -1,6 +1,6 @@
 """What one concern of a reconcile wants: the common shape of every planner's answer.
 
-Each planner (``moduleloader``, ``deviceplugin``, ``upgrade``; later DRA) is a
+Each concern's planner (``loader``, ``deviceplugin``, ``dra``, ``upgrade``) is a
 pure function of a ``views.ModuleView`` returning a ``Plan`` (plus the facts
 the next planner and the status need). A ``Plan`` says:
 

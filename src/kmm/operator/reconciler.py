@@ -5,7 +5,7 @@ Level-based (``runtime.controllers.Reconciler``). For a live Module it:
 2. repeats admission (``kmm.api.validation``): an invalid Module gets a
    Degraded condition and one Warning Event, and nothing is created;
 3. takes one read-only view of the caches (``views``) and asks each planner
-   what it wants: ``moduleloader``, then ``deviceplugin`` and ``dra`` (they
+   what it wants: ``loader``, then ``deviceplugin`` and ``dra`` (they
    run where the module is loaded), then ``upgrade`` (ordered upgrades:
    version labels, with whichever device workload the Module has);
 4. sends what they want: DaemonSets applied when missing or changed, stale
@@ -49,19 +49,19 @@ from kmm.api import conditions, labels, modules, validation
 from kmm.kube import errors
 from kmm.operator import (
     caches,
-    deviceplugin,
-    dra,
     events,
     failures,
-    moduleloader,
     nodelabels,
     objects,
     plans,
     status,
-    upgrade,
     views,
     writing,
 )
+from kmm.operator.deviceplugin import planner as deviceplugin_planner
+from kmm.operator.dra import planner as dra_planner
+from kmm.operator.loader import planner as loader_planner
+from kmm.operator.upgrade import planner as upgrade_planner
 from kmm.runtime import controllers, stores
 
 __all__ = ["Caches", "ModuleReconciler", "rfc3339_now"]
@@ -177,27 +177,19 @@ class ModuleReconciler:
 
         with failures.step("reading the caches"):
             view = self._view(raw, module, key)
-        with failures.step("planning the module loader"):
-            loader = moduleloader.plan(view)
-        with failures.step("planning the device plugin"):
-            plugin = deviceplugin.plan(view, loader)
-        with failures.step("planning the DRA driver"):
-            driver = dra.plan(view, loader)
-        devices = driver if driver.enabled else plugin
-        with failures.step("planning the ordered upgrade"):
-            moving = upgrade.plan(view, loader, devices)
-        concerns: tuple[plans.Plan, ...] = (loader, plugin, driver, moving)
+        asked = _ask_planners(view)
+        concerns = asked.concerns()
         await self._send_daemonsets(raw, [ds for plan in concerns for ds in plan.apply])
         await self._delete_daemonsets(raw, [name for plan in concerns for name in plan.delete])
-        problems = await self._send_device_classes(raw, key, view, driver)
+        problems = await self._send_device_classes(raw, key, view, asked.driver)
         with failures.step("merging the node labels"):
             changes = nodelabels.merge(view.nodes(), concerns)
         await self._patch_labels(changes, view)
-        if loader.versions:
-            self._versions.setdefault(key, {}).update(loader.versions)
+        if asked.loader.versions:
+            self._versions.setdefault(key, {}).update(asked.loader.versions)
 
         with failures.step("computing the status"):
-            seen = _observed(module, view, loader, plugin, driver, problems)
+            seen = _observed(module, view, asked.loader, asked.plugin, asked.driver, problems)
             new = status.compute(raw, seen, now=self.now())
         if not status.differs(raw, new):
             return controllers.Result()
@@ -257,7 +249,7 @@ class ModuleReconciler:
         )
 
     async def _send_device_classes(
-        self, raw: RawObject, key: str, view: views.ModuleView, plan: dra.DraPlan
+        self, raw: RawObject, key: str, view: views.ModuleView, plan: dra_planner.DraPlan
     ) -> list[status.Problem]:
         """Create, update and delete the Module's DeviceClasses; what stands in the way."""
         problems: list[status.Problem] = []
@@ -479,6 +471,38 @@ class ModuleReconciler:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Asked:
+    """Each concern's answer for one view (step 3)."""
+
+    loader: loader_planner.LoaderPlan
+    plugin: deviceplugin_planner.PluginPlan
+    driver: dra_planner.DraPlan
+    upgrade: upgrade_planner.UpgradePlan
+
+    def concerns(self) -> tuple[plans.Plan, ...]:
+        """Every answer, in the order the planners were asked."""
+        return (self.loader, self.plugin, self.driver, self.upgrade)
+
+
+def _ask_planners(view: views.ModuleView) -> _Asked:
+    """Ask each concern's planner, in the order their answers feed each
+    other: the loader first (where the module is loaded), the two device
+    workloads (which run there), then the ordered upgrade (with whichever
+    device workload the Module has). Each call is a named step, so a
+    planner's bug shows on the Module as that step."""
+    with failures.step("planning the module loader"):
+        loader = loader_planner.plan(view)
+    with failures.step("planning the device plugin"):
+        plugin = deviceplugin_planner.plan(view, loader)
+    with failures.step("planning the DRA driver"):
+        driver = dra_planner.plan(view, loader)
+    devices = driver if driver.enabled else plugin
+    with failures.step("planning the ordered upgrade"):
+        moving = upgrade_planner.plan(view, loader, devices)
+    return _Asked(loader=loader, plugin=plugin, driver=driver, upgrade=moving)
+
+
 def _role(obj: RawObject) -> str:
     value = ((obj.get("metadata") or {}).get("labels") or {}).get(labels.ROLE)
     return value if isinstance(value, str) else ""
@@ -487,9 +511,9 @@ def _role(obj: RawObject) -> str:
 def _observed(
     module: modules.Module,
     view: views.ModuleView,
-    loader: moduleloader.LoaderPlan,
-    plugin: deviceplugin.PluginPlan,
-    driver: dra.DraPlan,
+    loader: loader_planner.LoaderPlan,
+    plugin: deviceplugin_planner.PluginPlan,
+    driver: dra_planner.DraPlan,
     problems: list[status.Problem],
 ) -> status.Observed:
     """What the reconcile saw, for ``status.compute``."""

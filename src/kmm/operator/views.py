@@ -1,7 +1,7 @@
 """What one reconcile sees of the cluster for one Module: a read-only view.
 
 ``build`` takes it from the informer caches once, at the start of a
-reconcile, so every planner (``moduleloader``, ``deviceplugin``, ``dra``,
+reconcile, so every planner (``loader``, ``deviceplugin``, ``dra``,
 ``upgrade``) judges the same moment. The view holds the cached dicts
 themselves: planners read them and never change them.
 """

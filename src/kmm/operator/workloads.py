@@ -6,7 +6,7 @@ the upgrade planner and the status read it without knowing which one it is.
 ``sync_daemonsets`` keeps the Module's DaemonSets of one role in step with the
 one desired: sent when missing or when its ``SPEC_HASH`` differs, a DaemonSet
 of an older *version* kept while nodes still run it
-(``moduleloader.keep_old_version``), anything else deleted. An unversioned
+(``loader.planner.keep_old_version``), anything else deleted. An unversioned
 DaemonSet left from before a versioned ``moduleLoader`` was added is deleted
 at once: no version label will ever take its nodes away from it.
 """
@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kmm.api import labels
-from kmm.operator import moduleloader, objects, plans, views
+from kmm.operator import objects, plans, views
+from kmm.operator.loader import planner as loader_planner
 
 __all__ = ["WorkloadPlan", "ready_nodes", "sync_daemonsets"]
 
@@ -71,7 +72,7 @@ def sync_daemonsets(
             and version is not None
             and ds_version is not None
             and ds_version != version
-            and moduleloader.keep_old_version(ds)
+            and loader_planner.keep_old_version(ds)
         ):
             into.current.append(ds)  # nodes still run this version
         elif not deleting:

@@ -1,10 +1,12 @@
-"""Raw objects for operator unit tests: Modules, nodes, DaemonSets, pods."""
+"""Raw objects for operator unit tests: Modules, nodes, DaemonSets, pods; and a view of them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kmm.api import labels, modules, validation
+from kmm.operator import caches, views
+from kmm.runtime import stores
 
 Obj = dict[str, Any]
 
@@ -69,3 +71,26 @@ def pod(ds: Obj, node_name: str, *, ready: bool = True) -> Obj:
         "spec": {"nodeName": node_name},
         "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
+
+
+def view(
+    module: Any,
+    nodes: list[dict],
+    daemonsets: list[dict] | tuple[()] = (),
+    pods: list[dict] | tuple[()] = (),
+) -> views.ModuleView:
+    """What a reconcile of ``module`` would see: ``nodes`` cached, the given
+    DaemonSets and pods as the Module's."""
+    store = stores.Store()
+    for node in nodes:
+        store.put(node)
+    key = f"{module.metadata.namespace}/{module.metadata.name}"
+    labelled = [n for n in nodes if key in caches.node_module_index(n)]
+    return views.build(
+        module_raw(),
+        module,
+        nodes=store,
+        daemonsets=daemonsets,
+        pods=pods,
+        labelled=labelled,
+    )

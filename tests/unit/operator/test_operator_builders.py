@@ -1,4 +1,4 @@
-"""Loader, device-plugin and DRA DaemonSet builders (pure, table-driven)."""
+"""What the two device-workload builders (device plugin, DRA driver) share."""
 
 from __future__ import annotations
 
@@ -7,168 +7,23 @@ from typing import Any
 import operator_fixtures as fixtures
 import pytest
 
-from kmm.api import examples, kernels, labels, modules, validation
-from kmm.operator import devicepluginbuilders, drabuilders, loaderbuilders, objects
-
-
-def _target(kernel: str, raw: dict[str, Any] | None = None) -> kernels.Target:
-    found = kernels.target(fixtures.module(raw), kernel)
-    assert found is not None
-    return found
-
-
-@pytest.mark.parametrize(
-    ("kernel", "image"),
-    [
-        ("6.8.0-45-generic", "r.io/lit:6.8.0"),
-        ("6.1.0-27-amd64", "r.io/m:v1"),
-        ("5.14.0-427.el9.x86_64+", "r.io/default:5.14"),
-    ],
-)
-def test_loader_daemonset_per_pair(kernel: str, image: str) -> None:
-    module = fixtures.module()
-    target = _target(kernel)
-    ds = loaderbuilders.daemonset(module, target)
-    trimmed = kernels.node_kernel(kernel)
-    pair = {
-        labels.MODULE_NAME: "m",
-        labels.MODULE_NAMESPACE: "ns",
-        labels.ROLE: "module-loader",
-        labels.KERNEL_VERSION_FULL: trimmed,
-        labels.IMAGE_HASH: labels.image_hash(image),
-    }
-    assert ds["metadata"]["labels"] == pair
-    assert ds["spec"]["selector"]["matchLabels"] == pair
-    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
-    owner = ds["metadata"]["ownerReferences"][0]
-    assert owner["controller"] is True
-    assert owner["blockOwnerDeletion"] is True
-    pod = ds["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"pick": "yes", labels.KERNEL_VERSION_FULL: trimmed}
-    assert pod["priorityClassName"] == "system-node-critical"
-    container = pod["containers"][0]
-    assert container["image"] == image
-    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_MODULE"]}
-    assert container["lifecycle"]["postStart"]["exec"]["command"] == [
-        "/bin/sh",
-        "-c",
-        "modprobe -v -d /opt kmod_x a=1",
-    ]
-    assert container["lifecycle"]["preStop"]["exec"]["command"][-1] == "modprobe -rv -d /opt kmod_x"
-    assert objects.observed_hash(ds) is not None
-
-
-def test_name_is_deterministic_per_pair_and_fits() -> None:
-    module = fixtures.module()
-    a = loaderbuilders.daemonset(module, _target("6.8.0-45-generic"))
-    b = loaderbuilders.daemonset(module, _target("6.8.0-45-generic"))
-    c = loaderbuilders.daemonset(module, _target("6.1.0-27-amd64"))
-    assert a == b
-    assert a["metadata"]["name"] != c["metadata"]["name"]
-    assert len(a["metadata"]["name"]) <= 63
-
-
-@pytest.mark.parametrize(
-    ("modprobe", "load", "unload"),
-    [
-        (
-            {"moduleName": "x", "dirName": "/mods", "args": {"load": ["-q"], "unload": ["-q"]}},
-            "modprobe -v -q -d /mods x",
-            "modprobe -rv -q -d /mods x",
-        ),
-        (
-            {"rawArgs": {"load": ["-a", "y"], "unload": ["-r", "y"]}},
-            "modprobe -a y",
-            "modprobe -r y",
-        ),
-        (
-            {"moduleName": "x", "modulesLoadingOrder": ["x", "dep"]},
-            "modprobe -v -d /opt x",
-            "modprobe -rv -d /opt x && modprobe -rv -d /opt dep",
-        ),
-        (
-            {"moduleName": "x", "firmwarePath": "/fw"},
-            "cp -r /fw/. /var/lib/firmware && modprobe -v -d /opt x",
-            "modprobe -rv -d /opt x",
-        ),
-    ],
-)
-def test_modprobe_commands(modprobe: dict[str, Any], load: str, unload: str) -> None:
-    raw = fixtures.module_raw()
-    raw["spec"]["moduleLoader"]["container"]["modprobe"] = modprobe
-    ds = loaderbuilders.daemonset(fixtures.module(raw), _target("6.1.0-27-amd64", raw))
-    lifecycle = ds["spec"]["template"]["spec"]["containers"][0]["lifecycle"]
-    assert lifecycle["postStart"]["exec"]["command"][-1] == load
-    assert lifecycle["preStop"]["exec"]["command"][-1] == unload
-
-
-@pytest.mark.parametrize(
-    "raw_args",
-    [None, {"load": ["-v", "y"]}, {"unload": ["-rv", "y"]}, {"load": [], "unload": []}],
-)
-def test_modprobe_commands_refuse_a_spec_without_module_name_or_both_raw_args(
-    raw_args: dict[str, Any] | None,
-) -> None:
-    """Validation refuses these; the builder says so with an error too, not an
-    ``assert`` that ``python -O`` strips (it would then run a bare ``modprobe``)."""
-    modprobe = modules.ModprobeSpec.model_construct(
-        module_name=None,
-        raw_args=None if raw_args is None else modules.ModprobeArgs.model_construct(**raw_args),
-    )
-    target = _target("6.1.0-27-amd64")
-    with pytest.raises(ValueError, match=r"rawArgs\.load and rawArgs\.unload must both be set"):
-        loaderbuilders.load_commands(modprobe, target)
-    with pytest.raises(ValueError, match=r"rawArgs\.load and rawArgs\.unload must both be set"):
-        loaderbuilders.unload_commands(modprobe)
-
-
-def test_in_tree_modules_removed_first() -> None:
-    raw = fixtures.module_raw()
-    raw["spec"]["moduleLoader"]["container"]["kernelMappings"][1]["inTreeModulesToRemove"] = ["old"]
-    ds = loaderbuilders.daemonset(fixtures.module(raw), _target("6.1.0-27-amd64", raw))
-    command = ds["spec"]["template"]["spec"]["containers"][0]["lifecycle"]["postStart"]["exec"]
-    assert command["command"][-1] == "modprobe -rva old && modprobe -v -d /opt kmod_x a=1"
-
-
-def test_template_depends_only_on_pair_and_module_content() -> None:
-    """Operator restarts rebuild the same object: the hash is stable."""
-    first = loaderbuilders.daemonset(fixtures.module(), _target("6.8.0-45-generic"))
-    again = loaderbuilders.daemonset(fixtures.module(), _target("6.8.0-45-generic"))
-    assert objects.observed_hash(first) == objects.observed_hash(again)
-    raw = fixtures.module_raw()
-    raw["spec"]["moduleLoader"]["container"]["modprobe"]["parameters"] = ["a=2"]
-    changed = loaderbuilders.daemonset(fixtures.module(raw), _target("6.8.0-45-generic", raw))
-    assert objects.observed_hash(changed) != objects.observed_hash(first)
-
-
-@pytest.mark.parametrize(
-    ("with_loader", "selector"),
-    [(True, {labels.ready("ns", "m"): ""}), (False, {"pick": "yes"})],
-)
-def test_device_plugin_selects_ready_label_or_selector(
-    with_loader: bool, selector: dict[str, str]
-) -> None:
-    raw = fixtures.module_raw(devicePlugin={"container": {"image": "r.io/plugin:1"}})
-    if not with_loader:
-        del raw["spec"]["moduleLoader"]
-    ds = devicepluginbuilders.daemonset(fixtures.module(raw))
-    assert ds["spec"]["template"]["spec"]["nodeSelector"] == selector
-    assert ds["metadata"]["labels"][labels.ROLE] == "device-plugin"
-    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "r.io/plugin:1"
+from kmm.api import examples, validation
+from kmm.operator.deviceplugin import builders as deviceplugin_builders
+from kmm.operator.dra import builders as dra_builders
 
 
 def _device_plugin_pod(**plugin: Any) -> dict[str, Any]:
     raw = fixtures.module_raw(devicePlugin={"container": {"image": "r.io/plugin:1"}, **plugin})
-    spec: dict[str, Any] = devicepluginbuilders.daemonset(fixtures.module(raw))["spec"]["template"][
-        "spec"
-    ]
+    spec: dict[str, Any] = deviceplugin_builders.daemonset(fixtures.module(raw))["spec"][
+        "template"
+    ]["spec"]
     return spec
 
 
 def _dra_pod(**dra: Any) -> dict[str, Any]:
     raw = examples.dra_module()
     raw["spec"]["dra"].update(dra)
-    spec: dict[str, Any] = drabuilders.daemonset(validation.parse_module(raw))["spec"]["template"][
+    spec: dict[str, Any] = dra_builders.daemonset(validation.parse_module(raw))["spec"]["template"][
         "spec"
     ]
     return spec

@@ -14,7 +14,9 @@ import operator_fixtures as fixtures
 import pytest
 
 from kmm.api import examples, installation, kernels, validation
-from kmm.operator import devicepluginbuilders, drabuilders, loaderbuilders
+from kmm.operator.deviceplugin import builders as deviceplugin_builders
+from kmm.operator.dra import builders as dra_builders
+from kmm.operator.loader import builders as loader_builders
 
 _HOST_NAMESPACES = {"hostNetwork", "hostPID", "hostIPC"}
 
@@ -45,7 +47,7 @@ def _loader() -> dict[str, Any]:
     module = fixtures.module()
     target = kernels.target(module, "6.8.0-45-generic")
     assert target is not None
-    return loaderbuilders.daemonset(module, target)
+    return loader_builders.daemonset(module, target)
 
 
 def _device_plugin() -> dict[str, Any]:
@@ -55,13 +57,13 @@ def _device_plugin() -> dict[str, Any]:
             "initContainer": {"image": "r.io/plugin-init:1", "command": ["mknod"]},
         }
     )
-    return devicepluginbuilders.daemonset(validation.parse_module(raw))
+    return deviceplugin_builders.daemonset(validation.parse_module(raw))
 
 
 def _dra() -> dict[str, Any]:
     raw = examples.dra_module()
     raw["spec"]["dra"]["initContainer"] = {"image": "r.io/driver-init:1"}
-    return drabuilders.daemonset(validation.parse_module(raw))
+    return dra_builders.daemonset(validation.parse_module(raw))
 
 
 _PRIVILEGED = {"privileged": True}

@@ -11,7 +11,8 @@ import pytest
 from kmm.aio import clocks
 from kmm.api import conditions, labels
 from kmm.kube import errors
-from kmm.operator import caches, failures, moduleloader, reconciler, views, writing
+from kmm.operator import caches, failures, reconciler, views, writing
+from kmm.operator.loader import planner as loader_planner
 from kmm.runtime import controllers, stores, workqueue
 
 K68, K61, KEL9 = fixtures.KERNELS
@@ -333,14 +334,14 @@ async def test_a_stale_view_does_not_repeat_a_label_write(
 
 
 class RaisingPlanner:
-    """``moduleloader.plan`` made to raise ``errors[i]`` on its i-th call, then plan."""
+    """``loader.planner.plan`` made to raise ``errors[i]`` on its i-th call, then plan."""
 
     def __init__(self, *errors: Exception) -> None:
         self.errors = list(errors)
         self.calls = 0
-        self.real = moduleloader.plan
+        self.real = loader_planner.plan
 
-    def __call__(self, view: views.ModuleView) -> moduleloader.LoaderPlan:
+    def __call__(self, view: views.ModuleView) -> loader_planner.LoaderPlan:
         self.calls += 1
         if self.errors:
             raise self.errors.pop(0)
@@ -364,7 +365,7 @@ async def test_a_raising_planner_degrades_the_module_with_one_event_per_message(
     rec, writer, cached = world
     boom = RuntimeError("boom")
     planner = RaisingPlanner(boom, boom, boom, KeyError("kernel"), KeyError("kernel"))
-    monkeypatch.setattr(moduleloader, "plan", planner)
+    monkeypatch.setattr(loader_planner, "plan", planner)
     cached.modules.put(fixtures.module_raw())
     for _ in range(3):
         with pytest.raises(Exception, match="boom"):
@@ -403,7 +404,7 @@ async def test_the_failure_memory_goes_with_the_module(
     world: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rec, writer, cached = world
-    monkeypatch.setattr(moduleloader, "plan", RaisingPlanner(*[RuntimeError("boom")] * 2))
+    monkeypatch.setattr(loader_planner, "plan", RaisingPlanner(*[RuntimeError("boom")] * 2))
     cached.modules.put(fixtures.module_raw())
     with pytest.raises(Exception, match="boom"):
         await rec.reconcile("ns/m")
@@ -484,7 +485,7 @@ async def test_a_long_failure_message_is_bounded(
     world: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rec, writer, cached = world
-    monkeypatch.setattr(moduleloader, "plan", RaisingPlanner(ValueError("x" * 5000)))
+    monkeypatch.setattr(loader_planner, "plan", RaisingPlanner(ValueError("x" * 5000)))
     cached.modules.put(fixtures.module_raw())
     with pytest.raises(Exception, match="xxx"):
         await rec.reconcile("ns/m")
@@ -502,7 +503,7 @@ async def test_a_failing_module_is_retried_with_backoff_until_it_converges(
     growing backoff; the Module converges on the first success."""
     rec, writer, cached = world
     planner = RaisingPlanner(*[RuntimeError("boom")] * 3)
-    monkeypatch.setattr(moduleloader, "plan", planner)
+    monkeypatch.setattr(loader_planner, "plan", planner)
     cached.modules.put(fixtures.module_raw())
     clock = clocks.FakeClock()
     queue: workqueue.WorkQueue[str] = workqueue.WorkQueue(

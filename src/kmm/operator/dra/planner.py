@@ -2,7 +2,7 @@
 
 For a Module with ``spec.dra`` it wants:
 
-- the DRA driver DaemonSet (``drabuilders``; one per version with ordered
+- the DRA driver DaemonSet (``dra.builders``; one per version with ordered
   upgrades, kept by ``workloads.sync_daemonsets``, so an old version's goes
   once no node runs it);
 - ``.dra-target`` on every selected node the Module may schedule on (DESIGN
@@ -32,7 +32,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kmm.api import labels, scheduling
-from kmm.operator import drabuilders, moduleloader, objects, views, workloads
+from kmm.operator import objects, views, workloads
+from kmm.operator.dra import builders as dra_builders
+from kmm.operator.loader import planner as loader_planner
 
 __all__ = ["DraPlan", "claim_nodes", "holds", "plan"]
 
@@ -89,7 +91,7 @@ def _classes(view: views.ModuleView, result: DraPlan) -> None:
     ns, name = view.namespace, view.name
     dra = view.module.spec.dra
     desired = (
-        {c.name: drabuilders.device_class(view.module, c) for c in dra.device_classes or ()}
+        {c.name: dra_builders.device_class(view.module, c) for c in dra.device_classes or ()}
         if dra is not None
         else {}
     )
@@ -120,11 +122,11 @@ def _classes(view: views.ModuleView, result: DraPlan) -> None:
             result.classes_apply.append(wanted)
 
 
-def plan(view: views.ModuleView, loader: moduleloader.LoaderPlan) -> DraPlan:
+def plan(view: views.ModuleView, loader: loader_planner.LoaderPlan) -> DraPlan:
     module = view.module
     dra = module.spec.dra
     result = DraPlan(enabled=dra is not None, noun="DRA driver")
-    desired = drabuilders.daemonset(module) if dra is not None else None
+    desired = dra_builders.daemonset(module) if dra is not None else None
     workloads.sync_daemonsets(result, view.daemonsets.get(_ROLE, ()), desired, view.version)
     if view.resource_api:
         _classes(view, result)

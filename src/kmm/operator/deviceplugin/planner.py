@@ -18,7 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kmm.api import labels
-from kmm.operator import devicepluginbuilders, moduleloader, views, workloads
+from kmm.operator import views, workloads
+from kmm.operator.deviceplugin import builders as deviceplugin_builders
+from kmm.operator.loader import planner as loader_planner
 
 __all__ = ["PluginPlan", "plan"]
 
@@ -34,10 +36,10 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return found
 
 
-def plan(view: views.ModuleView, loader: moduleloader.LoaderPlan) -> PluginPlan:
+def plan(view: views.ModuleView, loader: loader_planner.LoaderPlan) -> PluginPlan:
     module = view.module
     result = PluginPlan(enabled=module.spec.device_plugin is not None, noun="device-plugin")
-    desired = devicepluginbuilders.daemonset(module) if result.enabled else None
+    desired = deviceplugin_builders.daemonset(module) if result.enabled else None
     workloads.sync_daemonsets(result, view.daemonsets.get(_ROLE, ()), desired, view.version)
 
     nodes = view.nodes()

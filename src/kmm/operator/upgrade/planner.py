@@ -40,7 +40,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 from kmm.api import labels
-from kmm.operator import moduleloader, plans, views, workloads
+from kmm.operator import plans, views, workloads
+from kmm.operator.loader import planner as loader_planner
 
 __all__ = ["ACTIONS", "Action", "Step", "UpgradePlan", "plan", "step"]
 
@@ -151,7 +152,7 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
 
 def plan(
     view: views.ModuleView,
-    loader: moduleloader.LoaderPlan,
+    loader: loader_planner.LoaderPlan,
     plugin: workloads.WorkloadPlan,
 ) -> UpgradePlan:
     """``plugin`` is the Module's device workload: its device plugin or its

@@ -7,12 +7,14 @@ from typing import Any
 
 import operator_fixtures as fixtures
 import pytest
-from test_operator_plans import view
 from test_operator_reconciler import RecordingWriter
 
 from kmm.api import conditions, labels, scheduling
 from kmm.kube import errors
-from kmm.operator import caches, dra, drabuilders, moduleloader, objects, reconciler, status
+from kmm.operator import caches, objects, reconciler, status
+from kmm.operator.dra import builders as dra_builders
+from kmm.operator.dra import planner as dra_planner
+from kmm.operator.loader import planner as loader_planner
 from kmm.runtime import stores
 
 K68, K61, KEL9 = fixtures.KERNELS
@@ -60,8 +62,10 @@ def _claim(node: str, *, reserved: bool = True, driver: str = DRIVER) -> dict[st
     }
 
 
-def _plan(module: Any, nodes: list[dict], **kwargs: Any) -> dra.DraPlan:
-    seen = view(module, nodes, **{k: v for k, v in kwargs.items() if k in ("daemonsets", "pods")})
+def _plan(module: Any, nodes: list[dict], **kwargs: Any) -> dra_planner.DraPlan:
+    seen = fixtures.view(
+        module, nodes, **{k: v for k, v in kwargs.items() if k in ("daemonsets", "pods")}
+    )
     seen = type(seen)(
         **{
             **seen.__dict__,
@@ -70,7 +74,7 @@ def _plan(module: Any, nodes: list[dict], **kwargs: Any) -> dra.DraPlan:
             "resource_api": kwargs.get("resource_api", True),
         }
     )
-    return dra.plan(seen, moduleloader.plan(seen))
+    return dra_planner.plan(seen, loader_planner.plan(seen))
 
 
 def test_target_label_follows_schedulability_and_claims_hold_it() -> None:
@@ -115,8 +119,8 @@ def test_target_label_follows_schedulability_and_claims_hold_it() -> None:
 def test_without_spec_dra_everything_of_it_goes() -> None:
     module = fixtures.module(fixtures.module_raw())
     with_dra = _module()
-    ds = drabuilders.daemonset(with_dra)
-    ours = drabuilders.device_class(with_dra, with_dra.spec.dra.device_classes[0])
+    ds = dra_builders.daemonset(with_dra)
+    ours = dra_builders.device_class(with_dra, with_dra.spec.dra.device_classes[0])
     nodes = [fixtures.node("n0", K68, extra={TARGET: "", labels.dra_ready("ns", "m"): ""})]
     found = _plan(module, nodes, daemonsets=[ds], classes={"gpu.example.com": ours})
     assert found.delete == [ds["metadata"]["name"]]
@@ -133,7 +137,7 @@ def test_device_classes_created_updated_and_never_taken_over() -> None:
             {"name": "changed.example.com", "selectors": [{"cel": {"expression": "true"}}]},
         ]
     )
-    stale = drabuilders.device_class(module, module.spec.dra.device_classes[2])
+    stale = dra_builders.device_class(module, module.spec.dra.device_classes[2])
     stale = copy.deepcopy(stale)
     stale["metadata"]["annotations"][labels.SPEC_HASH] = "old"
     foreign = {"metadata": {"name": "taken.example.com", "labels": {"team": "x"}}}
@@ -164,7 +168,7 @@ def test_no_class_writes_without_the_resource_api() -> None:
 
 def test_daemonset_carries_what_driver_images_expect() -> None:
     module = _module(volumes=[{"name": "dri", "hostPath": {"path": "/dev/dri"}}])
-    ds = drabuilders.daemonset(module)
+    ds = dra_builders.daemonset(module)
     pod = ds["spec"]["template"]["spec"]
     container = pod["containers"][0]
     names = [e["name"] for e in container["env"]]
@@ -195,12 +199,12 @@ def test_daemonset_carries_what_driver_images_expect() -> None:
 
 
 def test_selector_without_a_loader_and_with_a_version() -> None:
-    without = drabuilders.daemonset(_module(loader=False))
+    without = dra_builders.daemonset(_module(loader=False))
     # The target label gates a loader-less driver too: it is what cordon removes.
     assert without["spec"]["template"]["spec"]["nodeSelector"] == {"pick": "yes", TARGET: ""}
     # The same name either way: adding or removing moduleLoader updates one DaemonSet.
-    assert without["metadata"]["name"] == drabuilders.daemonset(_module())["metadata"]["name"]
-    versioned = drabuilders.daemonset(_module(version="v2"))
+    assert without["metadata"]["name"] == dra_builders.daemonset(_module())["metadata"]["name"]
+    versioned = dra_builders.daemonset(_module(version="v2"))
     assert versioned["spec"]["template"]["spec"]["nodeSelector"] == {
         READY: "",
         TARGET: "",
@@ -210,9 +214,9 @@ def test_selector_without_a_loader_and_with_a_version() -> None:
 
 
 def test_an_unversioned_daemonset_goes_when_a_versioned_loader_arrives() -> None:
-    old = drabuilders.daemonset(_module(loader=False))
+    old = dra_builders.daemonset(_module(loader=False))
     old["status"] = {"desiredNumberScheduled": 2}
-    older_version = drabuilders.daemonset(_module(version="v1"))
+    older_version = dra_builders.daemonset(_module(version="v1"))
     older_version["status"] = {"desiredNumberScheduled": 1}
     found = _plan(
         _module(version="v2"), [fixtures.node("n0", K68)], daemonsets=[old, older_version]

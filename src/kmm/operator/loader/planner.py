@@ -33,7 +33,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kmm.api import kernels, labels, scheduling
-from kmm.operator import loaderbuilders, objects, plans, views
+from kmm.operator import objects, plans, views
+from kmm.operator.loader import builders as loader_builders
 
 __all__ = ["LoaderPlan", "keep_old_version", "plan"]
 
@@ -130,7 +131,7 @@ def plan(view: views.ModuleView) -> LoaderPlan:
     desired: dict[str, RawObject] = {}
     node_pairs: dict[str, tuple[str, str, str]] = {}
     for kernel, target in result.grouping.targets.items():
-        ds = loaderbuilders.daemonset(module, target)
+        ds = loader_builders.daemonset(module, target)
         desired[_meta(ds)["name"]] = ds
         for node_name in result.grouping.nodes.get(kernel, ()):
             node_pairs[node_name] = _pair_of(ds)

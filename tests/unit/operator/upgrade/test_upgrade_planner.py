@@ -8,10 +8,13 @@ import operator_fixtures as fixtures
 import pytest
 
 from kmm.api import labels
-from kmm.operator import caches, deviceplugin, moduleloader, upgrade, views
+from kmm.operator import caches, views
+from kmm.operator.deviceplugin import planner as deviceplugin_planner
+from kmm.operator.loader import planner as loader_planner
+from kmm.operator.upgrade import planner as upgrade_planner
 from kmm.runtime import stores
 
-A = upgrade.Action
+A = upgrade_planner.Action
 K68 = fixtures.KERNELS[0]
 USER, LOADER, PLUGIN = (
     labels.module_version("ns", "m"),
@@ -40,20 +43,20 @@ READY = labels.ready("ns", "m")
     ],
 )
 def test_the_table(user: str | None, loader: str | None, plugin: str | None, expected: A) -> None:
-    assert upgrade.action(user, loader, plugin) is expected
+    assert upgrade_planner.action(user, loader, plugin) is expected
 
 
 def test_every_row_of_design_section_5_is_in_the_table() -> None:
-    assert len(upgrade.ACTIONS) == 6
+    assert len(upgrade_planner.ACTIONS) == 6
 
 
-def _step(**kwargs: Any) -> upgrade.Step:
+def _step(**kwargs: Any) -> upgrade_planner.Step:
     values: dict[str, Any] = dict(
         user="v2", loader=None, plugin=None, ready=False, loaded=False,
         plugin_ready=False, has_plugin=True, blocking_pods=(),
     )  # fmt: skip
     values.update(kwargs)
-    return upgrade.step(**values)
+    return upgrade_planner.step(**values)
 
 
 def test_the_loader_label_waits_for_the_device_plugin_pod_to_leave() -> None:
@@ -90,9 +93,9 @@ def _view(nodes: list[dict], pods: list[dict] = (), **spec: Any) -> views.Module
     return views.build(raw, module, nodes=store, daemonsets=(), pods=pods, labelled=labelled)
 
 
-def _plan(v: views.ModuleView) -> upgrade.UpgradePlan:
-    loader = moduleloader.plan(v)
-    return upgrade.plan(v, loader, deviceplugin.plan(v, loader))
+def _plan(v: views.ModuleView) -> upgrade_planner.UpgradePlan:
+    loader = loader_planner.plan(v)
+    return upgrade_planner.plan(v, loader, deviceplugin_planner.plan(v, loader))
 
 
 def test_planner_walks_each_node_one_step() -> None:
@@ -126,30 +129,30 @@ def test_ready_stays_until_the_old_loader_pod_is_gone() -> None:
     module is loaded until that pod is gone, so the new loader waits."""
     v1 = _versioned("v1")
     node = fixtures.node("a", K68, extra={USER: "v2", READY: ""})
-    [old_loader] = moduleloader.plan(
+    [old_loader] = loader_planner.plan(
         _with(v1, [fixtures.node("a", K68, extra={USER: "v1", LOADER: "v1"})], [])
     ).apply
     terminating = fixtures.pod(old_loader, "a", ready=False)
     terminating["metadata"]["deletionTimestamp"] = "2026-12-02T00:00:00Z"
     leaving = _with(_versioned("v2"), [node], [old_loader], [terminating])
-    loader = moduleloader.plan(leaving)
+    loader = loader_planner.plan(leaving)
     assert loader.labels["a"][READY] == ""  # kept: it is still being unloaded
     assert loader.loaded == set()
-    step = upgrade.plan(leaving, loader, deviceplugin.plan(leaving, loader))
+    step = upgrade_planner.plan(leaving, loader, deviceplugin_planner.plan(leaving, loader))
     assert LOADER not in step.labels.get("a", {})  # the new version waits
     assert ".ready is set" in step.steps["a"].description
 
     gone = _with(_versioned("v2"), [node], [old_loader], [])
-    assert moduleloader.plan(gone).labels["a"][READY] is None
+    assert loader_planner.plan(gone).labels["a"][READY] is None
     unloaded = _with(_versioned("v2"), [fixtures.node("a", K68, extra={USER: "v2"})], [old_loader])
-    loader = moduleloader.plan(unloaded)
-    step = upgrade.plan(unloaded, loader, deviceplugin.plan(unloaded, loader))
+    loader = loader_planner.plan(unloaded)
+    step = upgrade_planner.plan(unloaded, loader, deviceplugin_planner.plan(unloaded, loader))
     assert step.labels["a"][LOADER] == "v2"  # and only now the next version's loader
 
     # A pod that never loaded (not Ready, no `.ready`) is given no `.ready`.
     never = fixtures.node("b", K68, extra={USER: "v2"})
     failed = fixtures.pod(old_loader, "b", ready=False)
-    loader = moduleloader.plan(_with(_versioned("v2"), [never], [old_loader], [failed]))
+    loader = loader_planner.plan(_with(_versioned("v2"), [never], [old_loader], [failed]))
     assert loader.labels.get("b", {}).get(READY) is None
 
 
@@ -157,13 +160,15 @@ def test_version_ready_marks_the_finished_nodes() -> None:
     done = fixtures.node("a", K68, extra={USER: "v2", LOADER: "v2", PLUGIN: "v2"})
     half = fixtures.node("b", K68, extra={USER: "v2", LOADER: "v2"})
     v = _view([done, half])
-    loader = moduleloader.LoaderPlan(loaded={"a", "b"})
-    plugin = deviceplugin.PluginPlan(enabled=False)
-    plan = upgrade.plan(v, loader, plugin)
+    loader = loader_planner.LoaderPlan(loaded={"a", "b"})
+    plugin = deviceplugin_planner.PluginPlan(enabled=False)
+    plan = upgrade_planner.plan(v, loader, plugin)
     assert plan.labels["a"][labels.version_ready("ns", "m")] == "v2"
     # No device plugin: loaded is enough, whatever the plugin label says.
     assert plan.labels["b"][labels.version_ready("ns", "m")] == "v2"
-    with_plugin = upgrade.plan(v, loader, deviceplugin.PluginPlan(enabled=True, ready={"a"}))
+    with_plugin = upgrade_planner.plan(
+        v, loader, deviceplugin_planner.PluginPlan(enabled=True, ready={"a"})
+    )
     assert with_plugin.labels["a"][labels.version_ready("ns", "m")] == "v2"
     assert with_plugin.labels["b"][labels.version_ready("ns", "m")] is None
 
@@ -177,7 +182,12 @@ def test_no_version_no_upgrade_labels() -> None:
         pods=(),
         labelled=[],
     )
-    assert upgrade.plan(v, moduleloader.LoaderPlan(), deviceplugin.PluginPlan()).labels == {}
+    assert (
+        upgrade_planner.plan(
+            v, loader_planner.LoaderPlan(), deviceplugin_planner.PluginPlan()
+        ).labels
+        == {}
+    )
 
 
 def _versioned(version: str, **spec: Any) -> Any:
@@ -200,9 +210,9 @@ def test_daemonsets_per_version_and_old_ones_kept_while_nodes_run_them() -> None
     node = fixtures.node("a", K68, extra={USER: "v1", LOADER: "v1", READY: ""})
     plugin = {"devicePlugin": {"container": {"image": "r.io/p:1"}}}
     v1 = _versioned("v1", **plugin)
-    first = moduleloader.plan(_with(v1, [node], []))
+    first = loader_planner.plan(_with(v1, [node], []))
     [old_loader] = first.apply
-    [old_plugin] = deviceplugin.plan(_with(v1, [node], []), first).apply
+    [old_plugin] = deviceplugin_planner.plan(_with(v1, [node], []), first).apply
     assert old_loader["metadata"]["labels"][labels.MODULE_VERSION] == "v1"
     assert old_loader["spec"]["template"]["spec"]["nodeSelector"][LOADER] == "v1"
     assert old_plugin["spec"]["template"]["spec"]["nodeSelector"] == {READY: "", PLUGIN: "v1"}
@@ -212,25 +222,25 @@ def test_daemonsets_per_version_and_old_ones_kept_while_nodes_run_them() -> None
         ds["status"] = {"desiredNumberScheduled": 1}
     pod = fixtures.pod(old_loader, "a")
     moved = _with(v2, [node], [old_loader, old_plugin], [pod])
-    loader = moduleloader.plan(moved)
+    loader = loader_planner.plan(moved)
     [new_loader] = loader.apply
     assert new_loader["metadata"]["name"] != old_loader["metadata"]["name"]
     assert loader.delete == []
     assert loader.loaded == {"a"}  # still v1, as its label says
     assert old_loader in loader.current
-    plugins = deviceplugin.plan(moved, loader)
+    plugins = deviceplugin_planner.plan(moved, loader)
     assert plugins.delete == []
     assert len(plugins.apply) == 1
 
     for ds in (old_loader, old_plugin):
         ds["status"] = {"desiredNumberScheduled": 0}
     drained = _with(v2, [node], [old_loader, old_plugin, new_loader])
-    assert moduleloader.plan(drained).delete == [old_loader["metadata"]["name"]]
-    assert deviceplugin.plan(drained, moduleloader.plan(drained)).delete == [
+    assert loader_planner.plan(drained).delete == [old_loader["metadata"]["name"]]
+    assert deviceplugin_planner.plan(drained, loader_planner.plan(drained)).delete == [
         old_plugin["metadata"]["name"]
     ]
     del old_loader["status"]  # not reported yet: never deleted on a guess
-    assert moduleloader.plan(_with(v2, [node], [old_loader])).delete == []
+    assert loader_planner.plan(_with(v2, [node], [old_loader])).delete == []
 
 
 def test_status_counts_per_version() -> None:

@@ -26,7 +26,7 @@ Module without the field gets no annotation, volume or mount: its template,
 hence its pods, unchanged.
 
 Neighbours: ``objects`` (hash, owner), ``podspecs`` (the shared pod-spec
-fields), ``moduleloader`` (the planner that wants these), ``kmm.api.labels``
+fields), ``loader.planner`` (the planner that wants these), ``kmm.api.labels``
 (every name used here).
 """
 

@@ -21,7 +21,8 @@ import operator_fixtures as fixtures
 import pytest
 
 from kmm.api import kernels, labels
-from kmm.operator import loaderbuilders, objects
+from kmm.operator import objects
+from kmm.operator.loader import builders as loader_builders
 
 KERNEL = "6.1.0-27-amd64"
 CHAIN = ("kmm_a", "kmm_b", "kmm_c")
@@ -39,7 +40,7 @@ def _daemonset(raw: dict[str, Any], kernel: str = KERNEL) -> dict[str, Any]:
     module = fixtures.module(raw)
     target = kernels.target(module, kernel)
     assert target is not None
-    return loaderbuilders.daemonset(module, target)
+    return loader_builders.daemonset(module, target)
 
 
 def _chain_daemonset(**modprobe: Any) -> dict[str, Any]:
@@ -55,7 +56,7 @@ def _chain_daemonset(**modprobe: Any) -> dict[str, Any]:
     ],
 )
 def test_softdep_config_is_kmms(order: list[str], text: str) -> None:
-    assert loaderbuilders.softdep_config(order) == text
+    assert loader_builders.softdep_config(order) == text
 
 
 def test_loading_order_mounts_the_softdep_file() -> None:
@@ -95,7 +96,7 @@ def test_loading_order_mounts_the_softdep_file() -> None:
 # Spec hashes of the whole DaemonSet, computed by the builder after
 # modulesLoadingOrder got its softdep file (which left them as they were) and
 # after the main process became a shell exiting on SIGTERM (which changed
-# them, on purpose: loaderbuilders.MAIN_COMMAND). A changed value is one
+# them, on purpose: loader_builders.MAIN_COMMAND). A changed value is one
 # patch of every loader DaemonSet of such a Module on an operator upgrade,
 # and a new command for its pods made afterwards (OnDelete keeps the running ones).
 _PINNED = {
