@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["PassThrough", "Rule", "SchemaExtra", "Unsupported"]
+__all__ = ["PassThrough", "Rule", "SchemaExtra"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,17 +27,6 @@ class PassThrough:
     """A Kubernetes sub-object passed to pods unchanged: rendered as a
     ``x-kubernetes-preserve-unknown-fields`` object (or list of them), left to
     the pod's own validation."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Unsupported:
-    """A KMM field kmm deliberately does not implement (``build``, ``sign``).
-
-    It is declared in the schema (so pruning cannot hide it) and rejected by a
-    CEL rule on the parent object carrying ``reason``.
-    """
-
-    reason: str
 
 
 @dataclasses.dataclass(frozen=True)

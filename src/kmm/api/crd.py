@@ -5,9 +5,7 @@ The schema is structural (every node typed, no ``$ref``/``anyOf``, no
 type annotations rather than post-processing Pydantic's JSON Schema, which
 uses ``$ref`` and ``anyOf`` throughout. Markers from :mod:`kmm.api.cel` add
 CEL rules (``x-kubernetes-validations``), pass-through objects
-(``x-kubernetes-preserve-unknown-fields``) and the refusal of ``build`` and
-``sign``: those are declared as preserve-unknown objects so pruning cannot
-drop them silently, and a rule on their parent rejects them.
+(``x-kubernetes-preserve-unknown-fields``) and list types.
 
 ``deploy/crd/`` holds the committed rendering; a unit test keeps them equal.
 """
@@ -59,7 +57,7 @@ def _apply(schema: Schema, meta: object) -> Schema:
         schema["minimum"] = meta.ge
     elif isinstance(meta, cel.Rule):
         schema.setdefault("x-kubernetes-validations", []).append(_rule(meta))
-    elif isinstance(meta, cel.PassThrough | cel.Unsupported):
+    elif isinstance(meta, cel.PassThrough):
         schema = dict(_PRESERVE)
     elif isinstance(meta, cel.SchemaExtra):
         schema.update({key: _plain(value) for key, value in meta.keywords})
@@ -124,22 +122,9 @@ def _field_type(field: FieldInfo) -> Any:
 def _model_schema(model: type[pydantic.BaseModel]) -> Schema:
     properties: Schema = {}
     required: list[str] = []
-    rules: list[Schema] = []
     for name, field in model.model_fields.items():
         wire = field.alias or name
         properties[wire] = schema_for(_field_type(field))
-        # Pydantic lifts a field's own Annotated metadata into field.metadata.
-        unsupported = [m for m in field.metadata if isinstance(m, cel.Unsupported)]
-        for marker in unsupported:
-            rules.append(
-                _rule(
-                    cel.Rule(
-                        f"!has(self.{wire})",
-                        f"{wire} is not supported by kmm: {marker.reason}",
-                        f".{wire}",
-                    )
-                )
-            )
         if field.is_required():
             required.append(wire)
         elif isinstance(field.default, str):
@@ -149,7 +134,7 @@ def _model_schema(model: type[pydantic.BaseModel]) -> Schema:
         schema["required"] = required
     if model.model_config.get("extra") == "allow":
         schema["x-kubernetes-preserve-unknown-fields"] = True
-    rules += [_rule(rule) for rule in getattr(model, "cel_rules", ())]
+    rules = [_rule(rule) for rule in getattr(model, "cel_rules", ())]
     if rules:
         schema["x-kubernetes-validations"] = rules
     return schema

@@ -9,6 +9,13 @@ rather than KMM's silent empty string, so a typo cannot produce a wrong image.
 
 Regexps run on RE2 (:mod:`kmm.api.regexps`), linear in the kernel string,
 exactly as KMM's Go ``regexp`` matches them.
+
+``build`` and ``sign`` merge as KMM merges them (the container level is the
+base; a mapping's ConfigMap, unsigned image and Secrets replace it; build
+args merge by name; build secrets and filesToSign append), except that where
+KMM silently drops a mapping's setting (``build.selector``,
+``baseImageRegistryTLS``, ``sign.unsignedImageRegistryTLS``) beside a
+container-level section, the mapping's wins here.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ from kmm.api import formats, modules, regexps
 
 __all__ = [
     "VARIABLES",
+    "BuildTarget",
     "Grouping",
     "KernelMappingError",
+    "SignTarget",
     "Target",
     "expand",
     "find_mapping",
@@ -43,14 +52,63 @@ class KernelMappingError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class BuildTarget:
+    """How the image of one kernel is built: the merge of the container's and
+    the matching mapping's ``build``.
+
+    ``build_args`` are the user's only, merged by name (the mapping's value
+    wins, the container's order kept, new names appended); the pod builder
+    adds KERNEL_VERSION and the like over them. ``secrets`` are the
+    container's then the mapping's, each once. ``dockerfile_config_map``,
+    ``base_image_registry_tls`` and ``selector`` are the mapping's when it
+    sets them, else the container's (an empty TLS object or selector sets
+    nothing, as KMM's Go client writes them for unset structs).
+    ``kaniko_params`` has no counterpart: kmm builds with buildah.
+    """
+
+    dockerfile_config_map: str
+    build_args: tuple[tuple[str, str], ...]
+    secrets: tuple[str, ...]
+    base_image_registry_tls: modules.RegistryTLS | None
+    selector: tuple[tuple[str, str], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class SignTarget:
+    """How the modules in one kernel's image are signed: the merge of the
+    container's and the matching mapping's ``sign``.
+
+    ``unsigned_image`` (expanded for the kernel) is the mapping's when set,
+    else the container's; None when neither gives one, which admission
+    allows only beside ``build`` (the image just built is signed then; KMM
+    ignores ``unsignedImage`` beside ``build`` and so should the operator).
+    ``key_secret`` and ``cert_secret`` are the mapping's when set, else the
+    container's; ``files_to_sign`` are the container's then the mapping's,
+    each once, kernel variables expanded (they stay shell globs).
+    """
+
+    unsigned_image: str | None
+    unsigned_image_registry_tls: modules.RegistryTLS | None
+    key_secret: str
+    cert_secret: str
+    files_to_sign: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Target:
     """What a node with ``kernel`` runs for a Module: the mapping that matched,
-    the expanded image and the in-tree modules to remove first."""
+    the expanded image and the in-tree modules to remove first; with
+    ``build`` or ``sign`` at either level, how the image is made when the
+    registry lacks it; and the registry TLS options of ``image`` (the
+    mapping's ``registryTLS`` if it sets one, else the container's)."""
 
     kernel: str
     mapping: modules.KernelMapping
     image: str
     in_tree_modules_to_remove: tuple[str, ...]
+    build: BuildTarget | None = None
+    sign: SignTarget | None = None
+    registry_tls: modules.RegistryTLS | None = None
 
 
 def node_kernel(kernel_version: str) -> str:
@@ -142,7 +200,86 @@ def target(module: modules.Module, kernel_version: str) -> Target | None:
     invalid = formats.image_error(image)
     if invalid is not None:
         raise KernelMappingError(f"for kernel {kernel!r}: {invalid}")
-    return Target(kernel, mapping, image, remove)
+    return Target(
+        kernel,
+        mapping,
+        image,
+        remove,
+        build=_build(container.build, mapping.build, kernel),
+        sign=_sign(container.sign, mapping.sign, kernel, values),
+        registry_tls=_tls(mapping.registry_tls, container.registry_tls),
+    )
+
+
+def _tls(*levels: modules.RegistryTLS | None) -> modules.RegistryTLS | None:
+    """The first of ``levels`` (the mapping's first) that sets an option."""
+    return next((tls for tls in levels if tls is not None and tls.is_set()), None)
+
+
+def _once(*lists: Iterable[str] | None) -> tuple[str, ...]:
+    """The items of ``lists`` in order, each kept the first time it appears."""
+    return tuple(dict.fromkeys(item for items in lists for item in items or ()))
+
+
+def _build(
+    container: modules.Build | None, mapping: modules.Build | None, kernel: str
+) -> BuildTarget | None:
+    levels = [level for level in (mapping, container) if level is not None]
+    if not levels:
+        return None
+    config_map = next(
+        (b.dockerfile_config_map.name for b in levels if b.dockerfile_config_map is not None),
+        None,
+    )
+    if config_map is None:  # validation forbids it; kept for objects built unchecked
+        raise KernelMappingError(f"build for kernel {kernel!r} has no dockerfileConfigMap")
+    args: dict[str, str] = {}
+    for level in (container, mapping):
+        for arg in (level.build_args or ()) if level is not None else ():
+            args[arg.name] = arg.value
+    return BuildTarget(
+        dockerfile_config_map=config_map,
+        build_args=tuple(args.items()),
+        secrets=_once(
+            *((s.name for s in level.secrets or ()) for level in (container, mapping) if level)
+        ),
+        base_image_registry_tls=_tls(*(b.base_image_registry_tls for b in levels)),
+        selector=tuple(sorted(next((b.selector for b in levels if b.selector), {}).items())),
+    )
+
+
+def _sign(
+    container: modules.Sign | None,
+    mapping: modules.Sign | None,
+    kernel: str,
+    values: Mapping[str, str],
+) -> SignTarget | None:
+    levels = [level for level in (mapping, container) if level is not None]
+    if not levels:
+        return None
+    key = next((s.key_secret.name for s in levels if s.key_secret is not None), None)
+    cert = next((s.cert_secret.name for s in levels if s.cert_secret is not None), None)
+    if key is None or cert is None:  # validation forbids it, as above
+        raise KernelMappingError(f"sign for kernel {kernel!r} needs keySecret and certSecret")
+    unsigned = next((s.unsigned_image for s in levels if s.unsigned_image is not None), None)
+    if unsigned is not None:
+        unsigned = expand(unsigned, values)
+        invalid = formats.image_error(unsigned)
+        if invalid is not None:
+            raise KernelMappingError(f"for kernel {kernel!r}: sign.unsignedImage: {invalid}")
+    files = [
+        path
+        for level in (container, mapping)
+        if level is not None
+        for path in level.files_to_sign or ()
+    ]
+    return SignTarget(
+        unsigned_image=unsigned,
+        unsigned_image_registry_tls=_tls(*(s.unsigned_image_registry_tls for s in levels)),
+        key_secret=key,
+        cert_secret=cert,
+        files_to_sign=_once(expand(path, values) for path in files),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

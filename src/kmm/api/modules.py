@@ -5,7 +5,9 @@ both are accepted on input (``populate_by_name``) and aliases are written on
 output, so a KMM manifest validates unchanged for every field kmm supports.
 Unknown fields are errors, except inside Kubernetes sub-objects that are
 passed through to pods (``PassThrough``) and in k8s-defined models that allow
-extra keys. KMM's ``build`` and ``sign`` are declared only to be rejected.
+extra keys. ``build`` and ``sign`` (in-cluster image builds and module
+signing) are KMM's, at the container and the kernel-mapping level; their
+merge for one kernel is :func:`kmm.api.kernels.target`'s.
 
 Each rule is stated twice beside each other: a Python validator (for the
 operator, which repeats admission and reports a Degraded condition) and a CEL
@@ -34,6 +36,8 @@ __all__ = [
     "PLURAL",
     "VERSION",
     "VERSION_TRANSITION_MESSAGE",
+    "Build",
+    "BuildArg",
     "CELDeviceSelector",
     "Condition",
     "ContainerSpec",
@@ -43,7 +47,11 @@ __all__ = [
     "DevicePluginSpec",
     "DeviceSelector",
     "DraSpec",
+    "FileToSign",
     "HostPathVolumeSource",
+    "ImageState",
+    "ImageStatus",
+    "KanikoParams",
     "KernelMapping",
     "LocalObjectReference",
     "ModprobeArgs",
@@ -56,6 +64,8 @@ __all__ = [
     "ObjectMeta",
     "OpaqueDeviceConfig",
     "RegistryTLS",
+    "ResourceReference",
+    "Sign",
     "Toleration",
     "VersionCounts",
     "Volume",
@@ -81,6 +91,9 @@ _MAX_CONFIGS = 32  # resource.k8s.io/v1 DeviceConfigMaxSize
 _MAX_DRIVER_NAME = 63  # resource.k8s.io/v1 DriverNameMaxLength
 _MAX_VOLUMES = 64
 _MAX_HOST_PATH = 4096  # PATH_MAX
+_MAX_FILES_TO_SIGN = 64
+_MAX_FILE_TO_SIGN = 1024
+_MAX_BUILD_ARG_NAME = 256
 
 # Host paths a Module may mount into its privileged pods: device, sysfs and
 # the state/runtime trees drivers use; never ``/`` or ``/etc`` (DESIGN §5).
@@ -116,28 +129,6 @@ def _checked(check: Callable[[str], str | None]) -> AfterValidator:
 
     return AfterValidator(validate)
 
-
-def _refusing(field: str, reason: str) -> AfterValidator:
-    """A validator refusing any value of a KMM field kmm does not implement."""
-
-    def refuse(value: object) -> object:
-        if value is not None:
-            raise ValueError(f"{field} is not supported by kmm: {reason}")
-        return value
-
-    return AfterValidator(refuse)
-
-
-_BUILD_REASON = (
-    "kmm does not build images in the cluster; build the image beforehand and set containerImage"
-)
-_SIGN_REASON = "kmm does not sign modules in the cluster; sign them in the image beforehand"
-_Build = Annotated[
-    dict[str, Any] | None, _refusing("build", _BUILD_REASON), cel.Unsupported(_BUILD_REASON)
-]
-_Sign = Annotated[
-    dict[str, Any] | None, _refusing("sign", _SIGN_REASON), cel.Unsupported(_SIGN_REASON)
-]
 
 # Both spellings of every known variable, as CEL list literal items.
 _PLACEHOLDERS = [f"${{{v}}}" for v in formats.IMAGE_VARIABLES] + [
@@ -260,14 +251,103 @@ class LocalObjectReference(_K8sModel):
 
 
 class RegistryTLS(_Model):
-    """KMM's registry TLS options: accepted for compatibility, with no effect yet
-    (admission warns when one is set). kmm never contacts a registry; the kubelet
-    pulls images as its container runtime's registry configuration says."""
+    """How kmm reaches a registry: plain HTTP (insecure) or TLS without
+    verifying the certificate (insecureSkipTLSVerify). It governs kmm's own
+    registry requests (the operator's image existence checks) and the build
+    and sign pods' pulls and pushes; nodes pull images as their container
+    runtime's registry configuration says, as in KMM.
+
+    An object with neither option set asks nothing (KMM's Go client writes
+    ``{}`` for its unset struct).
+    """
 
     model_config = ConfigDict(alias_generator=None)
 
     insecure: bool | None = None
     insecure_skip_tls_verify: bool | None = Field(default=None, alias="insecureSkipTLSVerify")
+
+    def is_set(self) -> bool:
+        """Whether an option is given (an empty object is the same as none)."""
+        return self.insecure is not None or self.insecure_skip_tls_verify is not None
+
+
+class ResourceReference(_K8sModel):
+    """core/v1 LocalObjectReference to a ConfigMap or Secret in the Module's
+    namespace that build or sign pods read. The name must be a DNS subdomain
+    (an object name; a build secret's name is also a directory, /run/secrets/<name>)."""
+
+    name: DnsSubdomain
+
+
+class BuildArg(_Model):
+    """One ``--build-arg`` of the image build (KMM's BuildArg)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=_MAX_BUILD_ARG_NAME)]
+    value: str
+
+
+class KanikoParams(_Model):
+    """KMM's kaniko settings: accepted so KMM manifests apply; kmm builds
+    with buildah, so they have no effect (admission warns)."""
+
+    tag: str | None = None
+
+
+def _file_to_sign_error(path: str) -> str | None:
+    if re.search(_PARENT_COMPONENT, path):
+        return f"filesToSign entry {path!r} may not contain a '..' component"
+    return formats.variables_error(path, "filesToSign entry")
+
+
+FileToSign = Annotated[
+    str,
+    Field(min_length=1, max_length=_MAX_FILE_TO_SIGN),
+    _checked(_file_to_sign_error),
+    cel.Rule(f"!self.matches({_PARENT_COMPONENT!r})", "may not contain a '..' component"),
+    cel.Rule(
+        f"self.findAll({formats.PLACEHOLDER.pattern!r}).all(v, v in {_PLACEHOLDERS!r})",
+        f"may only use the variables {', '.join(formats.IMAGE_VARIABLES)}",
+    ),
+]
+
+
+class Build(_Model):
+    """``build``: build the image in the cluster when it is missing from the
+    registry, from the Dockerfile in a ConfigMap (key ``dockerfile``).
+
+    Set at the container level, a kernel mapping's ``build`` adds to it for
+    that mapping's kernels (see kernels.BuildTarget for the merge);
+    dockerfileConfigMap is required at one level or the other.
+    """
+
+    build_args: list[BuildArg] | None = None
+    dockerfile_config_map: ResourceReference | None = None
+    base_image_registry_tls: RegistryTLS | None = Field(default=None, alias="baseImageRegistryTLS")
+    secrets: list[ResourceReference] | None = None
+    kaniko_params: KanikoParams | None = None
+    selector: dict[str, str] | None = None
+
+
+class Sign(_Model):
+    """``sign``: sign kernel modules in the image for Secure Boot with the
+    key and certificate of two Secrets (keys ``key`` and ``cert``).
+
+    Without ``build`` it signs ``unsignedImage``; with it, the image just
+    built. A kernel mapping's ``sign`` adds to the container's (see
+    kernels.SignTarget); keySecret, certSecret and filesToSign are required
+    at one level or the other, and every filesToSign entry lies under
+    modprobe.dirName.
+    """
+
+    unsigned_image: Image | None = None
+    unsigned_image_registry_tls: RegistryTLS | None = Field(
+        default=None, alias="unsignedImageRegistryTLS"
+    )
+    key_secret: ResourceReference | None = None
+    cert_secret: ResourceReference | None = None
+    files_to_sign: (
+        Annotated[list[FileToSign], Field(min_length=1, max_length=_MAX_FILES_TO_SIGN)] | None
+    ) = None
 
 
 # KMM's ModprobeArgs lists carry MinItems=1: an empty list is refused, so
@@ -318,7 +398,8 @@ class ModprobeSpec(_Model):
 
     module_name: ModuleName | None = None
     parameters: list[str] | None = None
-    dir_name: str = "/opt"
+    # Bounded: the sign rules read it (filesToSign lie under it).
+    dir_name: Annotated[str, Field(max_length=_MAX_HOST_PATH)] = "/opt"
     args: ModprobeArgs | None = None
     raw_args: ModprobeArgs | None = None
     firmware_path: str | None = None
@@ -371,14 +452,142 @@ class KernelMapping(_Model):
     # Deprecated singular form KMM still accepts; see kernels.Target.
     in_tree_module_to_remove: str | None = None
     registry_tls: RegistryTLS | None = Field(default=None, alias="registryTLS")
-    build: _Build = None
-    sign: _Sign = None
+    build: Build | None = None
+    sign: Sign | None = None
 
     @model_validator(mode="after")
     def _check(self) -> KernelMapping:
         if (self.literal is None) == (self.regexp is None):
             raise ValueError("exactly one of literal and regexp must be set")
         return self
+
+
+# Build and sign, across the two levels. A kernel mapping builds when it or
+# the container has ``build`` (signs likewise); what is required is required
+# of the merge (kernels.target): at either level. Each rule is stated in CEL
+# over ``self`` (the container) and in Python beside it, with the kernel
+# mappings named by index.
+_BUILDS = "(has(self.build) || has(m.build))"
+_SIGNS = "(has(self.sign) || has(m.sign))"
+
+
+def _given(section: str, field: str) -> str:
+    """CEL: mapping ``m`` or the container sets ``section.field``."""
+    return (
+        f"(has(m.{section}) && has(m.{section}.{field})) || "
+        f"(has(self.{section}) && has(self.{section}.{field}))"
+    )
+
+
+# (section, wire field, Python attribute) required of every building /
+# signing kernel mapping, at one level or the other. filesToSign has
+# minItems 1, so set means non-empty.
+_REQUIRED_OF_MERGE = (
+    ("build", "dockerfileConfigMap", "dockerfile_config_map"),
+    ("sign", "keySecret", "key_secret"),
+    ("sign", "certSecret", "cert_secret"),
+    ("sign", "filesToSign", "files_to_sign"),
+)
+
+
+def _required_message(section: str, field: str) -> str:
+    return (
+        f"{section}.{field} is required for every kernel mapping with {section}: "
+        f"set it in the kernel mapping's {section} or in container.{section}"
+    )
+
+
+_UNSIGNED_IMAGE_MESSAGE = (
+    "sign without build needs sign.unsignedImage, the image whose modules are signed: "
+    "set it in the kernel mapping's sign or in container.sign"
+)
+_PUSHED_DIGEST_MESSAGE = (
+    "containerImage must name a tag, not a digest, when build or sign is set: "
+    "kmm pushes the image it builds or signs under that name"
+)
+_UNDER_DIR_NAME_MESSAGE = "every sign.filesToSign entry must lie under modprobe.dirName"
+_UNDER_DIR_NAME = "f.startsWith(self.modprobe.dirName + '/')"
+
+_BUILD_SIGN_RULES = (
+    *(
+        cel.Rule(
+            f"self.kernelMappings.all(m, !{_BUILDS if section == 'build' else _SIGNS} || "
+            f"{_given(section, field)})",
+            _required_message(section, field),
+            ".kernelMappings",
+        )
+        for section, field, _ in _REQUIRED_OF_MERGE
+    ),
+    cel.Rule(
+        f"self.kernelMappings.all(m, !{_SIGNS} || {_BUILDS} || {_given('sign', 'unsignedImage')})",
+        _UNSIGNED_IMAGE_MESSAGE,
+        ".kernelMappings",
+    ),
+    cel.Rule(
+        f"self.kernelMappings.all(m, !({_BUILDS} || {_SIGNS}) || "
+        "!(has(m.containerImage) ? m.containerImage : "
+        "(has(self.containerImage) ? self.containerImage : '')).contains('@'))",
+        _PUSHED_DIGEST_MESSAGE,
+        ".kernelMappings",
+    ),
+    cel.Rule(
+        "!has(self.sign) || !has(self.sign.filesToSign) || "
+        f"self.sign.filesToSign.all(f, {_UNDER_DIR_NAME})",
+        _UNDER_DIR_NAME_MESSAGE,
+        ".sign.filesToSign",
+    ),
+    cel.Rule(
+        "self.kernelMappings.all(m, !has(m.sign) || !has(m.sign.filesToSign) || "
+        f"m.sign.filesToSign.all(f, {_UNDER_DIR_NAME}))",
+        _UNDER_DIR_NAME_MESSAGE,
+        ".kernelMappings",
+    ),
+)
+
+
+def _build_sign_errors(container: ModuleLoaderContainerSpec) -> list[str]:
+    """The Python twin of ``_BUILD_SIGN_RULES``: one message per broken rule."""
+    errors = []
+    mappings = list(enumerate(container.kernel_mappings))
+    builds = {i for i, m in mappings if m.build is not None or container.build is not None}
+    signs = {i for i, m in mappings if m.sign is not None or container.sign is not None}
+    for section, field, attribute in _REQUIRED_OF_MERGE:
+        missing = [
+            i
+            for i in sorted(builds if section == "build" else signs)
+            if all(
+                getattr(level, attribute) is None
+                for level in (getattr(mappings[i][1], section), getattr(container, section))
+                if level is not None
+            )
+        ]
+        if missing:
+            errors.append(f"kernelMappings {missing}: {_required_message(section, field)}")
+    unsigned = [
+        i
+        for i in sorted(signs - builds)
+        if all(
+            level is None or level.unsigned_image is None
+            for level in (mappings[i][1].sign, container.sign)
+        )
+    ]
+    if unsigned:
+        errors.append(f"kernelMappings {unsigned}: {_UNSIGNED_IMAGE_MESSAGE}")
+    for i in sorted(builds | signs):
+        image = mappings[i][1].container_image or container.container_image
+        if image is not None and "@" in image:
+            errors.append(f"kernelMappings[{i}].containerImage {image!r}: {_PUSHED_DIGEST_MESSAGE}")
+    dir_name = container.modprobe.dir_name
+    levels = [("container.sign", container.sign)] + [
+        (f"kernelMappings[{i}].sign", m.sign) for i, m in mappings
+    ]
+    for where, sign in levels:
+        for path in (sign.files_to_sign or ()) if sign is not None else ():
+            if not path.startswith(dir_name + "/"):
+                errors.append(
+                    f"{where}.filesToSign entry {path!r}: {_UNDER_DIR_NAME_MESSAGE} ({dir_name!r})"
+                )
+    return errors
 
 
 class ModuleLoaderContainerSpec(_Model):
@@ -401,6 +610,7 @@ class ModuleLoaderContainerSpec(_Model):
             VERSION_TRANSITION_MESSAGE,
             ".version",
         ),
+        *_BUILD_SIGN_RULES,
     )
 
     modprobe: ModprobeSpec
@@ -411,8 +621,8 @@ class ModuleLoaderContainerSpec(_Model):
     in_tree_modules_to_remove: list[str] | None = None
     in_tree_module_to_remove: str | None = None
     registry_tls: RegistryTLS | None = Field(default=None, alias="registryTLS")
-    build: _Build = None
-    sign: _Sign = None
+    build: Build | None = None
+    sign: Sign | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ModuleLoaderContainerSpec:
@@ -423,6 +633,9 @@ class ModuleLoaderContainerSpec(_Model):
                     f"kernelMappings {missing} need containerImage when "
                     "container.containerImage is not set"
                 )
+        errors = _build_sign_errors(self)
+        if errors:
+            raise ValueError("; ".join(errors))
         return self
 
 
@@ -593,6 +806,9 @@ class ModuleSpec(_Model):
     module_loader: ModuleLoaderSpec | None = None
     device_plugin: DevicePluginSpec | None = None
     dra: DraSpec | None = None
+    # KMM's: changing it has every image of the Module checked again and the
+    # missing ones built; status.imageRebuildTriggerGeneration says when done.
+    image_rebuild_trigger_generation: int | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ModuleSpec:
@@ -638,6 +854,30 @@ class Condition(_K8sModel):
     observed_generation: int | None = None
 
 
+ImageState = Literal[
+    "Exists",
+    "Missing",
+    "Checking",
+    "Building",
+    "Signing",
+    "BuildFailed",
+    "SignFailed",
+    "AuthenticationFailed",
+]
+
+
+class ImageStatus(_Model):
+    """The image of one kernel of a Module that builds or signs (kmm's, not
+    KMM's): whether the registry has it, or which pod is making it, or why
+    it cannot be had."""
+
+    kernel: str
+    image: str
+    state: ImageState
+    pod: str | None = None
+    message: str | None = None
+
+
 class ModuleStatus(_Model):
     """``Module.status``: KMM's counts plus conditions and observedGeneration."""
 
@@ -654,6 +894,17 @@ class ModuleStatus(_Model):
         | None
     ) = None
     observed_generation: int | None = None
+    # KMM's: the spec.imageRebuildTriggerGeneration whose checks and builds are done.
+    image_rebuild_trigger_generation: int | None = None
+    images: (
+        Annotated[
+            list[ImageStatus],
+            cel.SchemaExtra(
+                (("x-kubernetes-list-type", "map"), ("x-kubernetes-list-map-keys", ("kernel",)))
+            ),
+        ]
+        | None
+    ) = None
 
 
 class ObjectMeta(_K8sModel):

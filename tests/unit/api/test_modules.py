@@ -274,18 +274,6 @@ INVALID: list[tuple[str, Callable[[Obj], None], str, str]] = [
         "dra and devicePlugin are mutually exclusive",
     ),
     (
-        "build",
-        _set(f"{_KM}.0.build", {"dockerfileConfigMap": {"name": "x"}}),
-        "spec.moduleLoader.container.kernelMappings[0].build",
-        "build is not supported by kmm",
-    ),
-    (
-        "sign-on-container",
-        _set(f"{_ML}.sign", {"keySecret": {"name": "k"}}),
-        "spec.moduleLoader.container.sign",
-        "sign is not supported by kmm",
-    ),
-    (
         "version-not-a-label-value",
         _set(f"{_ML}.version", "v1+beta"),
         "spec.moduleLoader.container.version",

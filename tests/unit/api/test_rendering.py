@@ -97,22 +97,55 @@ def test_rules_are_cost_bounded() -> None:
                 assert "maxItems" in child, f"{path}.{name}"
 
 
-def test_build_and_sign_are_declared_and_refused() -> None:
-    seen = 0
+def test_build_and_sign_are_declared_at_both_levels() -> None:
+    """Typed objects now (no longer preserve-unknown placeholders refused by a rule)."""
+    found = {}
     for path, node in _walk(_root()):
         for field in ("build", "sign"):
             if field in node.get("properties", {}):
-                seen += 1
-                assert node["properties"][field]["x-kubernetes-preserve-unknown-fields"]
-                refusals = [
-                    r
-                    for r in node["x-kubernetes-validations"]
-                    if r["rule"] == f"!has(self.{field})"
-                ]
-                assert refusals, f"{path}.{field} is not refused"
-                assert "not supported by kmm" in refusals[0]["message"]
-                assert refusals[0]["message"].startswith(field)
-    assert seen == 4  # container and kernel mapping, build and sign each
+                found[f"{path}.{field}"] = node["properties"][field]
+    assert sorted(found) == [
+        ".spec.moduleLoader.container.build",
+        ".spec.moduleLoader.container.kernelMappings[].build",
+        ".spec.moduleLoader.container.kernelMappings[].sign",
+        ".spec.moduleLoader.container.sign",
+    ]
+    for path, schema in found.items():
+        assert "x-kubernetes-preserve-unknown-fields" not in schema, path
+        if path.endswith(".build"):
+            assert set(schema["properties"]) == {
+                "buildArgs",
+                "dockerfileConfigMap",
+                "baseImageRegistryTLS",
+                "secrets",
+                "kanikoParams",
+                "selector",
+            }
+            assert schema["properties"]["buildArgs"]["items"]["required"] == ["name", "value"]
+        else:
+            assert set(schema["properties"]) == {
+                "unsignedImage",
+                "unsignedImageRegistryTLS",
+                "keySecret",
+                "certSecret",
+                "filesToSign",
+            }
+            assert schema["properties"]["filesToSign"]["minItems"] == 1
+    container = _root()["properties"]["spec"]["properties"]["moduleLoader"]["properties"][
+        "container"
+    ]
+    messages = [r["message"] for r in container["x-kubernetes-validations"]]
+    for required in ("dockerfileConfigMap", "keySecret", "certSecret", "filesToSign"):
+        assert any(f".{required} is required for every kernel mapping" in m for m in messages)
+    assert any("sign without build needs sign.unsignedImage" in m for m in messages)
+    assert any("containerImage must name a tag, not a digest" in m for m in messages)
+    assert sum("must lie under modprobe.dirName" in m for m in messages) == 2
+
+
+def test_image_rebuild_trigger_generation_in_spec_and_status() -> None:
+    properties = _root()["properties"]
+    for part in ("spec", "status"):
+        assert properties[part]["properties"]["imageRebuildTriggerGeneration"]["type"] == "integer"
 
 
 def test_cross_field_rules_are_present() -> None:
@@ -127,8 +160,8 @@ def test_cross_field_rules_are_present() -> None:
     assert any(r.startswith("self.matches('^[^\\\\s@]") for r in rules)
 
 
-def test_registry_tls_is_explained_as_having_no_effect() -> None:
-    """What ``kubectl explain`` shows for both registryTLS fields."""
+def test_registry_tls_is_explained_as_governing_kmms_requests_not_node_pulls() -> None:
+    """What ``kubectl explain`` shows for every registryTLS field."""
     found = {
         path: node["description"] for path, node in _walk(_root()) if path.endswith(".registryTLS")
     }
@@ -136,7 +169,14 @@ def test_registry_tls_is_explained_as_having_no_effect() -> None:
         ".spec.moduleLoader.container.kernelMappings[].registryTLS",
         ".spec.moduleLoader.container.registryTLS",
     ]
-    assert all("no effect yet (admission warns" in text for text in found.values()), found
+    for text in found.values():
+        assert "kmm's own registry requests (the operator's image existence checks)" in text
+        assert "build and sign pods' pulls and pushes" in text
+        assert "nodes pull images as their container runtime's registry configuration says" in text
+    tls_fields = [
+        path for path, _ in _walk(_root()) if path.endswith(("RegistryTLS", ".registryTLS"))
+    ]
+    assert len(tls_fields) == 6  # and baseImageRegistryTLS, unsignedImageRegistryTLS at both levels
 
 
 def test_status_subresource_and_columns() -> None:
@@ -181,13 +221,14 @@ def _pruned(schema: Schema, obj: Any, path: str = "") -> list[str]:
     return []
 
 
-def test_nothing_in_kmm_manifests_is_pruned(upstream_style: dict[str, Any]) -> None:
+def test_nothing_in_kmm_manifests_is_pruned(
+    upstream_style: dict[str, Any], build_sign: dict[str, Any]
+) -> None:
     # metadata is the apiserver's own business; spec is what pruning touches.
     spec = _root()["properties"]["spec"]
     assert _pruned(spec, upstream_style["spec"]) == []
     assert _pruned(spec, examples.module()["spec"]) == []
-    upstream_style["spec"]["moduleLoader"]["container"]["build"] = {"x": 1}
-    assert _pruned(spec, upstream_style["spec"]) == []
+    assert _pruned(spec, build_sign["spec"]) == []
     upstream_style["spec"]["moduleLoader"]["container"]["typo"] = 1
     assert _pruned(spec, upstream_style["spec"]) == [".moduleLoader.container.typo"]
 
