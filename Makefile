@@ -96,23 +96,27 @@ sandbox-build-deps:
 
 # What `make image` and `make test-images` build with, from Debian's packages;
 # as root, as on CI, and only when one is missing.
-IMAGE_TOOLS := mmdebstrap buildah gcc
+IMAGE_TOOLS := mmdebstrap buildah gcc kmod
 image-tools:
 	@for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
 # kmm's image as an OCI archive, build/kmm-image.tar (README "The image");
-# built again only when its inputs, name or commit change.
+# built again only when its inputs, name or commit change. And the builder
+# image of build and sign pods, build/kmm-builder-image.tar (README "The
+# builder image"), built again only when its content changes.
 image: venv image-tools
 	scripts/build_image.sh
+	scripts/build_builder_image.sh
 
 # The same image built a second time, from nothing but the cached base: the
 # image test compares the two (the same commit builds the same layers).
 image-again: venv image-tools
 	OUT=build/kmm-image-again.tar scripts/build_image.sh
 
-# The container-node tests' images, build/images/{loader,workload,pause}.tar
-# (README "Test images"), cached by content under ~/.cache/kmm/image.
+# The container-node tests' images, build/images/{loader,workload,pause,kbuild}.tar
+# and build/images/kbuild.kernel (README "Test images"), cached by content
+# under ~/.cache/kmm/image.
 test-images: image-tools
 	scripts/build_test_images.sh
 

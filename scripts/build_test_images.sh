@@ -4,6 +4,12 @@
 #   loader.tar    kmm.sandbox/loader:1     busybox, a recording modprobe, a firmware file
 #   workload.tar  kmm.sandbox/workload:1   busybox and an entrypoint printing what it was given
 #   pause.tar     kmm.sandbox/pause:3.10   the pinned Kubernetes module's pause, built static
+#   kbuild.tar    kmm.sandbox/kbuild:1     Debian trixie, gcc, make, libc6-dev and the headers
+#                                          of one kernel: the base of test Dockerfiles that build
+#                                          a module (tests/buildsign), fully offline
+# and kbuild.kernel, that kernel's string (uname -r form, e.g. 6.12.57+deb13-amd64),
+# read from the image's /usr/src/linux-headers-*-amd64: Debian's point
+# releases change it, so no test hard-codes it.
 # Their files come from Debian's busybox and its libc (mmdebstrap, cached by
 # its recipe like build_image.sh's base), scripts/test_images/<name>/ (copied over
 # it) and build/pause/linux/pause.c of the pinned Kubernetes module (gcc
@@ -13,6 +19,9 @@
 # Cached by content: the key of an archive is the digest of its layer as
 # tarred here plus its config, so an archive is built again only when what
 # goes into it changes; the cache keeps one per key.
+# kbuild's root filesystem is cached by its recipe like busybox; its headers
+# are the kernel trixie's linux-headers-amd64 names when it is first made
+# (scripts/debian_kbuild.sh). Delete ~/.cache/kmm/image/kbuild-* for newer ones.
 # Needs root (mmdebstrap's first run), mmdebstrap, buildah, gcc with a static
 # libc, and go (the module cache, filled by `make sandbox-binaries` or here).
 set -euo pipefail
@@ -60,6 +69,33 @@ if [ ! -f "$BUSYBOX" ]; then
     mv "$WORK/busybox.tar" "$BUSYBOX"
 fi
 
+# kbuild: a Debian trixie root filesystem that compiles out-of-tree modules.
+KBUILD_SUITE=trixie
+KBUILD_HOOK=scripts/debian_kbuild.sh
+KBUILD_MMDEBSTRAP=(
+    mmdebstrap --variant=minbase --include=gcc,make,libc6-dev
+    --aptopt='Acquire::Languages "none"'
+    --dpkgopt='path-exclude=/usr/share/doc/*'
+    --dpkgopt='path-exclude=/usr/share/man/*'
+    --dpkgopt='path-exclude=/usr/share/locale/*'
+    --customize-hook="$KBUILD_HOOK \"\$1\" headers"
+    "$KBUILD_SUITE"
+)
+KBUILD_SOURCES=(
+    "deb $MIRROR $KBUILD_SUITE main"
+    "deb $MIRROR $KBUILD_SUITE-updates main"
+    "deb $MIRROR-security $KBUILD_SUITE-security main"
+)
+KEY=$(cat "$KBUILD_HOOK" <(printf '%s\n' "${KBUILD_MMDEBSTRAP[@]}" "${KBUILD_SOURCES[@]}" "$EPOCH") |
+    sha256sum | cut -c1-12)
+KBUILD=$CACHE/kbuild-$KBUILD_SUITE-$KEY.tar
+if [ ! -f "$KBUILD" ]; then
+    echo "test-images: building kbuild's root filesystem with mmdebstrap ($KBUILD_SUITE)"
+    "${KBUILD_MMDEBSTRAP[@]}" "$WORK/kbuild-rootfs.tar" "${KBUILD_SOURCES[@]}"
+    mv "$WORK/kbuild-rootfs.tar" "$KBUILD"
+    find "$CACHE" -maxdepth 1 -name "kbuild-$KBUILD_SUITE-*.tar" ! -name "$(basename "$KBUILD")" -delete
+fi
+
 # 2. pause, from the Kubernetes module the sandbox pins (go.mod names its version).
 KUBERNETES=$(cd src/kmm/sandbox/gotools/kubernetes && go mod download -json k8s.io/kubernetes |
     sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
@@ -97,6 +133,11 @@ stage_workload() {
     cp -R "$FILES/workload/." "$1/"
 }
 
+# A whole Debian system: its owners and modes are Debian's, kept as they are.
+stage_kbuild() {
+    tar -xf "$KBUILD" -C "$1"
+}
+
 stage_pause() {
     gcc -Os -Wall -Werror -static "-DVERSION=v$PAUSE_TAG-kmm" -o "$1/pause" "$PAUSE_C"
     strip "$1/pause"
@@ -111,19 +152,25 @@ CONFIG[workload]="--env $PATH_ENV --user 65532:65532 --entrypoint [\"/entrypoint
 # As upstream's pause image: a user of its own, no root.
 REF[pause]=kmm.sandbox/pause:3.10
 CONFIG[pause]="--user 65535:65535 --entrypoint [\"/pause\"] --cmd []"
+REF[kbuild]=kmm.sandbox/kbuild:1
+CONFIG[kbuild]="--env $PATH_ENV --cmd [\"bash\"]"
 
 BUILDAH_VERSION=$(buildah --version)
-for name in loader workload pause; do
+for name in loader workload pause kbuild; do
     root=$WORK/$name
     mkdir "$root"
     "stage_$name" "$root"
-    # Modes as a umask of 022 makes them, whatever the checkout's were.
-    chmod -R go-w "$root"
-    [ ! -d "$root/tmp" ] || chmod 1777 "$root/tmp"
+    owners=(--numeric-owner)
+    if [ "$name" != kbuild ]; then
+        # Modes as a umask of 022 makes them, whatever the checkout's were.
+        chmod -R go-w "$root"
+        [ ! -d "$root/tmp" ] || chmod 1777 "$root/tmp"
+        owners+=(--owner=0 --group=0)
+    fi
     # The layer as buildah will see it: owners, modes and times fixed, so its
     # digest is a function of the files' content alone.
     tar --create --file "$WORK/$name.tar" --directory "$root" --sort=name \
-        --owner=0 --group=0 --numeric-owner --mtime="@$EPOCH" .
+        "${owners[@]}" --mtime="@$EPOCH" .
     key=$(cat "$WORK/$name.tar" <(printf '%s\n' "${REF[$name]}" "${CONFIG[$name]}" "$BUILDAH_VERSION") |
         sha256sum | cut -c1-16)
     cached=$CACHE/test-images/$name-$key.tar
@@ -146,3 +193,10 @@ for name in loader workload pause; do
     fi
     echo "test-images: $OUT/$name.tar (${REF[$name]}, key $key)"
 done
+# The kernel kbuild's headers are for, as a node reports it (uname -r).
+headers=$(cd "$WORK/kbuild/usr/src" && ls -d linux-headers-*-amd64 | sed 's/^linux-headers-//')
+[ "$(printf '%s\n' "$headers" | wc -l)" = 1 ] && [ -n "$headers" ] ||
+    { echo "test-images: expected the headers of one kernel in kbuild, found: $headers" >&2; exit 1; }
+printf '%s\n' "$headers" >"$OUT/kbuild.kernel.partial"
+mv "$OUT/kbuild.kernel.partial" "$OUT/kbuild.kernel"
+echo "test-images: $OUT/kbuild.kernel ($headers)"

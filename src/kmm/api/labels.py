@@ -30,8 +30,10 @@ __all__ = [
     "MODULE_NAMESPACE",
     "MODULE_VERSION",
     "PREFIX",
+    "RESOURCE_TYPE",
     "ROLE",
     "SPEC_HASH",
+    "TARGET_KERNEL",
     "Role",
     "daemonset_name",
     "device_plugin_ready",
@@ -65,6 +67,10 @@ IMAGE_HASH: Final = PREFIX + "image-hash"
 # On nodes: the node's kernel (label_value of it), so loader DaemonSets can
 # select on it; on loader DaemonSets and pods: the kernel they serve.
 KERNEL_VERSION_FULL: Final = PREFIX + "kernel-version.full"
+# On build and sign pods (KMM's keys): BuildImage or SignImage, and the
+# kernel (kernel_value) the image is for.
+RESOURCE_TYPE: Final = PREFIX + "resource-type"
+TARGET_KERNEL: Final = PREFIX + "target-kernel"
 
 # Annotation with a digest of the desired object, so a reconciler can tell
 # "unchanged" without a deep diff of server-defaulted fields.

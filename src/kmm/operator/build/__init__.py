@@ -1,0 +1,10 @@
+"""The build-and-sign concern: kernel-module images made in the cluster.
+
+When a Module's kernel mapping has ``build`` or ``sign`` and its image is
+missing from the registry, kmm builds it with buildah in a pod from the
+Module's Dockerfile and/or signs its modules with the kernel's ``sign-file``
+in another, pushing only a signed image under the final name.
+
+- :mod:`.pods`: the build and sign pods, pure builders (no I/O), with the
+  scripts they run.
+"""
