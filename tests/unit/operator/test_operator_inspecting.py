@@ -7,11 +7,12 @@ container holds its pod back as surely as the main one.
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import pytest
 
-from kmm.api import labels
+from kmm.api import labels, modules
 from kmm.operator import inspecting
 
 IMAGE = "example.com/plugin-init:v2"
@@ -231,3 +232,10 @@ def test_each_image_state_is_said_with_its_pod_and_message(
 def test_images_without_a_kernel_are_skipped_and_no_status_is_none() -> None:
     assert inspecting.images({"status": {"images": [{"image": "i:1", "state": "Exists"}]}}) == []
     assert inspecting.images({}) == []
+
+
+@pytest.mark.parametrize("state", typing.get_args(modules.ImageState))
+def test_every_state_the_api_knows_has_words_of_its_own(state: str) -> None:
+    said = inspecting.ImageState(kernel="k", image="i:1", state=state).describe()
+    assert said != state
+    assert said == said.lower()
