@@ -1,0 +1,302 @@
+"""Upstream KMM's build-and-sign CI Module, applied as its users apply it.
+
+``upstream/module-kmm-ci-build-sign.yaml`` is upstream's
+``ci/module-kmm-ci-build-sign.yaml`` with only its image host and selector
+changed (its header says how); ``upstream/kmm-kmod-companions.yaml`` holds
+kmm's own offline stand-ins for what it names (the Dockerfile ConfigMap, the
+build Secret, under upstream's names and keys), and the test makes the
+signing Secrets with openssl, as upstream's keys would be. Everything
+upstream's Module exercises at once: build and sign in one mapping, a build
+secret read in a plain RUN, ``registryTLS.insecure``, ``kanikoParams.tag``,
+a glob in ``filesToSign``, ``modulesLoadingOrder``, ``inTreeModulesToRemove``.
+
+One sandbox of its own: a KWOK node (``kmm-worker-0``, the node upstream's
+selector now names) of the kernel the kbuild image has headers for, where
+the loader DaemonSet's pod goes, and one container node where the build and
+sign pods really run (buildah, sign-file) and push to the sandbox registry.
+The operator runs in the test process and reaches the registry at its
+loopback port (``--registry-endpoint``).
+
+What is checked: ``kmm apply`` applies the Module and warns that
+``kanikoParams`` has no effect; the image appears under the final name and
+the loader DaemonSet runs it; that image carries both modules, each
+signed (module signature trailer, ``modinfo`` naming the test's signer and
+``sha256``); ``status.images`` says ``Exists``; and ``kmm status`` shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import os
+import ssl
+import subprocess
+import sys
+import tarfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import containersandbox
+import ociarchives
+import pytest
+import test_operator_support as support
+
+from kmm.api import kernels, labels, modules
+from kmm.kube import client as kube_client
+from kmm.kube import errors as kube_errors
+from kmm.kube import resources
+from kmm.sandbox import cluster, pki, registry, testing
+
+HERE = Path(__file__).parent / "upstream"
+MODULE_FILE = HERE / "module-kmm-ci-build-sign.yaml"
+COMPANIONS_FILE = HERE / "kmm-kmod-companions.yaml"
+IMAGES = Path("build/images")
+BUILDER_ARCHIVE = Path("build/kmm-builder-image.tar")
+# The test module's sources (H3's): two modules, built here as kmm_ci_a and
+# kmm_ci_b, the names upstream's Module loads and signs.
+MODULE_SOURCES = Path("tests/buildsign/kmod")
+KMM = Path(sys.executable).with_name("kmm")
+NAMESPACE = "default"
+NAME = "kmm-ci"
+NODE = "kmm-worker-0"
+_MODULES = resources.Resource(modules.GROUP, modules.VERSION, modules.PLURAL)
+_SECRETS = resources.Resource("", "v1", "secrets")
+SIGNER = "kmm-ci upstream manifest test"
+TRAILER = b"~Module signature appended~\n"
+KANIKO_WARNING = "has no effect in kmm: kmm builds with buildah, not kaniko"
+
+
+def kbuild_kernel() -> str:
+    return (IMAGES / "kbuild.kernel").read_text().strip()
+
+
+def source_image(path: Path) -> Path:
+    """An image of the module sources and a Kbuild that names their modules
+    kmm_ci_a and kmm_ci_b (a module's name is its object's, so any two sources
+    serve), as upstream's Dockerfile would have them from its git clone."""
+    first, second = sorted(MODULE_SOURCES.glob("*.c"))[:2]
+    kbuild = (
+        "obj-m += kmm_ci_a.o kmm_ci_b.o\n"
+        f"kmm_ci_a-y := {first.stem}.o\n"
+        f"kmm_ci_b-y := {second.stem}.o\n"
+    )
+    files = {f"src/{p.name}": p.read_bytes() for p in (first, second)}
+    files["src/Kbuild"] = kbuild.encode()
+    ociarchives.write(path, [ociarchives.layer(files)])
+    return path
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.state.SandboxState]:
+    """The sandbox, its images pushed where the companions' Dockerfile and the
+    operator look for them, the CRD and admission installed."""
+    work = tmp_path_factory.mktemp("upstream")
+    with containersandbox.started(
+        "up", nodes=1, kernels=(kbuild_kernel(),), kubelet_nodes=1
+    ) as record:
+        push = containersandbox.push
+        push(record.directory, IMAGES / "kbuild.tar", "kmm-ci/kbuild:1")
+        push(record.directory, IMAGES / "loader.tar", "kmm-ci/loader:1")
+        push(record.directory, source_image(work / "source.tar"), "kmm-ci/kmod-source:1")
+        push(record.directory, BUILDER_ARCHIVE, "kmm/builder:1")
+        asyncio.run(support.install_manifests(record.kubeconfig))
+        yield record
+
+
+def signing_secrets(directory: Path) -> list[dict[str, Any]]:
+    """kmm-kmod-signing-key (key ``key``) and kmm-kmod-signing-cert (key
+    ``cert``), PEM, as upstream's CI has them; the key is the test's own."""
+    key, cert = directory / "signing.key", directory / "signing.crt"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-new", "-nodes", "-newkey", "rsa:2048", "-days", "2",
+         "-subj", f"/CN={SIGNER}", "-addext", "extendedKeyUsage=codeSigning",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+    def secret(name: str, field: str, path: Path) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "type": "Opaque",
+            "data": {field: base64.b64encode(path.read_bytes()).decode()},
+        }
+
+    return [
+        secret("kmm-kmod-signing-key", "key", key),
+        secret("kmm-kmod-signing-cert", "cert", cert),
+    ]
+
+
+def kmm(*args: str, kubeconfig: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(KMM), *args, "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "250"},
+        check=False,
+    )
+
+
+async def loader_daemonsets(api: kube_client.Client) -> list[dict[str, Any]]:
+    found = await api.request(
+        "GET",
+        resources.DAEMONSETS.path(NAMESPACE),
+        query={"labelSelector": f"{labels.MODULE_NAME}={NAME}"},
+    )
+    return list(found["items"])
+
+
+async def image_entry(api: kube_client.Client) -> dict[str, Any] | None:
+    module = await api.request("GET", _MODULES.path(NAMESPACE, NAME))
+    entries = (module.get("status") or {}).get("images") or []
+    return next(iter(entries), None)
+
+
+async def image_files(
+    record: cluster.state.SandboxState, image: str, wanted: tuple[str, ...]
+) -> dict[str, bytes]:
+    """The files ``wanted`` (paths in the image) from the pushed image's
+    layers, last layer wins, read at the registry's loopback port."""
+    reference = image.removeprefix(f"{registry.REFERENCE_HOST}/")
+    name, _, tag = reference.rpartition(":")
+    assert record.registry is not None
+    base = f"https://{record.registry.host}/v2/{name}"
+    context = ssl.create_default_context(cafile=pki.Pki(record.directory / "pki").ca_cert)
+    accept = "application/vnd.oci.image.manifest.v1+json,application/vnd.docker.distribution.manifest.v2+json"  # fmt: skip
+    found: dict[str, bytes] = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
+        async with session.get(f"{base}/manifests/{tag}", headers={"Accept": accept}) as answer:
+            answer.raise_for_status()
+            manifest = json.loads(await answer.read())
+        for layer in manifest["layers"]:
+            async with session.get(f"{base}/blobs/{layer['digest']}") as answer:
+                answer.raise_for_status()
+                data = await answer.read()
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+                for member in tar.getmembers():
+                    path = "/" + member.name.removeprefix("./")
+                    if path in wanted and member.isfile():
+                        extracted = tar.extractfile(member)
+                        assert extracted is not None
+                        found[path] = extracted.read()
+    return found
+
+
+def modinfo(path: Path, field: str) -> str:
+    done = subprocess.run(
+        ["modinfo", "-F", field, str(path)], capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+@contextlib.asynccontextmanager
+async def created(api: kube_client.Client, resource: Any, body: dict[str, Any]) -> AsyncIterator[None]:  # fmt: skip
+    await api.request("POST", resource.path(NAMESPACE), body=body)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(kube_errors.NotFound):
+            await api.request("DELETE", resource.path(NAMESPACE, body["metadata"]["name"]))
+
+
+def operator_settings(record: cluster.state.SandboxState) -> dict[str, Any]:
+    """What ``kmm operator`` would be given: the builder image as pushed, the
+    registry at its loopback port, the sandbox CA."""
+    assert record.registry is not None
+    return {
+        "builder_image": f"{registry.REFERENCE_HOST}/kmm/builder:1",
+        "registry_endpoints": {registry.REFERENCE_HOST: record.registry.host},
+        "registry_ca_files": (pki.Pki(record.directory / "pki").ca_cert,),
+    }
+
+
+async def test_upstreams_build_and_sign_module_applies_warns_builds_signs_and_loads(
+    upstream: cluster.state.SandboxState, tmp_path: Path
+) -> None:
+    record = upstream
+    kernel = kbuild_kernel()
+    companions = COMPANIONS_FILE.read_text()
+    (tmp_path / "companions.yaml").write_text(companions)
+    applied = kmm("apply", "-f", str(tmp_path / "companions.yaml"), kubeconfig=record.kubeconfig)
+    assert applied.returncode == 0, applied.stderr
+    key_secret, cert_secret = signing_secrets(tmp_path)
+    async with (
+        cluster.api_client(record.kubeconfig) as api,
+        created(api, _SECRETS, key_secret),
+        created(api, _SECRETS, cert_secret),
+        support.operator_in_process(record.kubeconfig, **operator_settings(record)),
+    ):
+        result = kmm("apply", "-f", str(MODULE_FILE), kubeconfig=record.kubeconfig)
+        try:
+            assert result.returncode == 0, result.stderr
+            assert result.stdout.strip() == f"module/{NAME} created"
+            warnings = [w for w in result.stderr.splitlines() if w.startswith("Warning:")]
+            assert any("kanikoParams" in w and KANIKO_WARNING in w for w in warnings), warnings
+
+            # That the loader waits for the image is the operator's tests'
+            # (test_build_sign_*): here, that upstream's Module gets there.
+            async def built() -> bool:
+                entry = await image_entry(api)
+                return entry is not None and entry["state"] == "Exists"
+
+            await testing.eventually(built, "the signed image exists", bound=600, interval=1)
+            entry = await image_entry(api)
+            assert entry is not None
+            assert entry["kernel"] == kernel
+            tag_kernel = kernels.variables(kernel, module_name=NAME, module_namespace=NAMESPACE)[
+                "KERNEL_FULL_VERSION"
+            ]
+            image = f"{registry.REFERENCE_HOST}/{NAMESPACE}/{NAME}:{tag_kernel}"
+            assert entry["image"] == image
+
+            async def loading() -> bool:
+                return len(await loader_daemonsets(api)) == 1
+
+            await testing.eventually(loading, "the loader DaemonSet", bound=120, interval=1)
+            (daemonset,) = await loader_daemonsets(api)
+            template = daemonset["spec"]["template"]["spec"]
+            assert template["containers"][0]["image"] == image
+
+            directory = f"/opt/lib/modules/{kernel}"
+            wanted = (f"{directory}/kmm_ci_a.ko", f"{directory}/kmm_ci_b.ko")
+            files = await image_files(record, image, wanted)
+            assert sorted(files) == sorted(wanted)
+            for path, data in files.items():
+                assert data.endswith(TRAILER), path
+                local = tmp_path / Path(path).name
+                local.write_bytes(data)
+                assert modinfo(local, "signer") == SIGNER
+                assert modinfo(local, "sig_hashalgo") == "sha256"
+
+            shown = kmm("status", f"{NAMESPACE}/{NAME}", kubeconfig=record.kubeconfig)
+            assert shown.returncode == 0, shown.stderr
+            row = next(line for line in shown.stdout.splitlines() if NODE in line)
+            assert "exists" in row, shown.stdout
+            # Build and sign each ran once.
+            events = await api.request(
+                "GET",
+                resources.Resource("", "v1", "events").path(NAMESPACE),
+                query={"fieldSelector": f"involvedObject.name={NAME}"},
+            )
+            reasons = sorted(e["reason"] for e in events["items"])
+            assert reasons.count("BuildCreated") == 1, reasons
+            assert reasons.count("SignCreated") == 1, reasons
+        finally:
+            await api.request("DELETE", _MODULES.path(NAMESPACE, NAME))
+
+            async def gone() -> bool:
+                try:
+                    await api.request("GET", _MODULES.path(NAMESPACE, NAME))
+                except kube_errors.NotFound:
+                    return True
+                return False
+
+            await testing.eventually(gone, "the Module deleted", bound=180, interval=1)
