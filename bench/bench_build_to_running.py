@@ -1,0 +1,394 @@
+"""From a Module whose image is missing to its loader pod Running, against the floor.
+
+Run: ``.venv/bin/python bench/bench_build_to_running.py [--resync 2] [--converged 30]``
+(root: buildah and containerd; after ``make sandbox-binaries image test-images``)
+
+1. A sandbox of its own (``kmm.sandbox.cluster.up``) in a temporary
+   directory: one container node (containerd), the registry; the CRD from
+   ``deploy/``; pushed to the registry: the builder image (``make image``),
+   kbuild and the loader image (``make test-images``) and an image of the
+   module sources made here (``MODULE_SOURCES``, two modules).
+2. kmm: the operator in process (the real wiring, builder image as pushed,
+   the registry at its loopback port, the sandbox CA). A Module with
+   ``build`` (no sign: the floor has none) selecting the container node by
+   name, for its kernel, whose image is not in the registry, is created;
+   timed until its loader pod on that node is Running. Printed: the total,
+   and the build pod's own span (its container's start to finish, from the
+   pod status the kubelet wrote).
+3. The floor, in the same run: the same Dockerfile with the same build
+   arguments built by ``buildah`` directly on the host (chroot isolation,
+   overlay storage, a fresh storage directory so the base images are pulled
+   as the pod pulls them) and pushed to the registry under another tag;
+   then the loader DaemonSet's pod template as a bare pod bound to the node
+   with that image, timed from create to Running. Floor = build and push +
+   pod start. Printed: both parts, the floor, kmm/floor.
+4. Registry requests per reconcile of the converged Module: the operator
+   resyncs every ``--resync`` seconds; over ``--converged`` seconds, the
+   requests the registry served (its access log, so nothing the operator
+   reports about itself) and the reconciles done. The goal is zero.
+
+Bounds: one Module, one node, one build; every wait is bounded
+(``--timeout`` for the build, 120 s for pods); the sandbox is taken down at
+the end. Addresses: the registry and API server on loopback, pods in the
+sandbox's networks. The host's buildah (Debian's) may be older than the
+builder image's: both versions are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from kmm.api import kernels, labels, modules
+from kmm.cli import applying, paths
+from kmm.kube import client as kube_client
+from kmm.kube import kubeconfigs, resources
+from kmm.operator import wiring
+from kmm.sandbox import cluster, pki, registry
+
+NAMESPACE = "default"
+NAME = "bench-build"
+CONFIG_MAP = "bench-build-dockerfile"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+IMAGES = ROOT / "build" / "images"
+BUILDER_ARCHIVE = ROOT / "build" / "kmm-builder-image.tar"
+MODULE_SOURCES = ROOT / "tests" / "buildsign" / "kmod"
+DEPLOY = ROOT / "deploy"
+_MODULES = resources.Resource(modules.GROUP, modules.VERSION, modules.PLURAL)
+_CONFIG_MAPS = resources.Resource("", "v1", "configmaps")
+# Which registry the Dockerfile's FROM lines name: the pods' reference host
+# by default, the loopback port for the host's floor build (the one
+# difference between the two builds, a build argument).
+DOCKERFILE = """\
+ARG REGISTRY=10.253.0.1:5000
+FROM ${REGISTRY}/bench/kmod-source:1 AS source
+
+FROM ${REGISTRY}/bench/kbuild:1 AS builder
+ARG KERNEL_VERSION
+WORKDIR /usr/src/kmod
+COPY --from=source /src/ ./
+RUN make -C "$(ls -d /usr/src/linux-headers-*-amd64)" M=/usr/src/kmod modules
+
+FROM ${REGISTRY}/bench/loader:1
+ARG KERNEL_VERSION
+COPY --from=builder /usr/src/kmod/*.ko /opt/lib/modules/${KERNEL_VERSION}/
+"""
+# distribution's access log: one line per request served.
+_ACCESS = re.compile(r'"(GET|HEAD|PUT|POST|PATCH|DELETE) /v2/')
+
+
+def source_archive(path: pathlib.Path) -> pathlib.Path:
+    """An OCI archive of one layer: the module sources under /src."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import ociarchives
+
+    files = {
+        f"src/{p.name}": p.read_bytes() for p in sorted(MODULE_SOURCES.iterdir()) if p.is_file()
+    }
+    ociarchives.write(path, [ociarchives.layer(files)])
+    return path
+
+
+def push(directory: pathlib.Path, archive: pathlib.Path, name_tag: str) -> str:
+    kmm = pathlib.Path(sys.executable).with_name("kmm")
+    done = subprocess.run(
+        [str(kmm), "sandbox", "push", "--dir", str(directory), str(archive), name_tag],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"kmm sandbox push {archive}: {done.stdout}{done.stderr}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str, bound: float) -> None:
+    deadline = time.monotonic() + bound
+    while not await check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"never happened within {bound:.0f} s: {what}")
+        await asyncio.sleep(0.2)
+
+
+def module_body(node: str, kernel: str, image: str) -> dict[str, Any]:
+    return {
+        "apiVersion": modules.API_VERSION,
+        "kind": modules.KIND,
+        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "spec": {
+            "selector": {"kubernetes.io/hostname": node},
+            "moduleLoader": {
+                "container": {
+                    "modprobe": {"moduleName": "kmod_a"},
+                    "kernelMappings": [
+                        {
+                            "literal": kernel,
+                            "containerImage": image,
+                            "build": {"dockerfileConfigMap": {"name": CONFIG_MAP}},
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+def operator_settings(record: cluster.state.SandboxState, resync: float) -> dict[str, Any]:
+    """What ``kmm operator`` would be given (``--builder-image``,
+    ``--registry-endpoint``, ``--registry-ca``), as wiring.Operator takes it."""
+    assert record.registry is not None
+    return {
+        "resync_period": resync,
+        "builder_image": f"{registry.REFERENCE_HOST}/bench/builder:1",
+        "registry_endpoints": {registry.REFERENCE_HOST: record.registry.host},
+        "registry_ca_files": (pki.Pki(record.directory / "pki").ca_cert,),
+    }
+
+
+@contextlib.asynccontextmanager
+async def operator(
+    kubeconfig: pathlib.Path, settings: dict[str, Any]
+) -> AsyncIterator[wiring.Operator]:
+    async with kube_client.Client(kubeconfigs.load(kubeconfig)) as api:
+        op = wiring.Operator(api, workers=2, **settings)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(op.run(stop))
+        try:
+            yield op
+        finally:
+            stop.set()
+            await task
+
+
+async def module_pods(api: kube_client.Client) -> list[dict[str, Any]]:
+    found = await api.request(
+        "GET",
+        resources.PODS.path(NAMESPACE),
+        query={"labelSelector": f"{labels.MODULE_NAME}={NAME}"},
+    )
+    return list(found["items"])
+
+
+def running(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running"
+
+
+def role(pod: dict[str, Any]) -> str | None:
+    return (pod["metadata"].get("labels") or {}).get(labels.ROLE)
+
+
+def container_span(pod: dict[str, Any]) -> float | None:
+    """Seconds the pod's container ran (its status' start to finish), or None."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or ():
+        done = (status.get("state") or {}).get("terminated") or {}
+        if done.get("startedAt") and done.get("finishedAt"):
+            started = time.strptime(done["startedAt"], "%Y-%m-%dT%H:%M:%SZ")
+            finished = time.strptime(done["finishedAt"], "%Y-%m-%dT%H:%M:%SZ")
+            return time.mktime(finished) - time.mktime(started)
+    return None
+
+
+async def kmm_run(
+    api: kube_client.Client, node: str, kernel: str, image: str, timeout: float
+) -> tuple[float, float | None, dict[str, Any]]:
+    """Seconds from the Module's create to its loader pod Running; the build
+    pod's container span; the loader pod."""
+    build_span: float | None = None
+    loader: dict[str, Any] = {}
+
+    async def loading() -> bool:
+        nonlocal build_span, loader
+        for pod in await module_pods(api):
+            if role(pod) == "build" and (span := container_span(pod)) is not None:
+                build_span = span
+            if role(pod) not in ("build", "sign") and running(pod):
+                loader = pod
+        return bool(loader)
+
+    started = time.perf_counter()
+    await api.request("POST", _MODULES.path(NAMESPACE), body=module_body(node, kernel, image))
+    await eventually(loading, "the loader pod Running", timeout)
+    return time.perf_counter() - started, build_span, loader
+
+
+def host_build(
+    record: cluster.state.SandboxState, work: pathlib.Path, kernel: str, image: str
+) -> float:
+    """Seconds for ``buildah build`` and ``buildah push`` on the host."""
+    assert record.registry is not None
+    storage, certs = work / "storage", work / "certs"
+    certs.mkdir(parents=True)
+    shutil.copy(pki.Pki(record.directory / "pki").ca_cert, certs / "ca.crt")
+    (work / "Dockerfile").write_text(DOCKERFILE)
+    (work / "context").mkdir()
+    buildah = [
+        "buildah",
+        "--root", str(storage / "root"),
+        "--runroot", str(storage / "run"),
+        "--storage-driver", "overlay",
+    ]  # fmt: skip
+    args = {
+        "REGISTRY": record.registry.host,
+        "KERNEL_VERSION": kernel,
+        "KERNEL_FULL_VERSION": kernel,
+        "MOD_NAME": NAME,
+        "MOD_NAMESPACE": NAMESPACE,
+    }
+    local = image.replace(registry.REFERENCE_HOST, record.registry.host, 1)
+    env = {**os.environ, "BUILDAH_ISOLATION": "chroot"}
+    started = time.perf_counter()
+    try:
+        subprocess.run(
+            [*buildah, "build", "--cert-dir", str(certs), "--file", str(work / "Dockerfile"),
+             "--tag", local, *(f"--build-arg={k}={v}" for k, v in args.items()),
+             str(work / "context")],
+            check=True, env=env, capture_output=True, timeout=900,
+        )  # fmt: skip
+        subprocess.run(
+            [*buildah, "push", "--cert-dir", str(certs), local],
+            check=True, env=env, capture_output=True, timeout=300,
+        )  # fmt: skip
+        return time.perf_counter() - started
+    except subprocess.CalledProcessError as err:
+        raise SystemExit(f"host build: {err.stderr.decode(errors='replace')[-2000:]}") from None
+    finally:
+        with contextlib.suppress(subprocess.SubprocessError):
+            subprocess.run([*buildah, "rm", "--all"], capture_output=True, timeout=120)
+            subprocess.run([*buildah, "rmi", "--all", "--force"], capture_output=True, timeout=120)
+        shutil.rmtree(storage, ignore_errors=True)
+
+
+async def pod_start(
+    api: kube_client.Client, loader: dict[str, Any], node: str, image: str
+) -> float:
+    """Seconds from creating the loader's pod, with ``image``, to it Running."""
+    spec = copy.deepcopy(loader["spec"])
+    spec["nodeName"] = node
+    for container in spec["containers"]:
+        container["image"] = image
+    name = f"{NAME}-floor"
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+    async def up() -> bool:
+        pod = await api.request("GET", resources.PODS.path(NAMESPACE, name))
+        return running(pod)
+
+    started = time.perf_counter()
+    await api.request("POST", resources.PODS.path(NAMESPACE), body=body)
+    await eventually(up, "the floor's pod Running", 120)
+    elapsed = time.perf_counter() - started
+    await api.request(
+        "DELETE", resources.PODS.path(NAMESPACE, name), query={"gracePeriodSeconds": 0}
+    )
+    return elapsed
+
+
+def buildah_version() -> str:
+    done = subprocess.run(["buildah", "--version"], capture_output=True, text=True, check=False)
+    return done.stdout.strip()
+
+
+def registry_requests(record: cluster.state.SandboxState) -> int:
+    log = record.directory / "logs" / f"{registry.COMPONENT}.log"
+    with log.open(errors="replace") as lines:
+        return sum(1 for line in lines if _ACCESS.search(line))
+
+
+async def converged(
+    record: cluster.state.SandboxState, op: wiring.Operator, seconds: float
+) -> tuple[int, int]:
+    """(registry requests, reconciles) over ``seconds`` of a converged Module."""
+    requests, reconciles = registry_requests(record), op.counting.done
+    await asyncio.sleep(seconds)
+    return registry_requests(record) - requests, op.counting.done - reconciles
+
+
+async def main(args: argparse.Namespace) -> None:
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="kbr", dir="/tmp"))
+    options = cluster.Options(
+        directory=directory,
+        cache_dir=paths.cache_dir(),
+        nodes=0,
+        kubelet_nodes=1,
+        runtime="containerd",
+        pause_image=IMAGES / "pause.tar",
+        start_timeout=600,
+    )
+    record = await cluster.up(options)
+    try:
+        (node,) = record.container_nodes
+        work = directory / "bench"
+        work.mkdir()
+        push(directory, BUILDER_ARCHIVE, "bench/builder:1")
+        push(directory, IMAGES / "kbuild.tar", "bench/kbuild:1")
+        push(directory, IMAGES / "loader.tar", "bench/loader:1")
+        push(directory, source_archive(work / "source.tar"), "bench/kmod-source:1")
+        async with cluster.api_client(record.kubeconfig) as api:
+            docs = []
+            for folder in ("crd", "admission"):
+                for path in sorted((DEPLOY / folder).glob("*.yaml")):
+                    docs.extend(applying.load_documents(path.read_text()))
+            await applying.apply_documents(api, docs)
+            found = await api.request("GET", resources.NODES.path(name=node))
+            kernel = found["status"]["nodeInfo"]["kernelVersion"].removesuffix("+")
+            await api.request(
+                "POST",
+                _CONFIG_MAPS.path(NAMESPACE),
+                body={
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": CONFIG_MAP},
+                    "data": {"dockerfile": DOCKERFILE},
+                },
+            )
+            tag = kernels.variables(kernel, module_name=NAME, module_namespace=NAMESPACE)[
+                "KERNEL_FULL_VERSION"
+            ]
+            image = f"{registry.REFERENCE_HOST}/bench/module:{tag}"
+            async with operator(record.kubeconfig, operator_settings(record, args.resync)) as op:
+                total, build_span, loader = await kmm_run(api, node, kernel, image, args.timeout)
+                served, reconciles = await converged(record, op, args.converged)
+            floor_image = f"{registry.REFERENCE_HOST}/bench/floor:{tag}"
+            build_push = await asyncio.to_thread(host_build, record, work, kernel, floor_image)
+            start = await pod_start(api, loader, node, floor_image)
+        floor = build_push + start
+        builder_buildah = "the builder image's (trixie)"
+        host_buildah = await asyncio.to_thread(buildah_version)
+        span = f"{build_span:.1f} s" if build_span is not None else "not seen"
+        print(f"kmm: Module created -> loader pod Running: {total:.1f} s (build container {span})")
+        print(
+            f"floor: host buildah build + push {build_push:.1f} s ({host_buildah}; pods use"
+            f" {builder_buildah}) + pod start from the existing image {start:.1f} s = {floor:.1f} s"
+        )
+        print(f"ratio kmm/floor: {total / floor:.2f}x")
+        per = served / reconciles if reconciles else float("nan")
+        print(
+            f"converged Module: {served} registry requests over {reconciles} reconciles"
+            f" in {args.converged:.0f} s ({per:.2f} per reconcile; goal 0)"
+        )
+    finally:
+        cluster.down(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--resync", type=float, default=2.0, help="operator resync period, s")
+    parser.add_argument(
+        "--converged", type=float, default=30.0, help="seconds the converged Module is watched"
+    )
+    parser.add_argument("--timeout", type=float, default=900.0, help="bound on the build, s")
+    asyncio.run(main(parser.parse_args()))
