@@ -1,0 +1,282 @@
+"""Build and sign pod builders (pure): names, labels, arguments, volumes, TLS."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from typing import Any
+
+import pytest
+
+from kmm.api import formats, labels, modules
+from kmm.operator.build import pods
+
+_OWNER = {
+    "apiVersion": modules.API_VERSION,
+    "kind": modules.KIND,
+    "name": "m",
+    "uid": "u-1",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
+_KERNEL = "6.12.57+deb13-amd64"
+
+
+# The shapes of kmm.api.kernels.BuildTarget / SignTarget (ISSUE25 §1).
+@dataclasses.dataclass(frozen=True)
+class _Build:
+    dockerfile_config_map: str = "dockerfile-cm"
+    build_args: tuple[tuple[str, str], ...] = ()
+    secrets: tuple[str, ...] = ()
+    base_image_registry_tls: modules.RegistryTLS | None = None
+    selector: tuple[tuple[str, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sign:
+    unsigned_image: str | None = None
+    unsigned_image_registry_tls: modules.RegistryTLS | None = None
+    key_secret: str = "signing-key"
+    cert_secret: str = "signing-cert"
+    files_to_sign: tuple[str, ...] = ("/opt/lib/modules/k/*.ko",)
+
+
+def _inputs(**changes: Any) -> pods.PodInputs:
+    base = pods.PodInputs(
+        module="m",
+        namespace="ns",
+        kernel=_KERNEL,
+        image="reg.io/m:k",
+        builder_image="reg.io/builder:1",
+        owner=_OWNER,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def _container(pod: dict[str, Any]) -> dict[str, Any]:
+    (container,) = pod["spec"]["containers"]
+    return container
+
+
+def _args(pod: dict[str, Any]) -> list[str]:
+    # command: /bin/sh -c SCRIPT $0 ARGS...
+    command = _container(pod)["command"]
+    assert command[:2] == ["/bin/sh", "-c"]
+    return list(command[4:])
+
+
+def _env(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in _container(pod)["env"]}
+
+
+def _volumes(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in pod["spec"]["volumes"]}
+
+
+def _mounts(pod: dict[str, Any]) -> dict[str, str]:
+    return {m["mountPath"]: m["name"] for m in _container(pod)["volumeMounts"]}
+
+
+@pytest.mark.parametrize(
+    ("module", "role", "kernel", "expected"),
+    [
+        ("m", "build", "6.8.0-45-generic", "m-build-6.8.0-45-generic"),
+        ("m", "sign", "6.8.0-45-generic", "m-sign-6.8.0-45-generic"),
+    ],
+)
+def test_pod_name_is_kmms_when_the_kernel_is_dns_safe(
+    module: str, role: pods.PodRole, kernel: str, expected: str
+) -> None:
+    assert pods.pod_name(module, role, kernel) == expected
+
+
+@pytest.mark.parametrize(
+    ("kernel", "alike"),
+    [
+        ("6.12.57+deb13-amd64", "6.12.57-deb13-amd64"),
+        ("5.14.0-427.el9.x86_64", "5.14.0-427.el9.x86-64"),
+        ("6.1.0-RT", "6.1.0-rt"),
+        ("6.1.0-" + "x" * 80, "6.1.0-" + "x" * 79 + "y"),
+    ],
+)
+def test_pod_name_changed_or_long_kernels_end_in_a_digest(kernel: str, alike: str) -> None:
+    name = pods.pod_name("a-module", "build", kernel)
+    assert len(name) <= 63
+    assert formats.dns_subdomain_error(name) is None, name
+    assert name.startswith("a-module-build-")
+    # Kernels that read alike as (cut) DNS names keep distinct pods.
+    assert name != pods.pod_name("a-module", "build", alike)
+    assert name != pods.pod_name("a-module", "sign", kernel)
+
+
+def test_pod_name_of_a_long_module_stays_a_dns_name() -> None:
+    name = pods.pod_name("m" * 60, "sign", "6.8.0-45-generic")
+    assert len(name) == 63
+    assert formats.dns_subdomain_error(name) is None
+
+
+@pytest.mark.parametrize(
+    ("final", "intermediate"),
+    [
+        ("reg.io/m:k", "reg.io/m:k-kmm-unsigned"),
+        ("10.253.0.1:5000/a/b:6.12_x", "10.253.0.1:5000/a/b:6.12_x-kmm-unsigned"),
+    ],
+)
+def test_intermediate_image_is_the_tag_plus_a_suffix(final: str, intermediate: str) -> None:
+    assert pods.intermediate_image(final) == intermediate
+
+
+def test_intermediate_image_of_a_long_tag_is_cut_and_hashed() -> None:
+    tag = "t" * 126
+    found = pods.intermediate_image(f"reg.io/m:{tag}")
+    repository, _, new_tag = found.rpartition(":")
+    assert repository == "reg.io/m"
+    assert len(new_tag) == 128
+    assert new_tag.endswith("-kmm-unsigned")
+    assert pods.intermediate_image(f"reg.io/m:{tag[:-1]}u") != found
+
+
+@pytest.mark.parametrize("final", ["reg.io/m@sha256:" + "a" * 64, "reg.io:5000/m"])
+def test_intermediate_image_needs_a_tag(final: str) -> None:
+    with pytest.raises(ValueError, match=r"digest|no tag"):
+        pods.intermediate_image(final)
+
+
+@pytest.mark.parametrize(("role", "kind"), [("build", "BuildImage"), ("sign", "SignImage")])
+def test_pods_carry_kmms_labels_owner_and_restart_policy(role: str, kind: str) -> None:
+    inputs = _inputs()
+    pod = (
+        pods.build_pod(inputs, _Build())
+        if role == "build"
+        else pods.sign_pod(inputs, _Sign(), unsigned_image="reg.io/u:1", dir_name="/opt")
+    )
+    metadata = pod["metadata"]
+    assert metadata["name"] == pods.pod_name("m", role, _KERNEL)  # type: ignore[arg-type]
+    assert metadata["namespace"] == "ns"
+    assert metadata["labels"] == {
+        labels.MODULE_NAME: "m",
+        labels.MODULE_NAMESPACE: "ns",
+        labels.ROLE: role,
+        labels.RESOURCE_TYPE: kind,
+        labels.TARGET_KERNEL: labels.kernel_value(_KERNEL),
+    }
+    assert metadata["ownerReferences"] == [_OWNER]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    container = _container(pod)
+    assert container["image"] == "reg.io/builder:1"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert container["securityContext"] == {
+        "runAsUser": 0,
+        "capabilities": {"add": list(pods.BUILDER_CAPABILITIES)},
+    }
+    assert "privileged" not in container["securityContext"]
+    assert _volumes(pod)["storage"] == {"name": "storage", "emptyDir": {}}
+    assert _mounts(pod)[pods.STORAGE] == "storage"
+    assert _env(pod)["KMM_IMAGE"] == "reg.io/m:k"
+    assert "nodeSelector" not in pod["spec"]
+    assert "imagePullSecrets" not in pod["spec"]
+
+
+def test_build_args_are_the_users_with_kmms_over_them() -> None:
+    build = _Build(
+        build_args=(("A", "1"), ("KERNEL_VERSION", "mine"), ("MOD_NAME", "x"), ("B", "x=y"))
+    )
+    args = _args(pods.build_pod(_inputs(), build))
+    assert [a for a in args if a.startswith("--build-arg=")] == [
+        "--build-arg=A=1",
+        "--build-arg=B=x=y",
+        f"--build-arg=KERNEL_VERSION={_KERNEL}",
+        f"--build-arg=KERNEL_FULL_VERSION={_KERNEL}",
+        "--build-arg=MOD_NAME=m",
+        "--build-arg=MOD_NAMESPACE=ns",
+    ]
+
+
+def test_build_pod_mounts_the_dockerfile_host_modules_and_each_secret() -> None:
+    build = _Build(dockerfile_config_map="df", secrets=("build-secret", "other"))
+    pod = pods.build_pod(_inputs(), build, dockerfile_key="alt")
+    volumes, mounts = _volumes(pod), _mounts(pod)
+    assert volumes["dockerfile"]["configMap"] == {
+        "name": "df",
+        "items": [{"key": "alt", "path": "Dockerfile"}],
+    }
+    assert volumes["host-modules"]["hostPath"]["path"] == "/lib/modules"
+    assert mounts[pods.HOST_MODULES] == "host-modules"
+    for secret in ("build-secret", "other"):
+        path = f"/run/secrets/{secret}"
+        assert pods.secret_path(secret) == path
+        assert volumes[mounts[path]]["secret"] == {"secretName": secret}
+        # The same path inside RUN steps.
+        assert f"--volume={path}:{path}:ro" in _args(pod)
+    every = [m for c in pod["spec"]["containers"] for m in c["volumeMounts"]]
+    assert all(m.get("readOnly") for m in every if m["name"] != "storage")
+
+
+def test_build_pod_defaults_to_the_dockerfile_key() -> None:
+    pod = pods.build_pod(_inputs(), _Build())
+    assert _volumes(pod)["dockerfile"]["configMap"]["items"][0]["key"] == "dockerfile"
+
+
+@pytest.mark.parametrize(
+    ("tls", "verify"),
+    [
+        (None, "true"),
+        (modules.RegistryTLS(), "true"),
+        (modules.RegistryTLS(insecure=True), "false"),
+        (modules.RegistryTLS.model_validate({"insecureSkipTLSVerify": True}), "false"),
+    ],
+)
+def test_tls_options_turn_verification_off_for_their_side_only(
+    tls: modules.RegistryTLS | None, verify: str
+) -> None:
+    for pod in (
+        pods.build_pod(_inputs(push_tls=tls), _Build()),
+        pods.sign_pod(_inputs(push_tls=tls), _Sign(), unsigned_image="r/u:1", dir_name="/opt"),
+    ):
+        assert _env(pod)["KMM_PUSH_TLS_VERIFY"] == verify
+        assert _env(pod)["KMM_PULL_TLS_VERIFY"] == "true"
+    pulled = pods.build_pod(_inputs(pull_tls=tls), _Build())
+    assert _env(pulled)["KMM_PULL_TLS_VERIFY"] == verify
+    assert _env(pulled)["KMM_PUSH_TLS_VERIFY"] == "true"
+
+
+def test_repo_secret_is_the_authfile_and_pull_secret_and_ca_is_passed() -> None:
+    pod = pods.build_pod(_inputs(repo_secret="repo", registry_ca="PEM"), _Build())
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "repo"}]
+    auth = _volumes(pod)[_mounts(pod)["/run/kmm/auth"]]
+    assert auth["secret"] == {
+        "secretName": "repo",
+        "items": [{"key": ".dockerconfigjson", "path": ".dockerconfigjson"}],
+    }
+    env = _env(pod)
+    assert env["REGISTRY_AUTH_FILE"] == "/run/kmm/auth/.dockerconfigjson"
+    assert env["KMM_REGISTRY_CA"] == "PEM"
+    bare = _env(pods.build_pod(_inputs(), _Build()))
+    assert "REGISTRY_AUTH_FILE" not in bare
+    assert "KMM_REGISTRY_CA" not in bare
+
+
+def test_node_selector_is_passed() -> None:
+    pod = pods.build_pod(_inputs(node_selector={"kubernetes.io/hostname": "n1"}), _Build())
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
+
+
+def test_sign_pod_mounts_key_and_cert_and_passes_the_patterns() -> None:
+    sign = _Sign(key_secret="k", cert_secret="c", files_to_sign=("/opt/a/*.ko", "/opt/b.ko"))
+    pod = pods.sign_pod(_inputs(), sign, unsigned_image="reg.io/m:k-kmm-unsigned", dir_name="/opt")
+    volumes, mounts = _volumes(pod), _mounts(pod)
+    assert volumes[mounts["/run/kmm/signing/key"]]["secret"] == {"secretName": "k"}
+    assert volumes[mounts["/run/kmm/signing/cert"]]["secret"] == {"secretName": "c"}
+    assert _args(pod) == ["/opt/a/*.ko", "/opt/b.ko"]
+    env = _env(pod)
+    assert env["KMM_UNSIGNED_IMAGE"] == "reg.io/m:k-kmm-unsigned"
+    assert env["KMM_DIR_NAME"] == "/opt"
+    assert (env["KMM_KEY_SECRET"], env["KMM_CERT_SECRET"]) == ("k", "c")
+    assert "host-modules" not in volumes
+
+
+@pytest.mark.parametrize("script", [pods.BUILD_SCRIPT, pods.SIGN_SCRIPT])
+def test_scripts_are_posix_shell(script: str) -> None:
+    # dash (Debian's sh, the builder image's /bin/sh) parses them.
+    done = subprocess.run(["dash", "-n", "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
