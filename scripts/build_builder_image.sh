@@ -29,7 +29,7 @@ FILES=scripts/builder_image
 HOOK=scripts/debian_kbuild.sh
 SUITE=trixie
 MIRROR=http://deb.debian.org/debian
-PACKAGES=buildah,kmod,openssl,ca-certificates
+PACKAGES=buildah,netavark,kmod,openssl,ca-certificates
 EPOCH=1735689600
 export SOURCE_DATE_EPOCH=$EPOCH
 

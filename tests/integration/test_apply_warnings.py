@@ -9,11 +9,12 @@ import subprocess
 import sys
 import uuid
 
+import build_sign_cases
 import test_module_admission as admission_support
 import yaml
 from kubernetes_asyncio import client
 
-from kmm.api import examples, modules
+from kmm.api import modules
 from kmm.sandbox import testing
 
 KMM = pathlib.Path(sys.executable).with_name("kmm")
@@ -27,9 +28,10 @@ async def test_kmm_apply_prints_an_admission_warning_naming_the_field(
 ) -> None:
     await admission_support.install(api_client)
     name = f"m-{uuid.uuid4().hex[:6]}"
-    obj = examples.module(name=name)
-    obj["metadata"]["namespace"] = namespace
-    obj["spec"]["moduleLoader"]["container"]["registryTLS"] = {"insecure": True}
+    # A KMM manifest that builds and signs (kanikoParams, registryTLS at the
+    # container level): it applies, and only kanikoParams is warned about.
+    obj = build_sign_cases.module()
+    obj["metadata"].update(name=name, namespace=namespace)
     # The Warn policy bites once the apiserver's policy informer has it.
     for _ in range(120):
         if await admission_support.create_with_warnings(api_client, namespace, obj, dry_run=True):
@@ -48,8 +50,13 @@ async def test_kmm_apply_prints_an_admission_warning_naming_the_field(
     [warning] = result.stderr.splitlines()
     # The text is the API server's: the policy's name, then its message.
     assert warning.startswith(f"Warning: module/{name}: "), warning
-    assert "spec.moduleLoader.container.registryTLS has no effect" in warning
+    assert warning.endswith(
+        "spec.moduleLoader.container.build.kanikoParams has no effect in kmm: "
+        "kmm builds with buildah, not kaniko"
+    ), warning
     stored = await client.CustomObjectsApi(api_client).get_namespaced_custom_object(
         modules.GROUP, modules.VERSION, namespace, modules.PLURAL, name
     )
-    assert stored["spec"]["moduleLoader"]["container"]["registryTLS"] == {"insecure": True}
+    container = stored["spec"]["moduleLoader"]["container"]
+    assert container["registryTLS"] == {"insecure": True}
+    assert container["build"]["kanikoParams"] == {"tag": "debug"}

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import build_sign_cases
 import pytest
 import regexp_cases as cases
 from kubernetes_asyncio import client
@@ -148,16 +149,6 @@ CASES: list[tuple[str, Callable[[Obj], None], tuple[str, ...]]] = [
         ("metadata.name", "at most"),
     ),
     (
-        "build",
-        lambda obj: _mappings(obj)[0].__setitem__("build", {"dockerfileConfigMap": {"name": "x"}}),
-        ("kernelMappings[0].build", "not supported by kmm"),
-    ),
-    (
-        "sign",
-        lambda obj: obj["spec"]["moduleLoader"]["container"].__setitem__("sign", {"keySecret": {}}),
-        ("container.sign", "not supported by kmm"),
-    ),
-    (
         "dra-and-device-plugin",
         lambda obj: obj["spec"].__setitem__("devicePlugin", {"container": {"image": "r/x:1"}}),
         ("spec.dra", "mutually exclusive"),
@@ -269,29 +260,55 @@ async def test_example_module_is_stored_unchanged(
     assert stored["spec"] == obj["spec"]
 
 
-async def test_registry_tls_is_admitted_with_a_warning_naming_it(
+async def _warnings_flow(api: client.ApiClient, namespace: str, obj: Obj) -> None:
+    """Wait until the warnings policy answers for ``obj`` (install waited for
+    the refusing policy only; the apiserver's policy informer may lag)."""
+    for _ in range(120):
+        if await create_with_warnings(api, namespace, obj, dry_run=True):
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError("the warnings policy never took effect")
+
+
+def _build_sign_module() -> Obj:
+    obj = build_sign_cases.module()
+    obj["metadata"]["name"] = f"m-{uuid.uuid4().hex[:6]}"
+    return obj
+
+
+async def test_kmm_build_and_sign_manifest_is_stored_unchanged_warning_of_kaniko_only(
     api_client: client.ApiClient, namespace: str
 ) -> None:
+    """KMM's build-and-sign shape (kanikoParams, registryTLS, build and sign
+    at both levels) applies; the only warnings name kanikoParams: registryTLS
+    now governs kmm's own registry requests and the builder's."""
     await install(api_client)
-    obj = examples.module(name=f"m-{uuid.uuid4().hex[:6]}")
-    _mappings(obj)[0]["registryTLS"] = {"insecure": True}
-    obj["spec"]["moduleLoader"]["container"]["registryTLS"] = {"insecureSkipTLSVerify": False}
-    # The warnings policy bites once the apiserver's policy informer has it
-    # (install waited for the refusing one only): dry runs until it answers.
-    for _ in range(120):
-        if await create_with_warnings(api_client, namespace, obj, dry_run=True):
-            break
-        await asyncio.sleep(0.5)
+    obj = _build_sign_module()
+    build_sign_cases.mapping(obj, 0)["build"]["kanikoParams"] = {"tag": "debug"}
+    build_sign_cases.mapping(obj, 0)["registryTLS"] = {"insecureSkipTLSVerify": True}
+    await _warnings_flow(api_client, namespace, obj)
     found = await create_with_warnings(api_client, namespace, obj)
-    assert len(found) == 2, found
-    assert "spec.moduleLoader.container.registryTLS has no effect" in found[0] + found[1]
-    assert "kernelMappings[].registryTLS has no effect" in found[0] + found[1]
+    # A Warning header: '299 - "Validation failed for ...: <message>"'.
+    assert sorted(w.split("': ", 1)[1].rstrip('"') for w in found) == [
+        "spec.moduleLoader.container.build.kanikoParams has no effect in kmm: "
+        "kmm builds with buildah, not kaniko",
+        "spec.moduleLoader.container.kernelMappings[].build.kanikoParams has no effect in kmm: "
+        "kmm builds with buildah, not kaniko",
+    ], found
     stored = await client.CustomObjectsApi(api_client).get_namespaced_custom_object(
         modules.GROUP, modules.VERSION, namespace, modules.PLURAL, obj["metadata"]["name"]
     )
+    # Nothing pruned, nothing defaulted but modprobe.dirName.
+    assert stored["spec"]["moduleLoader"]["container"]["modprobe"].pop("dirName") == "/opt"
     assert stored["spec"] == obj["spec"]
     # The operator's own validation (DESIGN §3: it repeats admission) takes it too.
     validation.parse_module(stored)
+    # KMM ignores unsignedImage beside build; kmm does too, and says so.
+    build_sign_cases.container(obj)["sign"]["unsignedImage"] = "r/kmod:unsigned"
+    obj["metadata"]["name"] += "-u"
+    found = await create_with_warnings(api_client, namespace, obj, dry_run=True)
+    assert len(found) == 3, found
+    assert any("': spec.moduleLoader.container.sign.unsignedImage and " in w for w in found)
     # KMM ignores parameters and args beside rawArgs; kmm does too, and says so.
     raw = examples.module(name=f"m-{uuid.uuid4().hex[:6]}")
     _modprobe({"rawArgs": {"load": ["x"], "unload": ["-r", "x"]}, "parameters": ["a=1"]})(raw)
@@ -300,23 +317,93 @@ async def test_registry_tls_is_admitted_with_a_warning_naming_it(
     assert "have no effect with rawArgs" in ignored, ignored
 
 
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in build_sign_cases.CASES])
+async def test_build_and_sign_rules_refuse_as_the_operator_does(
+    api_client: client.ApiClient, namespace: str, case: build_sign_cases.Case
+) -> None:
+    """Each build/sign rule in CEL (the API server) and in Python (the
+    operator's validation) refuses the same Module, naming the same field
+    and rule."""
+    await install(api_client)
+    obj = _build_sign_module()
+    assert await refusal(api_client, namespace, obj) is None
+    case.mutate(obj)
+    message = await refusal(api_client, namespace, obj)
+    assert message is not None, "admitted"
+    assert f"{case.field}: " in message, message
+    assert (case.cel_message or case.message) in message, message
+    with pytest.raises(validation.InvalidModuleError) as refused:
+        validation.parse_module(obj)
+    found = [(v.path, v.message) for v in refused.value.violations]
+    assert any(p == case.path and case.message in m for p, m in found), found
+
+
+async def test_status_images_and_rebuild_generation_are_kept(
+    api_client: client.ApiClient, namespace: str
+) -> None:
+    """The status schema carries kmm's images list and KMM's
+    imageRebuildTriggerGeneration: written through /status, read back whole."""
+    await install(api_client)
+    obj = _build_sign_module()
+    obj["metadata"]["namespace"] = namespace
+    objects = client.CustomObjectsApi(api_client)
+    stored = await objects.create_namespaced_custom_object(
+        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, obj
+    )
+    status = {
+        "imageRebuildTriggerGeneration": 3,
+        "images": [
+            {"kernel": "6.1.0-27-amd64", "image": "r/k:6.1.0-27-amd64", "state": "Exists"},
+            {
+                "kernel": "6.8.0-45-generic",
+                "image": "r/k:6.8.0-45-generic",
+                "state": "Signing",
+                "pod": "kmod-built-sign-6-8-0-45-generic",
+            },
+        ],
+    }
+    stored["status"] = status
+    await objects.replace_namespaced_custom_object_status(
+        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, obj["metadata"]["name"], stored
+    )
+    read = await objects.get_namespaced_custom_object(
+        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, obj["metadata"]["name"]
+    )
+    assert read["status"] == status
+    assert modules.ModuleStatus.model_validate(read["status"]).images is not None
+    stored = read
+    stored["status"]["images"][0]["state"] = "Built"
+    with pytest.raises(client.ApiException) as refused:
+        await objects.replace_namespaced_custom_object_status(
+            modules.GROUP,
+            modules.VERSION,
+            namespace,
+            modules.PLURAL,
+            obj["metadata"]["name"],
+            stored,
+        )
+    assert "status.images[0].state" in json.loads(refused.value.body)["message"]
+
+
 async def test_a_module_without_no_effect_fields_gets_no_warning(
     api_client: client.ApiClient, namespace: str
 ) -> None:
-    """The control: the example (and an empty registryTLS, which KMM's Go
-    client writes for its unset struct) draws no warning, once warnings flow."""
+    """The control: the example (with registryTLS empty, as KMM's Go client
+    writes its unset struct, or set) draws no warning, once warnings flow."""
     await install(api_client)
-    noisy = examples.module(name=f"m-{uuid.uuid4().hex[:6]}")
-    _mappings(noisy)[0]["registryTLS"] = {"insecure": False}
-    for _ in range(120):
-        if await create_with_warnings(api_client, namespace, noisy, dry_run=True):
-            break
-        await asyncio.sleep(0.5)
-    else:
-        raise AssertionError("the warnings policy never took effect")
+    await _warnings_flow(api_client, namespace, _build_sign_module())
     quiet = examples.module(name=f"m-{uuid.uuid4().hex[:6]}")
     quiet["spec"]["moduleLoader"]["container"]["registryTLS"] = {}
     assert await create_with_warnings(api_client, namespace, quiet) == []
+    # registryTLS set at both levels: no longer a no-effect field.
+    tls = examples.module(name=f"m-{uuid.uuid4().hex[:6]}")
+    tls["spec"]["moduleLoader"]["container"]["registryTLS"] = {"insecure": True}
+    _mappings(tls)[0]["registryTLS"] = {"insecureSkipTLSVerify": True}
+    assert await create_with_warnings(api_client, namespace, tls) == []
+    # Build and sign without kanikoParams: no warning either.
+    built = _build_sign_module()
+    del build_sign_cases.container(built)["build"]["kanikoParams"]
+    assert await create_with_warnings(api_client, namespace, built) == []
 
 
 _REGEXP_PATH = "spec.moduleLoader.container.kernelMappings[1].regexp"

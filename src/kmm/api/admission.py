@@ -13,8 +13,8 @@ What is *not* here, and why:
   predicate; the rule matches with the user's pattern and an invalid pattern
   raises an evaluation error. Validating admission runs after schema
   validation, so a rule here would never see an invalid regexp anyway.
-- ``build`` / ``sign`` are refused by CRD rules: pruning removes undeclared
-  fields before any admission policy runs, so the CRD declares them.
+- The build and sign rules sit in the CRD too, on the loader container,
+  which sees both levels a kernel mapping's build and sign merge from.
 
 A second policy, bound with ``validationActions: [Warn]``, never refuses: it
 answers with a Warning header (kubectl prints it) for a KMM field kmm accepts
@@ -54,16 +54,12 @@ _CONTAINER = f"{_LOADER}.container"
 _MODPROBE = f"{_CONTAINER}.modprobe"
 
 
-def _tls_set(tls: str) -> str:
-    """CEL: the registryTLS object ``tls`` sets an option (an empty one, as
-    KMM's Go client writes for its unset struct, asks nothing)."""
-    return f"(has({tls}.insecure) || has({tls}.insecureSkipTLSVerify))"
-
-
-_REGISTRY_TLS_REASON = (
-    "has no effect in kmm: kmm never contacts a registry, the kubelet pulls the image "
-    "as its container runtime's registry configuration says"
+_BUILDS = f"(has({_CONTAINER}.build) || has(m.build))"
+_UNSIGNED_IMAGE_GIVEN = (
+    f"((has(m.sign) && has(m.sign.unsignedImage)) || "
+    f"(has({_CONTAINER}.sign) && has({_CONTAINER}.sign.unsignedImage)))"
 )
+_KANIKO_REASON = "has no effect in kmm: kmm builds with buildah, not kaniko"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,15 +74,25 @@ class NoEffect:
 def warnings() -> list[NoEffect]:
     """What the warnings policy checks, in order."""
     return [
+        # KMM manifests carry it (KMM's CI Module does); buildah has no such knob.
         NoEffect(
-            f"!has({_LOADER}) || !has({_CONTAINER}.registryTLS) || "
-            f"!{_tls_set(f'{_CONTAINER}.registryTLS')}",
-            f"spec.moduleLoader.container.registryTLS {_REGISTRY_TLS_REASON}",
+            f"!has({_LOADER}) || !has({_CONTAINER}.build) || !has({_CONTAINER}.build.kanikoParams)",
+            f"spec.moduleLoader.container.build.kanikoParams {_KANIKO_REASON}",
         ),
         NoEffect(
             f"!has({_LOADER}) || {_CONTAINER}.kernelMappings.all(m, "
-            f"!has(m.registryTLS) || !{_tls_set('m.registryTLS')})",
-            f"spec.moduleLoader.container.kernelMappings[].registryTLS {_REGISTRY_TLS_REASON}",
+            "!has(m.build) || !has(m.build.kanikoParams))",
+            f"spec.moduleLoader.container.kernelMappings[].build.kanikoParams {_KANIKO_REASON}",
+        ),
+        # KMM documents it ("ignored if a Build is present"); the image just
+        # built is the one signed.
+        NoEffect(
+            f"!has({_LOADER}) || {_CONTAINER}.kernelMappings.all(m, "
+            f"!{_BUILDS} || !{_UNSIGNED_IMAGE_GIVEN})",
+            "spec.moduleLoader.container.sign.unsignedImage and "
+            "spec.moduleLoader.container.kernelMappings[].sign.unsignedImage have no effect "
+            "for a kernel mapping with build (at either level): the image just built is the "
+            "one signed",
         ),
         # KMM documents it ("all other properties in this object are
         # ignored"); kmm does the same, and says so.

@@ -24,7 +24,6 @@ __all__ = [
     "image_error",
     "label_value_error",
     "plain_image_error",
-    "variables_error",
 ]
 
 # Name, then a tag (placeholders like ${KERNEL_FULL_VERSION} allowed) and/or a
@@ -54,20 +53,15 @@ _DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
 _LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN)
 
 
-def variables_error(text: str, what: str = "image") -> str | None:
-    """Why ``text`` (an ``image``, or ``what`` else) names a variable kmm does not expand."""
-    for match in PLACEHOLDER.finditer(text):
-        name = match.group(1) if match.group(1) is not None else match.group(2)
-        if name not in IMAGE_VARIABLES:
-            return f"{what} {text!r} names unknown variable {name!r}; known: {', '.join(IMAGE_VARIABLES)}"
-    return None
-
-
 def image_error(image: str) -> str | None:
     """Why ``image`` is not an image reference with an explicit tag or digest."""
     if not _IMAGE.match(image):
         return f"image {image!r} must name an explicit tag (name:tag) or digest (name@sha256:...)"
-    return variables_error(image)
+    for match in PLACEHOLDER.finditer(image):
+        name = match.group(1) if match.group(1) is not None else match.group(2)
+        if name not in IMAGE_VARIABLES:
+            return f"image {image!r} names unknown variable {name!r}; known: {', '.join(IMAGE_VARIABLES)}"
+    return None
 
 
 def plain_image_error(image: str) -> str | None:

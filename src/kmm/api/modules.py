@@ -91,8 +91,10 @@ _MAX_CONFIGS = 32  # resource.k8s.io/v1 DeviceConfigMaxSize
 _MAX_DRIVER_NAME = 63  # resource.k8s.io/v1 DriverNameMaxLength
 _MAX_VOLUMES = 64
 _MAX_HOST_PATH = 4096  # PATH_MAX
-_MAX_FILES_TO_SIGN = 64
-_MAX_FILE_TO_SIGN = 1024
+_MAX_FILES_TO_SIGN = 16
+_MAX_FILE_TO_SIGN = 512
+_MAX_BUILD_SECRETS = 16
+_MAX_DIR_NAME = 1024
 _MAX_BUILD_ARG_NAME = 256
 
 # Host paths a Module may mount into its privileged pods: device, sysfs and
@@ -293,10 +295,26 @@ class KanikoParams(_Model):
     tag: str | None = None
 
 
+# "$" only in a known variable, ${VAR} or $VAR (then no name character may
+# follow). One match rather than the images' findAll: a Module may list
+# hundreds of files across its mappings, and the apiserver budgets the cost
+# of every rule by the most it could run. RE2 and Python's re (ASCII \b) read
+# this pattern alike, so the same text judges in both.
+_NAMES = "|".join(formats.IMAGE_VARIABLES)
+_FILE_VARIABLES_PATTERN = rf"^([^$]|\$(\{{({_NAMES})\}}|({_NAMES})\b))*$"
+_FILE_VARIABLES = re.compile(_FILE_VARIABLES_PATTERN, re.ASCII)
+_FILE_VARIABLES_RULE = (
+    f"may use '$' only in the variables {', '.join(formats.IMAGE_VARIABLES)} "
+    "(as ${NAME} or $NAME)"
+)
+
+
 def _file_to_sign_error(path: str) -> str | None:
     if re.search(_PARENT_COMPONENT, path):
         return f"filesToSign entry {path!r} may not contain a '..' component"
-    return formats.variables_error(path, "filesToSign entry")
+    if not _FILE_VARIABLES.match(path):
+        return f"filesToSign entry {path!r} {_FILE_VARIABLES_RULE}"
+    return None
 
 
 FileToSign = Annotated[
@@ -304,10 +322,7 @@ FileToSign = Annotated[
     Field(min_length=1, max_length=_MAX_FILE_TO_SIGN),
     _checked(_file_to_sign_error),
     cel.Rule(f"!self.matches({_PARENT_COMPONENT!r})", "may not contain a '..' component"),
-    cel.Rule(
-        f"self.findAll({formats.PLACEHOLDER.pattern!r}).all(v, v in {_PLACEHOLDERS!r})",
-        f"may only use the variables {', '.join(formats.IMAGE_VARIABLES)}",
-    ),
+    cel.Rule(f"self.matches({_FILE_VARIABLES_PATTERN!r})", _FILE_VARIABLES_RULE),
 ]
 
 
@@ -323,7 +338,7 @@ class Build(_Model):
     build_args: list[BuildArg] | None = None
     dockerfile_config_map: ResourceReference | None = None
     base_image_registry_tls: RegistryTLS | None = Field(default=None, alias="baseImageRegistryTLS")
-    secrets: list[ResourceReference] | None = None
+    secrets: Annotated[list[ResourceReference], Field(max_length=_MAX_BUILD_SECRETS)] | None = None
     kaniko_params: KanikoParams | None = None
     selector: dict[str, str] | None = None
 
@@ -399,7 +414,7 @@ class ModprobeSpec(_Model):
     module_name: ModuleName | None = None
     parameters: list[str] | None = None
     # Bounded: the sign rules read it (filesToSign lie under it).
-    dir_name: Annotated[str, Field(max_length=_MAX_HOST_PATH)] = "/opt"
+    dir_name: Annotated[str, Field(max_length=_MAX_DIR_NAME)] = "/opt"
     args: ModprobeArgs | None = None
     raw_args: ModprobeArgs | None = None
     firmware_path: str | None = None

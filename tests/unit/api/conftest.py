@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import build_sign_cases
 import pytest
 import yaml
 
@@ -86,76 +87,7 @@ def upstream_style() -> dict[str, Any]:
     return loaded
 
 
-# A Module that builds and signs in the cluster, written as KMM users write
-# them: build and sign at the container level, one kernel mapping adding to
-# both (build args by name, more secrets, its own selector and files), one
-# taking the container's as they are.
-BUILD_SIGN = """
-apiVersion: kmm.sigs.x-k8s.io/v1beta1
-kind: Module
-metadata:
-  name: kmod-built
-  namespace: drivers
-spec:
-  moduleLoader:
-    container:
-      modprobe:
-        moduleName: kmod_a
-      containerImage: registry.example:5000/$MOD_NAMESPACE/$MOD_NAME:$KERNEL_FULL_VERSION
-      registryTLS:
-        insecure: true
-      build:
-        dockerfileConfigMap:
-          name: kmod-dockerfile
-        buildArgs:
-          - name: VARIANT
-            value: base
-          - name: JOBS
-            value: "2"
-        secrets:
-          - name: git-token
-        baseImageRegistryTLS:
-          insecureSkipTLSVerify: true
-        kanikoParams:
-          tag: debug
-        selector:
-          builder: "true"
-      sign:
-        keySecret:
-          name: signing-key
-        certSecret:
-          name: signing-cert
-        filesToSign:
-          - /opt/lib/modules/${KERNEL_FULL_VERSION}/kmod_a.ko
-      kernelMappings:
-        - literal: 6.1.0-27-amd64
-          build:
-            buildArgs:
-              - name: VARIANT
-                value: debian
-              - name: EXTRA
-                value: ""
-            secrets:
-              - name: apt-mirror
-              - name: git-token
-            selector:
-              builder: debian
-            baseImageRegistryTLS: {}
-          sign:
-            filesToSign:
-              - /opt/lib/modules/${KERNEL_FULL_VERSION}/kmod_b?.ko
-              - /opt/lib/modules/${KERNEL_FULL_VERSION}/kmod_a.ko
-            unsignedImageRegistryTLS:
-              insecure: true
-        - regexp: '^.+$'
-  imageRebuildTriggerGeneration: 3
-  selector:
-    kubernetes.io/os: linux
-"""
-
-
 @pytest.fixture
 def build_sign() -> dict[str, Any]:
     """A fresh copy of the building and signing Module (tests mutate it)."""
-    loaded: dict[str, Any] = yaml.safe_load(BUILD_SIGN)
-    return loaded
+    return build_sign_cases.module()

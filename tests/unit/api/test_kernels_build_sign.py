@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 from typing import Any
 
 import pytest
+import re2  # type: ignore[import-untyped]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kmm.api import kernels, modules, validation
+from kmm.api import crd, kernels, modules, validation
 
 Obj = dict[str, Any]
 
@@ -229,3 +231,58 @@ _MINIMAL: Obj = {
         },
     },
 }
+
+
+def _file_variables_rule() -> str:
+    """The CEL rule the CRD carries for each filesToSign entry: its RE2 pattern."""
+    schema = crd.render()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    container = schema["properties"]["spec"]["properties"]["moduleLoader"]["properties"][
+        "container"
+    ]
+    entry = container["properties"]["sign"]["properties"]["filesToSign"]["items"]
+    [rule] = [r["rule"] for r in entry["x-kubernetes-validations"] if "'$'" in r["message"]]
+    prefix = "self.matches("
+    assert rule.startswith(prefix)
+    assert rule.endswith(")")
+    pattern: str = ast.literal_eval(rule[len(prefix) : -1])
+    return pattern
+
+
+_FILE_PATTERN = _file_variables_rule()
+_pieces = st.sampled_from(
+    ["$", "{", "}", "/opt/", "a", "_", "1", "*", "KERNEL_X", "KERNEL_XYZ", "MOD_NAME", "NOPE"]
+)
+
+
+@settings(deadline=None, max_examples=300)
+@given(pieces=st.lists(_pieces, min_size=1, max_size=8))
+def test_file_variables_judged_alike_by_cel_and_python_and_accepted_ones_expand(
+    pieces: list[str],
+) -> None:
+    path = "/opt/" + "".join(pieces)
+    obj: Obj = copy.deepcopy(_MINIMAL)
+    container = _container(obj)
+    del container["build"]
+    container["sign"] = {
+        "keySecret": {"name": "k"},
+        "certSecret": {"name": "c"},
+        "unsignedImage": "r/u:1",
+        "filesToSign": [path],
+    }
+    cel_accepts = re2.search(_FILE_PATTERN, path) is not None
+    if ".." in path.split("/"):
+        return
+    try:
+        module = validation.parse_module(obj)
+    except validation.InvalidModuleError:
+        python_accepts = False
+    else:
+        python_accepts = True
+    assert python_accepts == cel_accepts, path
+    if not python_accepts:
+        return
+    # What admission lets through, the merge expands without leaving a variable.
+    found = kernels.target(module, "6.1.0-27-amd64")
+    assert found is not None
+    assert found.sign is not None
+    assert not any("$" in f for f in found.sign.files_to_sign)

@@ -72,8 +72,8 @@ def test_empty_raw_args_beside_module_name_is_accepted(upstream_style: Obj) -> N
 
 
 def test_registry_tls_set_at_both_levels_is_accepted(upstream_style: Obj) -> None:
-    """It has no effect yet (admission warns); the operator's validation must
-    not refuse it, or the Module would go Degraded for a warning."""
+    """KMM's manifests carry it at both levels; it governs kmm's own registry
+    requests and the builder's, so it is taken as written."""
     tls = {"insecure": True, "insecureSkipTLSVerify": True}
     _loader(upstream_style)["registryTLS"] = tls
     _loader(upstream_style)["kernelMappings"][0]["registryTLS"] = tls

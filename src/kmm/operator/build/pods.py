@@ -37,9 +37,9 @@ import dataclasses
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal
 
-from kmm.api import labels, modules
+from kmm.api import kernels, labels, modules
 
 __all__ = [
     "BUILDER_CAPABILITIES",
@@ -50,10 +50,8 @@ __all__ = [
     "RESOURCE_TYPES",
     "SIGN_SCRIPT",
     "STORAGE",
-    "BuildSpec",
     "PodInputs",
     "PodRole",
-    "SignSpec",
     "build_pod",
     "intermediate_image",
     "pod_name",
@@ -94,28 +92,6 @@ _UNSIGNED_SUFFIX: Final = "-kmm-unsigned"
 
 # KMM's build arguments: the caller's values win over the user's.
 _KMM_ARGS: Final = ("KERNEL_VERSION", "KERNEL_FULL_VERSION", "MOD_NAME", "MOD_NAMESPACE")
-
-
-class BuildSpec(Protocol):
-    """What a build pod reads of ``kmm.api.kernels.BuildTarget`` (the merged ``build``)."""
-
-    @property
-    def dockerfile_config_map(self) -> str: ...
-    @property
-    def build_args(self) -> tuple[tuple[str, str], ...]: ...
-    @property
-    def secrets(self) -> tuple[str, ...]: ...
-
-
-class SignSpec(Protocol):
-    """What a sign pod reads of ``kmm.api.kernels.SignTarget`` (the merged ``sign``)."""
-
-    @property
-    def key_secret(self) -> str: ...
-    @property
-    def cert_secret(self) -> str: ...
-    @property
-    def files_to_sign(self) -> tuple[str, ...]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,7 +262,7 @@ def _pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _metadata(inputs, role), "spec": spec}
 
 
-def build_args(inputs: PodInputs, build: BuildSpec) -> list[tuple[str, str]]:
+def build_args(inputs: PodInputs, build: kernels.BuildTarget) -> list[tuple[str, str]]:
     """The user's build args, then KMM's over them (the user cannot override those)."""
     ours = {
         "KERNEL_VERSION": inputs.kernel,
@@ -298,7 +274,7 @@ def build_args(inputs: PodInputs, build: BuildSpec) -> list[tuple[str, str]]:
 
 
 def build_pod(
-    inputs: PodInputs, build: BuildSpec, *, dockerfile_key: str = DOCKERFILE_KEY
+    inputs: PodInputs, build: kernels.BuildTarget, *, dockerfile_key: str = DOCKERFILE_KEY
 ) -> RawObject:
     """The pod that builds ``inputs.image`` from ``build``'s Dockerfile and pushes it."""
     args = [f"--build-arg={k}={v}" for k, v in build_args(inputs, build)]
@@ -325,7 +301,9 @@ def build_pod(
     return _pod(inputs, "build", BUILD_SCRIPT, args, [], mounts, volumes)
 
 
-def sign_pod(inputs: PodInputs, sign: SignSpec, *, unsigned_image: str, dir_name: str) -> RawObject:
+def sign_pod(
+    inputs: PodInputs, sign: kernels.SignTarget, *, unsigned_image: str, dir_name: str
+) -> RawObject:
     """The pod that signs ``unsigned_image``'s modules and pushes ``inputs.image``.
 
     Every ``filesToSign`` pattern (a shell glob, already expanded for the
@@ -374,7 +352,10 @@ if [ -n "$(ls -A /host/lib/modules 2>/dev/null)" ]; then
 fi
 mkdir -p /tmp/context
 say "building $KMM_IMAGE"
-buildah build --quiet=false --tls-verify="$KMM_PULL_TLS_VERIFY" --file /run/kmm/dockerfile/Dockerfile \
+# RUN steps keep the pod's limits: buildah would raise them to 1048576 as
+# root, which needs CAP_SYS_RESOURCE.
+buildah build --tls-verify="$KMM_PULL_TLS_VERIFY" --file /run/kmm/dockerfile/Dockerfile \
+    --ulimit "nofile=$(ulimit -Sn):$(ulimit -Hn)" --ulimit "nproc=$(ulimit -Sp):$(ulimit -Hp)" \
     --tag "$KMM_IMAGE" "$@" /tmp/context || fail "buildah build failed (see the lines above)"
 say "pushing $KMM_IMAGE"
 buildah push --tls-verify="$KMM_PUSH_TLS_VERIFY" --digestfile /tmp/digest "$KMM_IMAGE" ||

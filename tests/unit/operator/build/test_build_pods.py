@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kmm.api import formats, labels, modules
+from kmm.api import formats, kernels, labels, modules
 from kmm.operator.build import pods
 
 _OWNER = {
@@ -22,23 +22,26 @@ _OWNER = {
 _KERNEL = "6.12.57+deb13-amd64"
 
 
-# The shapes of kmm.api.kernels.BuildTarget / SignTarget (ISSUE25 §1).
-@dataclasses.dataclass(frozen=True)
-class _Build:
-    dockerfile_config_map: str = "dockerfile-cm"
-    build_args: tuple[tuple[str, str], ...] = ()
-    secrets: tuple[str, ...] = ()
-    base_image_registry_tls: modules.RegistryTLS | None = None
-    selector: tuple[tuple[str, str], ...] = ()
+def _build(**changes: Any) -> kernels.BuildTarget:
+    base = kernels.BuildTarget(
+        dockerfile_config_map="dockerfile-cm",
+        build_args=(),
+        secrets=(),
+        base_image_registry_tls=None,
+        selector=(),
+    )
+    return dataclasses.replace(base, **changes)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Sign:
-    unsigned_image: str | None = None
-    unsigned_image_registry_tls: modules.RegistryTLS | None = None
-    key_secret: str = "signing-key"
-    cert_secret: str = "signing-cert"
-    files_to_sign: tuple[str, ...] = ("/opt/lib/modules/k/*.ko",)
+def _sign(**changes: Any) -> kernels.SignTarget:
+    base = kernels.SignTarget(
+        unsigned_image=None,
+        unsigned_image_registry_tls=None,
+        key_secret="signing-key",
+        cert_secret="signing-cert",
+        files_to_sign=("/opt/lib/modules/k/*.ko",),
+    )
+    return dataclasses.replace(base, **changes)
 
 
 def _inputs(**changes: Any) -> pods.PodInputs:
@@ -146,9 +149,9 @@ def test_intermediate_image_needs_a_tag(final: str) -> None:
 def test_pods_carry_kmms_labels_owner_and_restart_policy(role: str, kind: str) -> None:
     inputs = _inputs()
     pod = (
-        pods.build_pod(inputs, _Build())
+        pods.build_pod(inputs, _build())
         if role == "build"
-        else pods.sign_pod(inputs, _Sign(), unsigned_image="reg.io/u:1", dir_name="/opt")
+        else pods.sign_pod(inputs, _sign(), unsigned_image="reg.io/u:1", dir_name="/opt")
     )
     metadata = pod["metadata"]
     assert metadata["name"] == pods.pod_name("m", role, _KERNEL)  # type: ignore[arg-type]
@@ -178,7 +181,7 @@ def test_pods_carry_kmms_labels_owner_and_restart_policy(role: str, kind: str) -
 
 
 def test_build_args_are_the_users_with_kmms_over_them() -> None:
-    build = _Build(
+    build = _build(
         build_args=(("A", "1"), ("KERNEL_VERSION", "mine"), ("MOD_NAME", "x"), ("B", "x=y"))
     )
     args = _args(pods.build_pod(_inputs(), build))
@@ -193,7 +196,7 @@ def test_build_args_are_the_users_with_kmms_over_them() -> None:
 
 
 def test_build_pod_mounts_the_dockerfile_host_modules_and_each_secret() -> None:
-    build = _Build(dockerfile_config_map="df", secrets=("build-secret", "other"))
+    build = _build(dockerfile_config_map="df", secrets=("build-secret", "other"))
     pod = pods.build_pod(_inputs(), build, dockerfile_key="alt")
     volumes, mounts = _volumes(pod), _mounts(pod)
     assert volumes["dockerfile"]["configMap"] == {
@@ -213,7 +216,7 @@ def test_build_pod_mounts_the_dockerfile_host_modules_and_each_secret() -> None:
 
 
 def test_build_pod_defaults_to_the_dockerfile_key() -> None:
-    pod = pods.build_pod(_inputs(), _Build())
+    pod = pods.build_pod(_inputs(), _build())
     assert _volumes(pod)["dockerfile"]["configMap"]["items"][0]["key"] == "dockerfile"
 
 
@@ -230,18 +233,18 @@ def test_tls_options_turn_verification_off_for_their_side_only(
     tls: modules.RegistryTLS | None, verify: str
 ) -> None:
     for pod in (
-        pods.build_pod(_inputs(push_tls=tls), _Build()),
-        pods.sign_pod(_inputs(push_tls=tls), _Sign(), unsigned_image="r/u:1", dir_name="/opt"),
+        pods.build_pod(_inputs(push_tls=tls), _build()),
+        pods.sign_pod(_inputs(push_tls=tls), _sign(), unsigned_image="r/u:1", dir_name="/opt"),
     ):
         assert _env(pod)["KMM_PUSH_TLS_VERIFY"] == verify
         assert _env(pod)["KMM_PULL_TLS_VERIFY"] == "true"
-    pulled = pods.build_pod(_inputs(pull_tls=tls), _Build())
+    pulled = pods.build_pod(_inputs(pull_tls=tls), _build())
     assert _env(pulled)["KMM_PULL_TLS_VERIFY"] == verify
     assert _env(pulled)["KMM_PUSH_TLS_VERIFY"] == "true"
 
 
 def test_repo_secret_is_the_authfile_and_pull_secret_and_ca_is_passed() -> None:
-    pod = pods.build_pod(_inputs(repo_secret="repo", registry_ca="PEM"), _Build())
+    pod = pods.build_pod(_inputs(repo_secret="repo", registry_ca="PEM"), _build())
     assert pod["spec"]["imagePullSecrets"] == [{"name": "repo"}]
     auth = _volumes(pod)[_mounts(pod)["/run/kmm/auth"]]
     assert auth["secret"] == {
@@ -251,18 +254,18 @@ def test_repo_secret_is_the_authfile_and_pull_secret_and_ca_is_passed() -> None:
     env = _env(pod)
     assert env["REGISTRY_AUTH_FILE"] == "/run/kmm/auth/.dockerconfigjson"
     assert env["KMM_REGISTRY_CA"] == "PEM"
-    bare = _env(pods.build_pod(_inputs(), _Build()))
+    bare = _env(pods.build_pod(_inputs(), _build()))
     assert "REGISTRY_AUTH_FILE" not in bare
     assert "KMM_REGISTRY_CA" not in bare
 
 
 def test_node_selector_is_passed() -> None:
-    pod = pods.build_pod(_inputs(node_selector={"kubernetes.io/hostname": "n1"}), _Build())
+    pod = pods.build_pod(_inputs(node_selector={"kubernetes.io/hostname": "n1"}), _build())
     assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
 
 
 def test_sign_pod_mounts_key_and_cert_and_passes_the_patterns() -> None:
-    sign = _Sign(key_secret="k", cert_secret="c", files_to_sign=("/opt/a/*.ko", "/opt/b.ko"))
+    sign = _sign(key_secret="k", cert_secret="c", files_to_sign=("/opt/a/*.ko", "/opt/b.ko"))
     pod = pods.sign_pod(_inputs(), sign, unsigned_image="reg.io/m:k-kmm-unsigned", dir_name="/opt")
     volumes, mounts = _volumes(pod), _mounts(pod)
     assert volumes[mounts["/run/kmm/signing/key"]]["secret"] == {"secretName": "k"}
