@@ -6,22 +6,27 @@ Run: ``.venv/bin/python bench/bench_build_to_running.py [--resync 2] [--converge
 1. A sandbox of its own (``kmm.sandbox.cluster.up``) in a temporary
    directory: one container node (containerd), the registry; the CRD from
    ``deploy/``; pushed to the registry: the builder image (``make image``),
-   kbuild and the loader image (``make test-images``) and an image of the
-   module sources made here (``MODULE_SOURCES``, two modules).
+   kbuild and the loader image (``make test-images``).
 2. kmm: the operator in process (the real wiring, builder image as pushed,
    the registry at its loopback port, the sandbox CA). A Module with
    ``build`` (no sign: the floor has none) selecting the container node by
    name, for its kernel, whose image is not in the registry, is created;
-   timed until its loader pod on that node is Running. Printed: the total,
-   and the build pod's own span (its container's start to finish, from the
-   pod status the kubelet wrote).
-3. The floor, in the same run: the same Dockerfile with the same build
-   arguments built by ``buildah`` directly on the host (chroot isolation,
-   overlay storage, a fresh storage directory so the base images are pulled
-   as the pod pulls them) and pushed to the registry under another tag;
-   then the loader DaemonSet's pod template as a bare pod bound to the node
-   with that image, timed from create to Running. Floor = build and push +
-   pod start. Printed: both parts, the floor, kmm/floor.
+   timed until its loader pod on that node is Running. The Dockerfile is the
+   build tests' (tests/buildsign/Dockerfile: two modules from sources in
+   the Dockerfile, a build secret) with one change: it compiles against the
+   kbuild image's headers whatever the node's kernel (a container node runs
+   the host's), so the loader pod really pulls and runs the image. Printed:
+   the total, and the build pod's own span (its container's start to
+   finish, from the pod status the kubelet wrote).
+3. The floor, in the same run: the build pod's own command (its script,
+   arguments and environment from ``pods.build_pod``, so the same Dockerfile,
+   build arguments, build secret, buildah and flags) run on the host in the
+   builder image's root filesystem with ``chroot``: no pod, no kubelet, no
+   containerd, no operator; storage in a fresh directory as the pod's
+   emptyDir, so the base images are pulled as the pod pulls them; pushed
+   under another tag. Then the loader DaemonSet's pod template as a bare pod
+   bound to the node with that image, timed from create to Running. Floor =
+   build and push + pod start. Printed: both parts, the floor, kmm/floor.
 4. Registry requests per reconcile of the converged Module: the operator
    resyncs every ``--resync`` seconds; over ``--converged`` seconds, the
    requests the registry served (its access log, so nothing the operator
@@ -30,8 +35,7 @@ Run: ``.venv/bin/python bench/bench_build_to_running.py [--resync 2] [--converge
 Bounds: one Module, one node, one build; every wait is bounded
 (``--timeout`` for the build, 120 s for pods); the sandbox is taken down at
 the end. Addresses: the registry and API server on loopback, pods in the
-sandbox's networks. The host's buildah (Debian's) may be older than the
-builder image's: both versions are printed.
+sandbox's networks.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import argparse
 import asyncio
 import contextlib
 import copy
-import os
+import json
 import pathlib
 import re
 import shutil
@@ -55,63 +59,52 @@ from kmm.api import kernels, labels, modules
 from kmm.cli import applying, paths
 from kmm.kube import client as kube_client
 from kmm.kube import kubeconfigs, resources
+from kmm.oci import archive
 from kmm.operator import wiring
+from kmm.operator.build import pods
 from kmm.sandbox import cluster, pki, registry
 
 NAMESPACE = "default"
 NAME = "bench-build"
 CONFIG_MAP = "bench-build-dockerfile"
+SECRET = "build-secret"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "build" / "images"
 BUILDER_ARCHIVE = ROOT / "build" / "kmm-builder-image.tar"
-MODULE_SOURCES = ROOT / "tests" / "buildsign" / "kmod"
+BUILDSIGN_DOCKERFILE = ROOT / "tests" / "buildsign" / "Dockerfile"
 DEPLOY = ROOT / "deploy"
 _MODULES = resources.Resource(modules.GROUP, modules.VERSION, modules.PLURAL)
 _CONFIG_MAPS = resources.Resource("", "v1", "configmaps")
-# Which registry the Dockerfile's FROM lines name: the pods' reference host
-# by default, the loopback port for the host's floor build (the one
-# difference between the two builds, a build argument).
-DOCKERFILE = """\
-ARG REGISTRY=10.253.0.1:5000
-FROM ${REGISTRY}/bench/kmod-source:1 AS source
-
-FROM ${REGISTRY}/bench/kbuild:1 AS builder
-ARG KERNEL_VERSION
-WORKDIR /usr/src/kmod
-COPY --from=source /src/ ./
-RUN make -C "$(ls -d /usr/src/linux-headers-*-amd64)" M=/usr/src/kmod modules
-
-FROM ${REGISTRY}/bench/loader:1
-ARG KERNEL_VERSION
-COPY --from=builder /usr/src/kmod/*.ko /opt/lib/modules/${KERNEL_VERSION}/
-"""
+_SECRETS = resources.Resource("", "v1", "secrets")
+_HEADERS = '"/usr/src/linux-headers-${KERNEL_FULL_VERSION}"'
 # distribution's access log: one line per request served.
 _ACCESS = re.compile(r'"(GET|HEAD|PUT|POST|PATCH|DELETE) /v2/')
 
 
-def source_archive(path: pathlib.Path) -> pathlib.Path:
-    """An OCI archive of one layer: the module sources under /src."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    import ociarchives
-
-    files = {
-        f"src/{p.name}": p.read_bytes() for p in sorted(MODULE_SOURCES.iterdir()) if p.is_file()
-    }
-    ociarchives.write(path, [ociarchives.layer(files)])
-    return path
+def dockerfile() -> str:
+    """The build tests' Dockerfile, compiling against kbuild's one set of headers."""
+    text = BUILDSIGN_DOCKERFILE.read_text()
+    if _HEADERS not in text:
+        raise SystemExit(f"{BUILDSIGN_DOCKERFILE} no longer builds against {_HEADERS}")
+    return text.replace(_HEADERS, '"$(ls -d /usr/src/linux-headers-*-amd64)"')
 
 
-def push(directory: pathlib.Path, archive: pathlib.Path, name_tag: str) -> str:
+def image_args(host: str) -> dict[str, str]:
+    """The Dockerfile's base images as ``host`` serves them."""
+    return {"KBUILD_IMAGE": f"{host}/bench/kbuild:1", "LOADER_IMAGE": f"{host}/bench/loader:1"}
+
+
+def push(directory: pathlib.Path, path: pathlib.Path, name_tag: str) -> str:
     kmm = pathlib.Path(sys.executable).with_name("kmm")
     done = subprocess.run(
-        [str(kmm), "sandbox", "push", "--dir", str(directory), str(archive), name_tag],
+        [str(kmm), "sandbox", "push", "--dir", str(directory), str(path), name_tag],
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
     if done.returncode != 0:
-        raise SystemExit(f"kmm sandbox push {archive}: {done.stdout}{done.stderr}")
+        raise SystemExit(f"kmm sandbox push {path}: {done.stdout}{done.stderr}")
     return done.stdout.strip().splitlines()[-1]
 
 
@@ -137,7 +130,14 @@ def module_body(node: str, kernel: str, image: str) -> dict[str, Any]:
                         {
                             "literal": kernel,
                             "containerImage": image,
-                            "build": {"dockerfileConfigMap": {"name": CONFIG_MAP}},
+                            "build": {
+                                "dockerfileConfigMap": {"name": CONFIG_MAP},
+                                "secrets": [{"name": SECRET}],
+                                "buildArgs": [
+                                    {"name": k, "value": v}
+                                    for k, v in image_args(registry.REFERENCE_HOST).items()
+                                ],
+                            },
                         }
                     ],
                 }
@@ -224,51 +224,98 @@ async def kmm_run(
     return time.perf_counter() - started, build_span, loader
 
 
+def builder_root(work: pathlib.Path) -> tuple[pathlib.Path, list[str]]:
+    """The builder image's root filesystem, unpacked from its archive, and
+    its config's environment (``KEY=VALUE``)."""
+    root = work / "builder-root"
+    root.mkdir()
+    with archive.Archive(BUILDER_ARCHIVE) as image:
+        (manifest,) = image.manifests
+        config, *layers = image.children(manifest)
+        for layer in layers:
+            subprocess.run(
+                ["tar", "-x", "-C", str(root)], input=image.blob(layer), check=True, timeout=300
+            )
+        env = list((json.loads(image.blob(config)).get("config") or {}).get("Env") or [])
+    return root, env
+
+
+# Run as root in a mount namespace of its own, what a container runtime
+# gives the build pod's container: the host's /proc and /sys, a /dev of the
+# usual nodes with a termination log, and a fresh storage directory where
+# the pod has its emptyDir. Everything mounted goes with the namespace.
+_CHROOT = """\
+set -e
+root=$1 storage=$2
+shift 2
+mount --rbind /proc "$root/proc"
+mount --rbind /sys "$root/sys"
+mount -t tmpfs -o mode=755 dev "$root/dev"
+for node in null zero full random urandom tty; do
+    touch "$root/dev/$node"
+    mount --bind "/dev/$node" "$root/dev/$node"
+done
+mkdir "$root/dev/pts" "$root/dev/shm"
+mount -t devpts -o newinstance,ptmxmode=0666 devpts "$root/dev/pts"
+mount -t tmpfs shm "$root/dev/shm"
+touch "$root/dev/termination-log"
+mkdir -p "$root/var/lib/containers"
+mount --bind "$storage" "$root/var/lib/containers"
+exec chroot "$root" "$@"
+"""
+
+
 def host_build(
     record: cluster.state.SandboxState, work: pathlib.Path, kernel: str, image: str
 ) -> float:
-    """Seconds for ``buildah build`` and ``buildah push`` on the host."""
+    """Seconds for the build pod's own command (``pods.build_pod``: its
+    script, arguments and environment: buildah build, then push) run with
+    the builder image's root filesystem on the host, its volumes laid out
+    as files where the pod mounts them."""
     assert record.registry is not None
-    storage, certs = work / "storage", work / "certs"
-    certs.mkdir(parents=True)
-    shutil.copy(pki.Pki(record.directory / "pki").ca_cert, certs / "ca.crt")
-    (work / "Dockerfile").write_text(DOCKERFILE)
-    (work / "context").mkdir()
-    buildah = [
-        "buildah",
-        "--root", str(storage / "root"),
-        "--runroot", str(storage / "run"),
-        "--storage-driver", "overlay",
-    ]  # fmt: skip
-    args = {
-        "REGISTRY": record.registry.host,
-        "KERNEL_VERSION": kernel,
-        "KERNEL_FULL_VERSION": kernel,
-        "MOD_NAME": NAME,
-        "MOD_NAMESPACE": NAMESPACE,
-    }
-    local = image.replace(registry.REFERENCE_HOST, record.registry.host, 1)
-    env = {**os.environ, "BUILDAH_ISOLATION": "chroot"}
+    host = record.registry.host
+    root, image_env = builder_root(work)
+    storage = work / "storage"
+    storage.mkdir()
+    inputs = pods.PodInputs(
+        module=NAME,
+        namespace=NAMESPACE,
+        kernel=kernel,
+        image=image.replace(registry.REFERENCE_HOST, host, 1),
+        builder_image="unused",
+        owner={},
+        registry_ca=pki.Pki(record.directory / "pki").ca_cert.read_text(),
+    )
+    target = kernels.BuildTarget(
+        dockerfile_config_map=CONFIG_MAP,
+        build_args=tuple(image_args(host).items()),
+        secrets=(SECRET,),
+        base_image_registry_tls=None,
+        selector=(),
+    )
+    pod = pods.build_pod(inputs, target)
+    (container,) = pod["spec"]["containers"]
+    # The volumes as files: the Dockerfile, the build secret, /lib/modules.
+    for mount in container["volumeMounts"]:
+        (root / mount["mountPath"].lstrip("/")).mkdir(parents=True, exist_ok=True)
+    mounted = {m["name"]: root / m["mountPath"].lstrip("/") for m in container["volumeMounts"]}
+    (mounted["dockerfile"] / "Dockerfile").write_text(dockerfile())
+    (mounted["secret-0"] / "ci-build-secret").write_text("bench-secret")
+    env = [*image_env, *(f"{e['name']}={e['value']}" for e in container["env"])]
+    chroot = ["unshare", "--mount", "--fork", "sh", "-c", _CHROOT, "sh", str(root), str(storage)]
     started = time.perf_counter()
     try:
         subprocess.run(
-            [*buildah, "build", "--cert-dir", str(certs), "--file", str(work / "Dockerfile"),
-             "--tag", local, *(f"--build-arg={k}={v}" for k, v in args.items()),
-             str(work / "context")],
-            check=True, env=env, capture_output=True, timeout=900,
-        )  # fmt: skip
-        subprocess.run(
-            [*buildah, "push", "--cert-dir", str(certs), local],
-            check=True, env=env, capture_output=True, timeout=300,
+            [*chroot, "env", "-i", *env, *container["command"]],
+            check=True, capture_output=True, timeout=900,
         )  # fmt: skip
         return time.perf_counter() - started
     except subprocess.CalledProcessError as err:
-        raise SystemExit(f"host build: {err.stderr.decode(errors='replace')[-2000:]}") from None
+        raise SystemExit(f"host build: {err.stderr.decode(errors='replace')[-3000:]}") from None
     finally:
-        with contextlib.suppress(subprocess.SubprocessError):
-            subprocess.run([*buildah, "rm", "--all"], capture_output=True, timeout=120)
-            subprocess.run([*buildah, "rmi", "--all", "--force"], capture_output=True, timeout=120)
+        # Overlay mounts buildah left went with the mount namespace; files stay.
         shutil.rmtree(storage, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def pod_start(
@@ -294,11 +341,6 @@ async def pod_start(
         "DELETE", resources.PODS.path(NAMESPACE, name), query={"gracePeriodSeconds": 0}
     )
     return elapsed
-
-
-def buildah_version() -> str:
-    done = subprocess.run(["buildah", "--version"], capture_output=True, text=True, check=False)
-    return done.stdout.strip()
 
 
 def registry_requests(record: cluster.state.SandboxState) -> int:
@@ -335,7 +377,6 @@ async def main(args: argparse.Namespace) -> None:
         push(directory, BUILDER_ARCHIVE, "bench/builder:1")
         push(directory, IMAGES / "kbuild.tar", "bench/kbuild:1")
         push(directory, IMAGES / "loader.tar", "bench/loader:1")
-        push(directory, source_archive(work / "source.tar"), "bench/kmod-source:1")
         async with cluster.api_client(record.kubeconfig) as api:
             docs = []
             for folder in ("crd", "admission"):
@@ -351,7 +392,17 @@ async def main(args: argparse.Namespace) -> None:
                     "apiVersion": "v1",
                     "kind": "ConfigMap",
                     "metadata": {"name": CONFIG_MAP},
-                    "data": {"dockerfile": DOCKERFILE},
+                    "data": {"dockerfile": dockerfile()},
+                },
+            )
+            await api.request(
+                "POST",
+                _SECRETS.path(NAMESPACE),
+                body={
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": SECRET},
+                    "stringData": {"ci-build-secret": "bench-secret"},
                 },
             )
             tag = kernels.variables(kernel, module_name=NAME, module_namespace=NAMESPACE)[
@@ -365,13 +416,11 @@ async def main(args: argparse.Namespace) -> None:
             build_push = await asyncio.to_thread(host_build, record, work, kernel, floor_image)
             start = await pod_start(api, loader, node, floor_image)
         floor = build_push + start
-        builder_buildah = "the builder image's (trixie)"
-        host_buildah = await asyncio.to_thread(buildah_version)
         span = f"{build_span:.1f} s" if build_span is not None else "not seen"
         print(f"kmm: Module created -> loader pod Running: {total:.1f} s (build container {span})")
         print(
-            f"floor: host buildah build + push {build_push:.1f} s ({host_buildah}; pods use"
-            f" {builder_buildah}) + pod start from the existing image {start:.1f} s = {floor:.1f} s"
+            f"floor: the builder's buildah build + push on the host {build_push:.1f} s"
+            f" + pod start from the existing image {start:.1f} s = {floor:.1f} s"
         )
         print(f"ratio kmm/floor: {total / floor:.2f}x")
         per = served / reconciles if reconciles else float("nan")

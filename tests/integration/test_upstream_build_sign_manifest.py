@@ -3,9 +3,9 @@
 ``upstream/module-kmm-ci-build-sign.yaml`` is upstream's
 ``ci/module-kmm-ci-build-sign.yaml`` with only its image host and selector
 changed (its header says how); ``upstream/kmm-kmod-companions.yaml`` holds
-kmm's own offline stand-ins for what it names (the Dockerfile ConfigMap, the
-build Secret, under upstream's names and keys), and the test makes the
-signing Secrets with openssl, as upstream's keys would be. Everything
+kmm's own offline stand-in for the build Secret it names (upstream's name
+and key) and says how the test makes the rest: the Dockerfile ConfigMap from
+the build tests' offline Dockerfile, the signing Secrets with openssl. Everything
 upstream's Module exercises at once: build and sign in one mapping, a build
 secret read in a plain RUN, ``registryTLS.insecure``, ``kanikoParams.tag``,
 a glob in ``filesToSign``, ``modulesLoadingOrder``, ``inTreeModulesToRemove``.
@@ -42,7 +42,6 @@ from typing import Any
 
 import aiohttp
 import containersandbox
-import ociarchives
 import pytest
 import test_operator_support as support
 
@@ -57,15 +56,16 @@ MODULE_FILE = HERE / "module-kmm-ci-build-sign.yaml"
 COMPANIONS_FILE = HERE / "kmm-kmod-companions.yaml"
 IMAGES = Path("build/images")
 BUILDER_ARCHIVE = Path("build/kmm-builder-image.tar")
-# The test module's sources (H3's): two modules, built here as kmm_ci_a and
-# kmm_ci_b, the names upstream's Module loads and signs.
-MODULE_SOURCES = Path("tests/buildsign/kmod")
+# The build tests' Dockerfile: modules kmm_ci_a and kmm_ci_b, the names
+# upstream's Module loads and signs.
+BUILDSIGN_DOCKERFILE = Path("tests/buildsign/Dockerfile")
 KMM = Path(sys.executable).with_name("kmm")
 NAMESPACE = "default"
 NAME = "kmm-ci"
 NODE = "kmm-worker-0"
 _MODULES = resources.Resource(modules.GROUP, modules.VERSION, modules.PLURAL)
 _SECRETS = resources.Resource("", "v1", "secrets")
+_CONFIG_MAPS = resources.Resource("", "v1", "configmaps")
 SIGNER = "kmm-ci upstream manifest test"
 TRAILER = b"~Module signature appended~\n"
 KANIKO_WARNING = "has no effect in kmm: kmm builds with buildah, not kaniko"
@@ -75,34 +75,33 @@ def kbuild_kernel() -> str:
     return (IMAGES / "kbuild.kernel").read_text().strip()
 
 
-def source_image(path: Path) -> Path:
-    """An image of the module sources and a Kbuild that names their modules
-    kmm_ci_a and kmm_ci_b (a module's name is its object's, so any two sources
-    serve), as upstream's Dockerfile would have them from its git clone."""
-    first, second = sorted(MODULE_SOURCES.glob("*.c"))[:2]
-    kbuild = (
-        "obj-m += kmm_ci_a.o kmm_ci_b.o\n"
-        f"kmm_ci_a-y := {first.stem}.o\n"
-        f"kmm_ci_b-y := {second.stem}.o\n"
-    )
-    files = {f"src/{p.name}": p.read_bytes() for p in (first, second)}
-    files["src/Kbuild"] = kbuild.encode()
-    ociarchives.write(path, [ociarchives.layer(files)])
-    return path
+def dockerfile_config_map() -> dict[str, Any]:
+    """kmm-kmod-dockerfile (key ``dockerfile``): the build tests' Dockerfile
+    (two modules, kmm_ci_a and kmm_ci_b, compiled offline), its base images
+    given as ARG defaults since upstream's Module passes no build args."""
+    text = BUILDSIGN_DOCKERFILE.read_text()
+    for arg, image in (("KBUILD_IMAGE", "kmm-ci/kbuild:1"), ("LOADER_IMAGE", "kmm-ci/loader:1")):
+        line = f"ARG {arg}\n"
+        assert line in text, f"{BUILDSIGN_DOCKERFILE} no longer has {line!r}"
+        text = text.replace(line, f"ARG {arg}={registry.REFERENCE_HOST}/{image}\n", 1)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "kmm-kmod-dockerfile", "namespace": NAMESPACE},
+        "data": {"dockerfile": text},
+    }
 
 
 @pytest.fixture(scope="module")
-def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.state.SandboxState]:
+def upstream() -> Iterator[cluster.state.SandboxState]:
     """The sandbox, its images pushed where the companions' Dockerfile and the
     operator look for them, the CRD and admission installed."""
-    work = tmp_path_factory.mktemp("upstream")
     with containersandbox.started(
         "up", nodes=1, kernels=(kbuild_kernel(),), kubelet_nodes=1
     ) as record:
         push = containersandbox.push
         push(record.directory, IMAGES / "kbuild.tar", "kmm-ci/kbuild:1")
         push(record.directory, IMAGES / "loader.tar", "kmm-ci/loader:1")
-        push(record.directory, source_image(work / "source.tar"), "kmm-ci/kmod-source:1")
         push(record.directory, BUILDER_ARCHIVE, "kmm/builder:1")
         asyncio.run(support.install_manifests(record.kubeconfig))
         yield record
@@ -232,6 +231,7 @@ async def test_upstreams_build_and_sign_module_applies_warns_builds_signs_and_lo
         cluster.api_client(record.kubeconfig) as api,
         created(api, _SECRETS, key_secret),
         created(api, _SECRETS, cert_secret),
+        created(api, _CONFIG_MAPS, dockerfile_config_map()),
         support.operator_in_process(record.kubeconfig, **operator_settings(record)),
     ):
         result = kmm("apply", "-f", str(MODULE_FILE), kubeconfig=record.kubeconfig)
