@@ -186,6 +186,14 @@ _REGISTRY_CA_GUARD = (
 )
 
 
+# The operator's --builder-image, only when the value names one: empty leaves
+# the operator's built-in default (the builder image of kmm's own release).
+_BUILDER_IMAGE_ARG = (
+    '(ternary (printf "--builder-image=%s" .Values.builder.image) "" '
+    "(not (empty .Values.builder.image)))"
+)
+
+
 def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -207,7 +215,8 @@ def _deployment() -> str:
     container["args"] = holes.block(
         f"(compact (list {fixed} "
         '(ternary "--leader-election" "--no-leader-election" .Values.leaderElection.enabled) '
-        f'(ternary "--registry-ca={REGISTRY_CA_DIRECTORY}" "" {_HAS_REGISTRY_CA})))',
+        f'(ternary "--registry-ca={REGISTRY_CA_DIRECTORY}" "" {_HAS_REGISTRY_CA}) '
+        f"{_BUILDER_IMAGE_ARG}))",
         omit_empty=False,
     )
     container["volumeMounts"] = holes.block(
@@ -283,6 +292,12 @@ def _values() -> list[tuple[str, str, Any]]:
             f"file, mounted at {REGISTRY_CA_DIRECTORY} and passed as --registry-ca. Nodes\n"
             "pull with their container runtime's own configuration.",
             {"configMap": "", "secret": ""},
+        ),
+        (
+            "builder",
+            "The image of the pods that build and sign kernel-module images (buildah,\n"
+            "sign-file), passed as --builder-image; empty means the operator's default.",
+            {"image": ""},
         ),
         (
             "replicas",

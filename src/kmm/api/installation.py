@@ -2,7 +2,7 @@
 
 Rendered like the CRD so ``kmm manifests`` can print all of ``deploy/`` from an
 installed kmm, which has no ``deploy/`` directory. The RBAC is least
-privilege for the module loader and device plugin reconcilers: every verb
+privilege for the reconcilers (loader, device plugin, DRA, build and sign): every verb
 below is one the operator uses, and ``tests/integration/test_operator_rbac.py``
 proves it is enough by running the operator as this ServiceAccount.
 """
@@ -82,7 +82,15 @@ def cluster_rbac() -> list[dict[str, Any]]:
         _rule(modules.GROUP, [f"{modules.PLURAL}/finalizers"], ["update"]),
         # Server-side apply creates through patch.
         _rule("apps", ["daemonsets"], ["get", "list", "watch", "create", "patch", "delete"]),
-        _rule("", ["pods"], ["list", "watch"]),
+        # Loader pods are watched; build and sign pods are also made and
+        # removed. Their failure text comes from the termination message in
+        # the pod's status, so no pods/log.
+        _rule("", ["pods"], ["list", "watch", "create", "delete"]),
+        # Build and sign inputs (the Dockerfile ConfigMap, build secrets,
+        # signing key and certificate, imageRepoSecret for registry checks),
+        # read by name when needed: get only, never a Secret list or watch.
+        _rule("", ["configmaps"], ["get"]),
+        _rule("", ["secrets"], ["get"]),
         _rule("", ["nodes"], ["list", "watch", "patch"]),  # kernel and readiness labels
         _rule("", ["events"], ["create"]),
         # DRA: DeviceClasses made from spec.dra (create, apply, delete; all

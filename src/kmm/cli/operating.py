@@ -21,6 +21,8 @@ from kmm.cli import clients
 from kmm.kube import client
 from kmm.oci import trust
 from kmm.operator import jsonlogs, running, wiring
+from kmm.operator.build import existence, pods
+from kmm.operator.build import planner as build_planner
 from kmm.runtime import leaderelection, manager
 
 __all__ = ["operator", "register"]
@@ -96,6 +98,31 @@ def operator(
             show_default=False,
         ),
     ] = None,
+    registry_endpoint: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="HOST=ENDPOINT",
+            help="Dial ENDPOINT (host:port) for registry HOST in the image existence checks "
+            "(repeatable): an operator outside the network HOST is reached in. TLS still "
+            "checks HOST's name.",
+            show_default=False,
+        ),
+    ] = None,
+    builder_image: Annotated[
+        str, typer.Option(help="The image build and sign pods run (buildah, sign-file).")
+    ] = pods.DEFAULT_BUILDER_IMAGE,
+    build_pod_retention: Annotated[
+        float,
+        typer.Option(help="Seconds a succeeded build or sign pod is kept before deletion.", min=0),
+    ] = 0.0,
+    build_input_poll: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between looks at the inputs (ConfigMaps, Secrets) of a failed build "
+            "or sign pod, which is made again once they change.",
+            min=0.1,
+        ),
+    ] = build_planner.DEFAULT_POLL,
 ) -> None:
     """Run the Module operator: loader and device-plugin DaemonSets, node labels, status."""
     try:
@@ -106,6 +133,10 @@ def operator(
         registry_ca_files = trust.load(registry_ca or ())
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--registry-ca") from err
+    try:
+        endpoints = existence.parse_endpoints(registry_endpoint or ())
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--registry-endpoint") from err
     jsonlogs.configure()
     name = identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}"
     lease_namespace = namespace_of_lease or os.environ.get("POD_NAMESPACE") or "kube-system"
@@ -125,6 +156,10 @@ def operator(
         workers=workers,
         resync_period=resync_period,
         registry_ca_files=registry_ca_files,
+        registry_endpoints=endpoints,
+        builder_image=builder_image,
+        build_pod_retention=build_pod_retention,
+        build_input_poll=build_input_poll,
     )
     api = clients.api_client(kubeconfig, context)
     try:

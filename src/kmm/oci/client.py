@@ -12,6 +12,10 @@ that does not exist); 404 is ``NotFound``.
 
 TLS: the system's roots plus ``ca_files`` (a registry's own CA is added to,
 not substituted for, the public ones, as Docker and containerd do).
+``endpoint`` dials another address for ``host`` (a client outside the
+network the host name is reachable in, such as an operator run beside a
+sandbox): the TLS server name checked and the ``Host`` header stay
+``host``'s, so the certificate must still name the registry.
 
 Limits: no redirects followed for uploads, no chunked or resumable uploads,
 no cross-repository mounts, no token refresh via ``refresh_token``.
@@ -25,7 +29,7 @@ import io
 import json
 import re
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -107,9 +111,15 @@ class Client:
         plain_http: bool = False,
         actions: Sequence[str] = ("pull", "push"),
         timeout: float = 300.0,
+        endpoint: str | None = None,
+        on_request: Callable[[], None] | None = None,
     ) -> None:
         self.host = host
-        self._base = URL(f"{'http' if plain_http else 'https'}://{host}")
+        self._base = URL(f"{'http' if plain_http else 'https'}://{endpoint or host}")
+        # Dialling ``endpoint``, the server name and Host header stay ``host``'s.
+        self._server_name = URL(f"https://{host}").host if endpoint and not plain_http else None
+        self._host_header = {"Host": host} if endpoint else {}
+        self._on_request = on_request
         self._credentials = credentials
         self._ssl: ssl.SSLContext | bool = (
             False if plain_http else ssl_context(ca_files, verify=verify_tls)
@@ -155,9 +165,17 @@ class Client:
         # aiohttp warns about past 1 MiB: a layer blocks the loop meanwhile);
         # a fresh one per send, since a challenge answered means sending again.
         stream = io.BytesIO(data) if data is not None else None
+        if self._on_request is not None:
+            self._on_request()
+        same_host = url.host == self._base.host and url.port == self._base.port
         try:
             async with self._session_now().request(
-                method, url, headers=headers, data=stream, allow_redirects=False
+                method,
+                url,
+                headers={**self._host_header, **headers} if same_host else headers,
+                data=stream,
+                allow_redirects=False,
+                server_hostname=self._server_name if same_host else None,
             ) as response:
                 body = b"" if method == "HEAD" else await response.read()
                 return _Answer(response.status, dict(response.headers), body)

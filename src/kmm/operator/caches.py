@@ -34,6 +34,7 @@ from kmm.api import labels, scheduling
 from kmm.runtime import stores
 
 __all__ = [
+    "BUILD_POD_FIELDS",
     "CLAIM_FIELDS",
     "CLASS_INDEX",
     "DAEMONSET_FIELDS",
@@ -54,6 +55,7 @@ __all__ = [
     "modules_of_node",
     "node_module_index",
     "object_module_index",
+    "project_pod",
 ]
 
 MODULE_INDEX: Final = "module"
@@ -94,6 +96,25 @@ POD_FIELDS: Final = (
     "spec.nodeName",
     "status.conditions",
 )
+# Build and sign pods (few) also keep what the build planner reads: the input
+# hash, the phase, and the termination (message, exit code, finish time).
+BUILD_POD_FIELDS: Final = (
+    *POD_FIELDS,
+    "metadata.annotations",
+    "status.phase",
+    "status.containerStatuses",
+    "status.initContainerStatuses",
+)
+_BUILD_ROLES: Final = frozenset({"build", "sign"})
+_pod_fields = stores.keep_fields(*POD_FIELDS)
+_build_pod_fields = stores.keep_fields(*BUILD_POD_FIELDS)
+
+
+def project_pod(obj: stores.RawObject) -> stores.RawObject:
+    """The fields kept of a pod: more of build and sign pods than of the many others."""
+    if _labels(obj).get(labels.ROLE) in _BUILD_ROLES:
+        return _build_pod_fields(obj)
+    return _pod_fields(obj)
 
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:

@@ -15,6 +15,9 @@ two faults the API server inflicts: ``kmm_api_throttled_total{verb,resource}``
 them again) and ``kmm_informer_relists_total{informer,reason}`` (completed
 lists: ``start``, or ``gone`` after a 410 said the watch had expired, by
 compaction or because the server's watch cache had moved on).
+Build and sign: ``kmm_registry_requests_total`` (HTTP requests the image
+existence checks sent; a converged cluster sends none) and
+``kmm_registry_checks_total{outcome}`` (checks by what they found).
 """
 
 from __future__ import annotations
@@ -27,11 +30,17 @@ from prometheus_client import core, registry
 from kmm.kube import counting
 from kmm.runtime import controllers
 
-__all__ = ["OperatorMetrics", "Relists"]
+__all__ = ["OperatorMetrics", "RegistryCounts", "Relists"]
 
 
 #: (informer, reason) -> completed lists; ``wiring.Operator.relists``.
 Relists = Callable[[], Mapping[tuple[str, str], int]]
+#: Registry requests, and checks by outcome; ``wiring.Operator.registry_requests``.
+RegistryCounts = Callable[[], tuple[int, Mapping[str, int]]]
+
+
+def _no_registry() -> tuple[int, Mapping[str, int]]:
+    return 0, {}
 
 
 class _Collector(registry.Collector):
@@ -41,11 +50,13 @@ class _Collector(registry.Collector):
         leading: Callable[[], bool],
         cached: Callable[[], Mapping[str, int]],
         relists: Relists,
+        registry_counts: RegistryCounts,
     ) -> None:
         self._counter = counter
         self._leading = leading
         self._cached = cached
         self._relists = relists
+        self._registry = registry_counts
 
     def collect(self) -> Iterator[core.Metric]:
         by_request = ["verb", "resource"]
@@ -64,6 +75,20 @@ class _Collector(registry.Collector):
             ["informer", "reason"],
             self._relists(),
         )
+        requests, checks = self._registry()
+        yield core.CounterMetricFamily(
+            "kmm_registry_requests",
+            "HTTP requests sent to registries by image existence checks.",
+            value=requests,
+        )
+        checked = core.CounterMetricFamily(
+            "kmm_registry_checks",
+            "Image existence checks, by outcome.",
+            labels=["outcome"],
+        )
+        for outcome, count in sorted(checks.items()):
+            checked.add_metric([outcome], count)
+        yield checked
         yield core.GaugeMetricFamily(
             "kmm_leader", "1 while this replica holds the lease.", value=int(self._leading())
         )
@@ -94,10 +119,11 @@ class OperatorMetrics:
         leading: Callable[[], bool],
         cached: Callable[[], Mapping[str, int]],
         relists: Relists = dict,
+        registry_counts: RegistryCounts = _no_registry,
     ) -> None:
         self.registry = prometheus_client.CollectorRegistry()
         self.controllers = controllers.PrometheusMetrics(self.registry)
-        self.registry.register(_Collector(counter, leading, cached, relists))
+        self.registry.register(_Collector(counter, leading, cached, relists, registry_counts))
         self._handler_errors = prometheus_client.Counter(
             "kmm_handler_errors_total",
             "Informer event-handler calls that raised (the event waits for the resync).",

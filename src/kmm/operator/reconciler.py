@@ -42,7 +42,7 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any, Final, Literal
 
 from kmm.api import conditions, labels, modules, validation
@@ -58,6 +58,8 @@ from kmm.operator import (
     views,
     writing,
 )
+from kmm.operator.build import concern as build_concern
+from kmm.operator.build import planner as build_planner
 from kmm.operator.deviceplugin import planner as deviceplugin_planner
 from kmm.operator.dra import planner as dra_planner
 from kmm.operator.loader import planner as loader_planner
@@ -119,8 +121,11 @@ class ModuleReconciler:
         now: Callable[[], str] = rfc3339_now,
         monotonic: Callable[[], float] = time.monotonic,
         status_interval: float = STATUS_INTERVAL,
+        build: build_concern.BuildConcern | None = None,
     ) -> None:
         self.caches = cached
+        # None: no image is checked or built (tests of other concerns).
+        self.build = build
         self.writer = writer
         self.instance = instance
         self.now = now
@@ -156,6 +161,8 @@ class ModuleReconciler:
             self._status_written.pop(key, None)
             self._versions.pop(key, None)
             self._refused.pop(key, None)
+            if self.build is not None:
+                self.build.forget_module(key)
             namespace, _, name = key.partition("/")
             await self._remove_labels(namespace, name)
             await self._remove_device_classes(key)
@@ -177,8 +184,10 @@ class ModuleReconciler:
 
         with failures.step("reading the caches"):
             view = self._view(raw, module, key)
-        asked = _ask_planners(view)
+        building = await self._plan_build(view)
+        asked = _ask_planners(view, gated=building.gated)
         concerns = asked.concerns()
+        await self._send_build(raw, view, building)
         await self._send_daemonsets(raw, [ds for plan in concerns for ds in plan.apply])
         await self._delete_daemonsets(raw, [name for plan in concerns for name in plan.delete])
         problems = await self._send_device_classes(raw, key, view, asked.driver)
@@ -189,19 +198,66 @@ class ModuleReconciler:
             self._versions.setdefault(key, {}).update(asked.loader.versions)
 
         with failures.step("computing the status"):
-            seen = _observed(module, view, asked.loader, asked.plugin, asked.driver, problems)
+            seen = _observed(
+                module, view, asked.loader, asked.plugin, asked.driver,
+                [*building.problems, *problems],
+            )  # fmt: skip
+            seen = dataclasses.replace(
+                seen,
+                images=building.images,
+                image_rebuild_trigger_generation=self._trigger_generation(view, building),
+            )
             new = status.compute(raw, seen, now=self.now())
+        later = controllers.Result(requeue_after=building.requeue_after)
         if not status.differs(raw, new):
-            return controllers.Result()
+            return later
         if status.only_progress(raw, new):
             wait = self._status_written.get(key, -1e9) + self.status_interval - self.monotonic()
             if wait > 0:
-                return controllers.Result(requeue_after=wait)
+                return controllers.Result(requeue_after=min(wait, building.requeue_after or wait))
         with failures.step("writing the status"):
             written = await self.writer.patch_module_status(raw, status.patch_body(new))
         if written:
             self._status_written[key] = self.monotonic()
-        return controllers.Result()
+        return later
+
+    async def _plan_build(self, view: views.ModuleView) -> build_planner.BuildPlan:
+        """What the build concern wants; an empty plan when it is not wired."""
+        if self.build is None:
+            return build_planner.BuildPlan()
+        with failures.step("planning the image builds"):
+            targets = loader_planner.grouping(view).targets
+            return await self.build.plan(view, targets)
+
+    def _trigger_generation(
+        self, view: views.ModuleView, building: build_planner.BuildPlan
+    ) -> int | None:
+        if self.build is None:
+            found = view.module.status
+            return found.image_rebuild_trigger_generation if found is not None else None
+        return self.build.trigger_generation(view, building)
+
+    async def _send_build(
+        self, raw: RawObject, view: views.ModuleView, building: build_planner.BuildPlan
+    ) -> None:
+        """Delete the pods the build planner is done with, create the ones it
+        wants, then tell its Events (each once)."""
+        if self.build is None or not (building.concerned or building.delete):
+            return
+        for pod in building.delete:
+            name = pod["metadata"]["name"]
+            with failures.step(f"deleting pod {name}"):
+                await self.writer.delete_pod(pod)
+        for creation in building.create:
+            name = creation.pod["metadata"]["name"]
+            with failures.step(f"creating pod {name}"):
+                created = await self.writer.create_pod(creation.pod)
+            if created:
+                event = creation.event
+                await self._event(raw, event.type, event.reason, event.message)
+        for event in building.events:
+            await self._event(raw, event.type, event.reason, event.message)
+        self.build.done(view, building)
 
     async def _show_failure(self, key: str, message: str) -> None:
         """Degraded with ``message``, and a Warning Event unless it is the one
@@ -485,14 +541,14 @@ class _Asked:
         return (self.loader, self.plugin, self.driver, self.upgrade)
 
 
-def _ask_planners(view: views.ModuleView) -> _Asked:
+def _ask_planners(view: views.ModuleView, *, gated: Collection[str] = frozenset()) -> _Asked:
     """Ask each concern's planner, in the order their answers feed each
     other: the loader first (where the module is loaded), the two device
     workloads (which run there), then the ordered upgrade (with whichever
     device workload the Module has). Each call is a named step, so a
     planner's bug shows on the Module as that step."""
     with failures.step("planning the module loader"):
-        loader = loader_planner.plan(view)
+        loader = loader_planner.plan(view, gated=gated)
     with failures.step("planning the device plugin"):
         plugin = deviceplugin_planner.plan(view, loader)
     with failures.step("planning the DRA driver"):

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 
 from kmm.aio import httpserving, tasks
 from kmm.kube import client
 from kmm.operator import metrics, wiring
+from kmm.operator.build import planner as build_planner
+from kmm.operator.build import pods
 
 __all__ = ["Settings", "run"]
 
@@ -37,6 +40,13 @@ class Settings:
     # Extra CAs for the operator's registry requests (--registry-ca, checked
     # at start): image existence checks before build and sign.
     registry_ca_files: tuple[Path, ...] = ()
+    # --registry-endpoint HOST=ENDPOINT: dial ENDPOINT for registry HOST.
+    registry_endpoints: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Build and sign pods: the builder image, how long a succeeded pod is
+    # kept, how often a failed one's inputs are looked at.
+    builder_image: str = pods.DEFAULT_BUILDER_IMAGE
+    build_pod_retention: float = 0.0
+    build_input_poll: float = build_planner.DEFAULT_POLL
 
 
 async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> None:
@@ -46,6 +56,7 @@ async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> No
         leading=lambda: bool(holder) and holder[0].leading(),
         cached=lambda: holder[0].cached() if holder else {},
         relists=lambda: holder[0].relists() if holder else {},
+        registry_counts=lambda: holder[0].registry_requests() if holder else (0, {}),
     )
     operator = wiring.Operator(
         api,
@@ -55,6 +66,14 @@ async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> No
         instance=settings.identity,
         resync_period=settings.resync_period,
         handler_errors=registry,
+        build=build_planner.Settings(
+            builder_image=settings.builder_image,
+            registry_ca="".join(path.read_text() for path in settings.registry_ca_files),
+            retention=settings.build_pod_retention,
+            poll=settings.build_input_poll,
+        ),
+        registry_ca_files=settings.registry_ca_files,
+        registry_endpoints=settings.registry_endpoints,
     )
     holder.append(operator)
 

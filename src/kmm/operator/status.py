@@ -46,7 +46,15 @@ __all__ = [
 RawObject = dict[str, Any]
 
 # The status fields this reconciler writes.
-_OWNED = ("moduleLoader", "devicePlugin", "dra", "conditions", "observedGeneration")
+_OWNED = (
+    "moduleLoader",
+    "devicePlugin",
+    "dra",
+    "conditions",
+    "observedGeneration",
+    "images",
+    "imageRebuildTriggerGeneration",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +81,10 @@ class Observed:
     dra: modules.DaemonSetStatus | None = None
     devices: str = "device plugins"
     problems: Sequence[Problem] = ()
+    # Build and sign (``build.planner``): each concerned kernel's image, and
+    # the spec.imageRebuildTriggerGeneration whose checks and builds are done.
+    images: Sequence[modules.ImageStatus] = ()
+    image_rebuild_trigger_generation: int | None = None
 
 
 def counts(
@@ -170,6 +182,8 @@ def compute(raw: Mapping[str, Any], seen: Observed, *, now: str) -> modules.Modu
         dra=seen.dra,
         conditions=found,
         observed_generation=generation,
+        images=list(seen.images) or None,
+        image_rebuild_trigger_generation=seen.image_rebuild_trigger_generation,
     )
 
 
@@ -232,6 +246,10 @@ def _counts_kept(
         dra=old.dra if old is not None else None,
         conditions=found,
         observed_generation=observed_generation,
+        images=old.images if old is not None else None,
+        image_rebuild_trigger_generation=(
+            old.image_rebuild_trigger_generation if old is not None else None
+        ),
     )
 
 

@@ -32,13 +32,17 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from kmm.aio import backoff
 from kmm.api import modules
 from kmm.kube import client, errors, listwatch, objects, resources
 from kmm.operator import caches, nodekernels, reconciler, writing
+from kmm.operator.build import concern as build_concern
+from kmm.operator.build import existence
+from kmm.operator.build import planner as build_planner
 from kmm.runtime import (
     controllers,
     handlers,
@@ -116,6 +120,11 @@ def _seen(
     )
 
 
+def _pem(files: tuple[Path, ...]) -> str:
+    """The CA files as one PEM bundle, for build and sign pods."""
+    return "".join(path.read_text() for path in files)
+
+
 _DRA_RESOURCES = frozenset({resources.DEVICE_CLASSES.plural, resources.RESOURCE_CLAIMS.plural})
 
 
@@ -154,6 +163,9 @@ class Operator:
         resync_period: float = DEFAULT_RESYNC_PERIOD,
         handler_errors: informers.HandlerErrors | None = None,
         wrap_handler: HandlerWrapper | None = None,
+        build: build_planner.Settings | None = None,
+        registry_ca_files: tuple[Path, ...] = (),
+        registry_endpoints: Mapping[str, str] | None = None,
     ) -> None:
         self.pending = writing.Pending()
         self.writer = writing.Writer(api, pending=self.pending)
@@ -180,7 +192,7 @@ class Operator:
             listwatch.ApiListWatch(api, resources.PODS, kind="Pod"),
             handler_errors=handler_errors,
             label_selector=caches.OWNED_SELECTOR,
-            projection=stores.keep_fields(*caches.POD_FIELDS),
+            projection=caches.project_pod,
             indexers={caches.MODULE_INDEX: caches.object_module_index},
             page_size=LIST_PAGE,
         )
@@ -216,7 +228,17 @@ class Operator:
             device_classes=self.device_classes.store,
             claims=self.claims.store,
         )
-        self.reconciler = reconciler.ModuleReconciler(self.caches, self.writer, instance=instance)
+        # Image existence for build and sign: its facts live as long as the
+        # process (a restarted operator asks each registry once).
+        self.checker = existence.Checker(ca_files=registry_ca_files, endpoints=registry_endpoints)
+        self.build = build_concern.BuildConcern(
+            self.checker,
+            writing.ApiReader(api),
+            build or build_planner.Settings(registry_ca=_pem(registry_ca_files)),
+        )
+        self.reconciler = reconciler.ModuleReconciler(
+            self.caches, self.writer, instance=instance, build=self.build
+        )
         self.counting = Counting(self.reconciler)
         self.controller = controllers.Controller(
             "module", self.counting, workers=workers, metrics=metrics
@@ -237,6 +259,7 @@ class Operator:
         requeueing(self.modules, handlers.enqueue_object(enqueue))
         self.daemonsets.add_handler(_seen(self.pending))
         requeueing(self.daemonsets, handlers.enqueue_mapped(enqueue, owner))
+        self.pods.add_handler(_seen(self.pending, writing.pod_key))
         requeueing(self.pods, handlers.enqueue_mapped(enqueue, owner))
         self.nodes.add_handler(_seen(self.pending))
         requeueing(
@@ -312,6 +335,11 @@ class Operator:
 
     def cached(self) -> dict[str, int]:
         return {informer.name: len(informer.store) for informer in self.informers()}
+
+    def registry_requests(self) -> tuple[int, dict[str, int]]:
+        """HTTP requests sent to registries, and existence checks by outcome
+        (``kmm_registry_requests_total``, ``kmm_registry_checks_total``)."""
+        return self.checker.requests, dict(self.checker.checks)
 
     def relists(self) -> dict[tuple[str, str], int]:
         """Completed lists per (informer, reason): ``kmm_informer_relists_total``."""

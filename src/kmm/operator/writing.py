@@ -39,7 +39,7 @@ from typing import Any, Final
 from kmm.api import modules
 from kmm.kube import client, errors, objects, resources
 
-__all__ = ["FIELD_MANAGER", "MODULES", "Pending", "Writer", "class_key"]
+__all__ = ["FIELD_MANAGER", "MODULES", "ApiReader", "Pending", "Writer", "class_key", "pod_key"]
 
 FIELD_MANAGER: Final = "kmm"
 
@@ -154,6 +154,11 @@ def _caught_up(version: str | None, result: str | None) -> bool:
 def class_key(name: str) -> str:
     """The ``Pending`` key of a DeviceClass."""
     return f"deviceclass:{name}"
+
+
+def pod_key(key: str) -> str:
+    """The ``Pending`` key of a pod (``<ns>/<name>``), apart from DaemonSets'."""
+    return f"pod:{key}"
 
 
 # A create's result is in flight until the cache shows the object at all.
@@ -297,6 +302,54 @@ class Writer:
             self.pending.sent(key, part, None, _GONE)
         return True
 
+    async def create_pod(self, desired: RawObject) -> bool:
+        """Create a build or sign pod; True when created, False when skipped
+        (in flight) or when the name is taken (the cache will show it)."""
+        metadata = desired["metadata"]
+        key = pod_key(f"{metadata['namespace']}/{metadata['name']}")
+        if self.pending.in_flight(key, "create", _ABSENT, desired):
+            return False
+        with self.pending.sending(key):
+            try:
+                reply = await self.api.request(
+                    "POST",
+                    resources.PODS.path(metadata["namespace"]),
+                    body=desired,
+                    fence=self.fence,
+                )
+            except errors.Conflict:
+                return False
+            self.pending.sent(key, "create", desired, objects.resource_version(reply))
+        return True
+
+    async def delete_pod(self, observed: RawObject) -> bool:
+        """Delete a pod that ended, guarded by its uid, without grace (nothing
+        runs in it to stop)."""
+        metadata = observed["metadata"]
+        namespace, name = metadata["namespace"], metadata["name"]
+        key = pod_key(f"{namespace}/{name}")
+        part = _deleting(observed)
+        if self.pending.in_flight(key, part, objects.resource_version(observed), None):
+            return False
+        uid = metadata.get("uid")
+        with self.pending.sending(key):
+            try:
+                await self.api.request(
+                    "DELETE",
+                    resources.PODS.path(namespace, name),
+                    body={
+                        "apiVersion": "v1",
+                        "kind": "DeleteOptions",
+                        "gracePeriodSeconds": 0,
+                        **({"preconditions": {"uid": uid}} if uid else {}),
+                    },
+                    fence=self.fence,
+                )
+            except (errors.NotFound, errors.Conflict):
+                return False
+            self.pending.sent(key, part, None, _GONE)
+        return True
+
     async def patch_node_labels(self, node: RawObject, change: dict[str, str | None]) -> bool:
         """Merge-patch the node's labels; False when skipped as already in flight."""
         name = node["metadata"]["name"]
@@ -374,3 +427,24 @@ class Writer:
             )
         except errors.ApiError as err:
             _log.warning("event not written: %s", err)
+
+
+_READABLE: Final = {
+    "ConfigMap": resources.Resource("", "v1", "configmaps"),
+    "Secret": resources.Resource("", "v1", "secrets"),
+}
+
+
+class ApiReader:
+    """GETs of the ConfigMaps and Secrets build and sign pods read, on
+    demand (no informer: the operator never lists Secrets)."""
+
+    def __init__(self, api: client.Client) -> None:
+        self.api = api
+
+    async def get(self, kind: str, namespace: str, name: str) -> RawObject | None:
+        try:
+            found: RawObject = await self.api.request("GET", _READABLE[kind].path(namespace, name))
+        except errors.NotFound:
+            return None
+        return found

@@ -68,3 +68,16 @@ def test_a_template_with_holes_is_valid_yaml_once_the_defaults_are_in() -> None:
             plain = plain[:start] + "x" + plain[plain.index("}}", start) + 2 :]
         for document in yaml.safe_load_all(plain):
             assert document is None or "kind" in document, path
+
+
+def test_builder_image_is_passed_only_when_set() -> None:
+    assert chart.values()["builder"] == {"image": ""}
+    template = chart.files()[f"{chart.DIRECTORY}/templates/deployment.yaml"]
+    # One argument of the compacted list: absent when the value is empty.
+    assert (
+        '(ternary (printf "--builder-image=%s" .Values.builder.image) "" '
+        "(not (empty .Values.builder.image)))" in template
+    )
+    # deploy/ itself leaves the operator's built-in default.
+    (container,) = installation.deployment()["spec"]["template"]["spec"]["containers"]
+    assert not any(arg.startswith("--builder-image") for arg in container["args"])

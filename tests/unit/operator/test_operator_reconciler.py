@@ -341,11 +341,11 @@ class RaisingPlanner:
         self.calls = 0
         self.real = loader_planner.plan
 
-    def __call__(self, view: views.ModuleView) -> loader_planner.LoaderPlan:
+    def __call__(self, view: views.ModuleView, **options: Any) -> loader_planner.LoaderPlan:
         self.calls += 1
         if self.errors:
             raise self.errors.pop(0)
-        return self.real(view)
+        return self.real(view, **options)
 
 
 def _condition(cached: reconciler.Caches, type_: str) -> dict[str, Any]:

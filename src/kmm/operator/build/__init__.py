@@ -6,5 +6,11 @@ Module's Dockerfile and/or signs its modules with the kernel's ``sign-file``
 in another, pushing only a signed image under the final name.
 
 - :mod:`.pods`: the build and sign pods, pure builders (no I/O), with the
-  scripts they run.
+  scripts they run;
+- :mod:`.existence`: asks registries whether an image exists, remembers it;
+- :mod:`.hashing`: the digest of a pod's inputs (``last-hash``);
+- :mod:`.planner`: which pods to create or delete and which kernels wait for
+  their image (pure); the reconciler runs it before the loader's planner,
+  which skips those kernels, and sends what it wants.
+Nothing here writes to the API server.
 """

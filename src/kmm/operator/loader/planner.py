@@ -29,7 +29,7 @@ pair is Ready. Wanted labels: ``kernel-version.full`` on selected nodes
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from kmm.api import kernels, labels, scheduling
@@ -95,20 +95,11 @@ class LoaderPlan(plans.Plan):
     unloading: set[str] = dataclasses.field(default_factory=set)
 
 
-def plan(view: views.ModuleView) -> LoaderPlan:
-    module = view.module
-    result = LoaderPlan()
-    ready_key = labels.ready(view.namespace, view.name)
-    existing = sorted(view.daemonsets.get(_ROLE, ()), key=lambda obj: _meta(obj)["name"])
-    if module.spec.module_loader is None:
-        result.delete = [
-            _meta(ds)["name"] for ds in existing if not _meta(ds).get("deletionTimestamp")
-        ]
-        for node in view.nodes():
-            result.want(node, ready_key, None)
-        return result
-    version = view.version
-    loader_key = labels.module_loader_version(view.namespace, view.name)
+def _candidates(
+    view: views.ModuleView,
+) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """Selected nodes' kernel labels, and the (node, kernelVersion) pairs that
+    count: schedulable for the Module, or running one of its loader pods."""
     pods = view.pods.get(_ROLE, ())
     with_loader = {
         (pod.get("spec") or {}).get("nodeName")
@@ -123,16 +114,48 @@ def plan(view: views.ModuleView) -> LoaderPlan:
         if not kernel_version:
             continue
         kernel_labels[name] = labels.kernel_value(kernels.node_kernel(kernel_version))
-        result.want(name, labels.KERNEL_VERSION_FULL, kernel_labels[name])
-        if name in with_loader or scheduling.is_schedulable(selected, module.spec.tolerations):
+        if name in with_loader or scheduling.is_schedulable(selected, view.module.spec.tolerations):
             candidates.append((name, kernel_version))
+    return kernel_labels, candidates
+
+
+def grouping(view: views.ModuleView) -> kernels.Grouping:
+    """The kernels the loader targets and their targets (what ``plan`` groups by)."""
+    if view.module.spec.module_loader is None:
+        return kernels.Grouping({}, {}, [], {})
+    return kernels.group_nodes(view.module, _candidates(view)[1])
+
+
+def plan(view: views.ModuleView, *, gated: Collection[str] = frozenset()) -> LoaderPlan:
+    """``gated``: kernels whose image is not known to exist yet (``build``):
+    no loader DaemonSet is created for them, and one that exists is kept as
+    it is, never deleted because its image went missing."""
+    module = view.module
+    result = LoaderPlan()
+    ready_key = labels.ready(view.namespace, view.name)
+    existing = sorted(view.daemonsets.get(_ROLE, ()), key=lambda obj: _meta(obj)["name"])
+    if module.spec.module_loader is None:
+        result.delete = [
+            _meta(ds)["name"] for ds in existing if not _meta(ds).get("deletionTimestamp")
+        ]
+        for node in view.nodes():
+            result.want(node, ready_key, None)
+        return result
+    version = view.version
+    loader_key = labels.module_loader_version(view.namespace, view.name)
+    pods = view.pods.get(_ROLE, ())
+    kernel_labels, candidates = _candidates(view)
+    for name, value in kernel_labels.items():
+        result.want(name, labels.KERNEL_VERSION_FULL, value)
     result.grouping = kernels.group_nodes(module, candidates)
 
     desired: dict[str, RawObject] = {}
     node_pairs: dict[str, tuple[str, str, str]] = {}
+    waiting = {labels.kernel_value(kernel) for kernel in gated}
     for kernel, target in result.grouping.targets.items():
         ds = loader_builders.daemonset(module, target)
-        desired[_meta(ds)["name"]] = ds
+        if kernel not in gated:
+            desired[_meta(ds)["name"]] = ds
         for node_name in result.grouping.nodes.get(kernel, ()):
             node_pairs[node_name] = _pair_of(ds)
 
@@ -141,7 +164,9 @@ def plan(view: views.ModuleView) -> LoaderPlan:
     for ds in existing:
         name, deleting = _meta(ds)["name"], _meta(ds).get("deletionTimestamp")
         ds_version = _labels(ds).get(labels.MODULE_VERSION)
-        if wanted_by_pair.get(_pair_of(ds)) == name:
+        if _labels(ds).get(labels.KERNEL_VERSION_FULL) in waiting:
+            result.current.append(ds)  # its kernel's image is being made: kept as is
+        elif wanted_by_pair.get(_pair_of(ds)) == name:
             found_names.add(name)
             result.current.append(ds)
             if not deleting and objects.observed_hash(ds) != objects.observed_hash(desired[name]):

@@ -1,0 +1,151 @@
+"""Build and sign as one concern of the Module reconcile: the I/O around the
+pure ``planner``.
+
+Before the loader's planner runs, ``BuildConcern.plan`` gathers what the
+planner needs for the kernels whose mapping builds or signs:
+
+1. ``spec.imageRebuildTriggerGeneration`` moved past the status's (and not
+   yet acted on by this process): every image of the Module is forgotten,
+   so each is asked again and the missing ones built once;
+2. a build or sign pod that succeeded since the last reconcile: the image it
+   pushed is forgotten (``planner.pushed_by_succeeded``);
+3. existence facts (``existence.Checker``; remembered, so a converged Module
+   asks no registry anything), the intermediate image only while the final
+   one is missing;
+4. the ConfigMaps and Secrets the pods read, GET on demand and only for
+   kernels whose image is not known to exist (no informer on Secrets).
+
+``done`` records what the planner noticed (pods whose outcome was told);
+``trigger_generation`` says which generation the status may claim done.
+Per-Module memory is dropped by ``forget_module``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Protocol
+
+from kmm.api import kernels
+from kmm.operator import views
+from kmm.operator.build import existence, planner, pods
+
+__all__ = ["BuildConcern", "Reader"]
+
+RawObject = dict[str, Any]
+Kind = Literal["ConfigMap", "Secret"]
+
+
+class Reader(Protocol):
+    """GETs of the objects pods read; None when absent."""
+
+    async def get(self, kind: Kind, namespace: str, name: str) -> RawObject | None: ...
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+@dataclasses.dataclass
+class BuildConcern:
+    checker: existence.Checker
+    reader: Reader
+    settings: planner.Settings = dataclasses.field(default_factory=planner.Settings)
+    now: Callable[[], datetime.datetime] = _now
+    monotonic: Callable[[], float] = time.monotonic
+    _noticed: dict[str, set[str]] = dataclasses.field(default_factory=dict)
+    _rebuilt: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def forget_module(self, key: str) -> None:
+        self._noticed.pop(key, None)
+        self._rebuilt.pop(key, None)
+
+    async def _secret(self, namespace: str, name: str) -> RawObject | None:
+        return await self.reader.get("Secret", namespace, name)
+
+    def _trigger(self, view: views.ModuleView, targets: Mapping[str, kernels.Target]) -> None:
+        key = f"{view.namespace}/{view.name}"
+        wanted = view.module.spec.image_rebuild_trigger_generation
+        status = view.module.status
+        done = status.image_rebuild_trigger_generation if status is not None else None
+        if wanted is None or wanted == done or self._rebuilt.get(key) == wanted:
+            return
+        for target in targets.values():
+            self.checker.forget(target.image)
+            if target.build is not None and target.sign is not None:
+                self.checker.forget(pods.intermediate_image(target.image))
+        self._rebuilt[key] = wanted
+
+    async def plan(
+        self, view: views.ModuleView, targets: Mapping[str, kernels.Target]
+    ) -> planner.BuildPlan:
+        key = f"{view.namespace}/{view.name}"
+        wanted = planner.concerned(targets)
+        if not wanted:
+            self.forget_module(key)
+            return planner.BuildPlan()
+        self._trigger(view, wanted)
+        noticed = self._noticed.get(key, set())
+        for image in planner.pushed_by_succeeded(view, wanted, noticed):
+            self.checker.forget(image)
+        facts: dict[str, planner.Facts] = {}
+        retry: list[float] = []
+        for kernel, target in wanted.items():
+            final_key, intermediate_key = planner.keys_of(view, target)
+            final = await self.checker.fact(final_key, self._secret)
+            intermediate = None
+            if planner.intermediate_wanted(target, final):
+                intermediate = await self.checker.fact(intermediate_key, self._secret)
+            facts[kernel] = planner.Facts(final, intermediate)
+            retry.extend(
+                f.retry_at
+                for f in (final, intermediate)
+                if f is not None and f.state is existence.State.ERROR
+            )
+        missing = {
+            k: t for k, t in wanted.items() if facts[k].final.state is not existence.State.EXISTS
+        }
+        inputs = await self._inputs(view, missing) if missing else planner.Inputs()
+        found = planner.plan(
+            view, wanted, facts, inputs, noticed=noticed, settings=self.settings, now=self.now()
+        )
+        for at in retry:
+            found.requeue(at - self.monotonic())
+        return found
+
+    async def _inputs(
+        self, view: views.ModuleView, targets: Mapping[str, kernels.Target]
+    ) -> planner.Inputs:
+        versions: dict[str, str] = {}
+        dockerfiles: dict[str, str] = {}
+        for wanted in sorted(planner.inputs_wanted(view, targets)):
+            kind, _, name = wanted.partition("/")
+            assert kind in ("ConfigMap", "Secret")
+            found = await self.reader.get(
+                "ConfigMap" if kind == "ConfigMap" else "Secret", view.namespace, name
+            )
+            if found is None:
+                continue
+            versions[wanted] = str((found.get("metadata") or {}).get("resourceVersion") or "")
+            text = (found.get("data") or {}).get(pods.DOCKERFILE_KEY)
+            if kind == "ConfigMap" and isinstance(text, str):
+                dockerfiles[name] = text
+        return planner.Inputs(versions=versions, dockerfiles=dockerfiles)
+
+    def done(self, view: views.ModuleView, plan: planner.BuildPlan) -> None:
+        """Remember what ``plan`` told (its events were sent)."""
+        key = f"{view.namespace}/{view.name}"
+        if plan.concerned:
+            self._noticed[key] = set(plan.noticed)
+
+    def trigger_generation(self, view: views.ModuleView, plan: planner.BuildPlan) -> int | None:
+        """The status's ``imageRebuildTriggerGeneration``: the spec's once every
+        image of the Module exists, the status's until then."""
+        wanted = view.module.spec.image_rebuild_trigger_generation
+        status = view.module.status
+        done = status.image_rebuild_trigger_generation if status is not None else None
+        if wanted is not None and plan.all_exist() and not plan.create:
+            return wanted
+        return done

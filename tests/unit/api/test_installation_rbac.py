@@ -1,0 +1,35 @@
+"""The operator's ClusterRole: what build and sign add, and what they do not."""
+
+from __future__ import annotations
+
+from kmm.api import installation
+
+
+def _granted() -> set[tuple[str, str, str]]:
+    (role, _binding) = installation.cluster_rbac()
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_build_and_sign_pods_are_made_and_removed_like_daemonsets() -> None:
+    granted = _granted()
+    # Cluster-wide, as the DaemonSets: wherever a Module lives.
+    assert {("apps", "daemonsets", v) for v in ("create", "delete")} <= granted
+    assert {("", "pods", v) for v in ("list", "watch", "create", "delete")} <= granted
+
+
+def test_inputs_are_read_by_name_only() -> None:
+    granted = _granted()
+    assert {v for _, r, v in granted if r == "configmaps"} == {"get"}
+    assert {v for _, r, v in granted if r == "secrets"} == {"get"}
+
+
+def test_no_pod_logs_and_no_pod_updates() -> None:
+    granted = _granted()
+    assert not any(r.startswith("pods/") for _, r, _ in granted)
+    assert {v for _, r, v in granted if r == "pods"} == {"list", "watch", "create", "delete"}

@@ -1,0 +1,320 @@
+"""The build planner, table by table: from facts, inputs and observed pods
+to pods created and deleted, kernels gated, status entries and Events."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+from typing import Any
+
+import operator_fixtures as fixtures
+import pytest
+
+from kmm.operator import views
+from kmm.operator.build import existence, hashing, planner, pods
+from kmm.operator.loader import planner as loader_planner
+
+Obj = dict[str, Any]
+K1, K2 = "6.8.0-45-generic", "6.1.0-27-amd64"
+IMAGE1, IMAGE2 = "r.io/m:k1", "r.io/m:k2"
+NOW = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.UTC)
+EXISTS = existence.Fact(existence.State.EXISTS)
+MISSING = existence.Fact(existence.State.MISSING, "missing")
+INPUTS = planner.Inputs(
+    versions={
+        "ConfigMap/dockerfile": "5",
+        "Secret/key": "6",
+        "Secret/cert": "7",
+        "Secret/repo": "8",
+    },
+    dockerfiles={"dockerfile": "FROM scratch\n"},
+)
+SETTINGS = planner.Settings(builder_image="b.io/builder:1", poll=10.0)
+
+
+def _raw(*, build: bool = True, sign: bool = True) -> Obj:
+    container: Obj = {
+        "modprobe": {"moduleName": "kmod_x"},
+        "kernelMappings": [
+            {"literal": K1, "containerImage": IMAGE1},
+            {"literal": K2, "containerImage": IMAGE2},
+        ],
+    }
+    if build:
+        container["build"] = {"dockerfileConfigMap": {"name": "dockerfile"}}
+    if sign:
+        container["sign"] = {
+            "keySecret": {"name": "key"},
+            "certSecret": {"name": "cert"},
+            "filesToSign": ["/opt/lib/modules/${KERNEL_FULL_VERSION}/*.ko"],
+            **({} if build else {"unsignedImage": "r.io/unsigned:${KERNEL_FULL_VERSION}"}),
+        }
+    return fixtures.module_raw(
+        moduleLoader={"container": container}, imageRepoSecret={"name": "repo"}
+    )
+
+
+def _view(raw: Obj, pods_: list[Obj] = ()) -> views.ModuleView:  # type: ignore[assignment]
+    module = fixtures.module(raw)
+    nodes = [fixtures.node("n1", K1), fixtures.node("n2", K2)]
+    return fixtures.view(module, nodes, pods=list(pods_))
+
+
+def _plan(
+    view: views.ModuleView,
+    facts: dict[str, planner.Facts],
+    *,
+    inputs: planner.Inputs = INPUTS,
+    noticed: set[str] | None = None,
+    settings: planner.Settings = SETTINGS,
+) -> planner.BuildPlan:
+    targets = loader_planner.grouping(view).targets
+    return planner.plan(
+        view, targets, facts, inputs, noticed=noticed or set(), settings=settings, now=NOW
+    )
+
+
+def _env(pod: Obj, name: str) -> str:
+    for container in pod["spec"]["containers"]:
+        for item in container.get("env") or ():
+            if item["name"] == name:
+                return str(item["value"])
+    raise KeyError(name)
+
+
+def _ended(pod: Obj, phase: str, message: str, *, uid: str = "u1", exit_code: int = 0) -> Obj:
+    found = copy.deepcopy(pod)
+    found["metadata"]["uid"] = uid
+    found["status"] = {
+        "phase": phase,
+        "containerStatuses": [
+            {
+                "name": "main",
+                "state": {
+                    "terminated": {
+                        "exitCode": exit_code,
+                        "message": message,
+                        "finishedAt": NOW.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    }
+                },
+            }
+        ],
+    }
+    return found
+
+
+def _running(pod: Obj) -> Obj:
+    found = copy.deepcopy(pod)
+    found["metadata"]["uid"] = "u0"
+    found["status"] = {"phase": "Running"}
+    return found
+
+
+BOTH_EXIST = {K1: planner.Facts(EXISTS), K2: planner.Facts(EXISTS)}
+
+
+def test_a_module_without_build_or_sign_gets_an_empty_plan() -> None:
+    view = _view(_raw(build=False, sign=False))
+    targets = loader_planner.grouping(view).targets
+    assert planner.concerned(targets) == {}
+    found = planner.plan(view, targets, {}, INPUTS, noticed=set(), settings=SETTINGS, now=NOW)
+    assert (found.create, found.gated, found.images, found.problems) == ([], set(), [], [])
+
+
+def test_existing_images_need_nothing() -> None:
+    found = _plan(_view(_raw()), BOTH_EXIST)
+    assert found.create == []
+    assert found.gated == set()
+    assert [(i.kernel, i.state) for i in found.images] == [(K2, "Exists"), (K1, "Exists")]
+    assert found.all_exist()
+    assert found.requeue_after is None
+
+
+def test_a_missing_image_without_sign_gets_one_build_pod_pushing_the_final_image() -> None:
+    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+    found = _plan(_view(_raw(sign=False)), facts)
+    (creation,) = found.create
+    assert creation.pod["metadata"]["name"] == pods.pod_name("m", "build", K1)
+    assert _env(creation.pod, "KMM_IMAGE") == IMAGE1
+    assert hashing.of_pod(creation.pod)
+    assert creation.event.reason == "BuildCreated"
+    assert found.gated == {K1}  # K2's loader goes ahead
+    states = {i.kernel: i.state for i in found.images}
+    assert states == {K1: "Building", K2: "Exists"}
+
+
+def test_with_sign_the_build_pushes_the_intermediate_image_only() -> None:
+    facts = {K1: planner.Facts(MISSING, MISSING), K2: planner.Facts(EXISTS)}
+    (creation,) = _plan(_view(_raw()), facts).create
+    assert creation.pod["metadata"]["labels"]["kmm.node.kubernetes.io/role"] == "build"
+    assert _env(creation.pod, "KMM_IMAGE") == pods.intermediate_image(IMAGE1)
+
+
+def test_once_the_intermediate_image_exists_a_sign_pod_pushes_the_final_one() -> None:
+    facts = {K1: planner.Facts(MISSING, EXISTS), K2: planner.Facts(EXISTS)}
+    found = _plan(_view(_raw()), facts)
+    (creation,) = found.create
+    assert creation.event.reason == "SignCreated"
+    assert _env(creation.pod, "KMM_IMAGE") == IMAGE1
+    assert _env(creation.pod, "KMM_UNSIGNED_IMAGE") == pods.intermediate_image(IMAGE1)
+    assert found.gated == {K1}
+    assert {i.kernel: i.state for i in found.images}[K1] == "Signing"
+
+
+def test_sign_without_build_signs_the_unsigned_image() -> None:
+    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+    (creation,) = _plan(_view(_raw(build=False)), facts).create
+    assert _env(creation.pod, "KMM_UNSIGNED_IMAGE") == f"r.io/unsigned:{K1}"
+    assert _env(creation.pod, "KMM_IMAGE") == IMAGE1
+
+
+def _failed_build(raw: Obj, inputs: planner.Inputs = INPUTS) -> Obj:
+    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts, inputs=inputs).create
+    tail = "\n".join(f"line {i}" for i in range(20)) + "\nkmm-build: RUN make failed"
+    return _ended(creation.pod, "Failed", tail, exit_code=1)
+
+
+def test_a_failed_pod_is_kept_shown_and_told_once() -> None:
+    raw = _raw(sign=False)
+    failed = _failed_build(raw)
+    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+    found = _plan(_view(raw, [failed]), facts)
+    assert (found.create, found.delete) == ([], [])
+    (problem,) = found.problems
+    assert problem.reason == "BuildFailed"
+    assert failed["metadata"]["name"] in problem.message
+    assert "kmm-build: RUN make failed" in problem.message
+    assert "line 10" not in problem.message  # only the tail
+    assert [e.reason for e in found.events] == ["BuildFailed"]
+    assert found.requeue_after == SETTINGS.poll
+    assert {i.kernel: i.state for i in found.images}[K1] == "BuildFailed"
+    again = _plan(_view(raw, [failed]), facts, noticed=found.noticed)
+    assert again.events == []
+    assert (again.create, again.delete) == ([], [])
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        planner.Inputs(versions={**INPUTS.versions, "ConfigMap/dockerfile": "50"}, dockerfiles=INPUTS.dockerfiles),
+        planner.Inputs(versions=INPUTS.versions, dockerfiles={"dockerfile": "FROM other\n"}),
+        planner.Inputs(versions={**INPUTS.versions, "Secret/repo": "80"}, dockerfiles=INPUTS.dockerfiles),
+    ],
+    ids=["configmap-version", "dockerfile-text", "repo-secret-version"],
+)  # fmt: skip
+def test_a_failed_pod_whose_inputs_changed_is_deleted_to_be_made_again(
+    changed: planner.Inputs,
+) -> None:
+    raw = _raw(sign=False)
+    failed = _failed_build(raw)
+    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+    found = _plan(_view(raw, [failed]), facts, inputs=changed)
+    assert found.delete == [failed]
+    assert found.create == []  # next reconcile, once it is gone
+    assert found.problems == []
+
+
+def test_a_failed_sign_is_retried_as_a_sign_never_by_a_rebuild() -> None:
+    raw = _raw()
+    facts = {K1: planner.Facts(MISSING, EXISTS), K2: planner.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    failed = _ended(creation.pod, "Failed", "kmm-sign: the key does not match", exit_code=1)
+    # The final image is missing; the intermediate one is not even asked for.
+    found = _plan(_view(raw, [failed]), {**facts, K1: planner.Facts(MISSING)})
+    assert found.create == []
+    assert [p.reason for p in found.problems] == ["SignFailed"]
+    assert {i.kernel: i.state for i in found.images}[K1] == "SignFailed"
+    changed = planner.Inputs(versions={**INPUTS.versions, "Secret/key": "60"}, dockerfiles=INPUTS.dockerfiles)  # fmt: skip
+    retried = _plan(_view(raw, [failed]), {**facts, K1: planner.Facts(MISSING)}, inputs=changed)
+    assert retried.delete == [failed]
+    assert retried.create == []
+
+
+def test_a_succeeded_sign_pod_is_told_and_deleted_after_the_retention() -> None:
+    raw = _raw()
+    facts = {K1: planner.Facts(MISSING, EXISTS), K2: planner.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    summary = {"signed": ["/opt/lib/modules/k/a.ko"], "unmatched": ["/opt/lib/modules/k/*.x"]}
+    done = _ended(creation.pod, "Succeeded", json.dumps(summary))
+    found = _plan(_view(raw, [done]), BOTH_EXIST)
+    assert found.delete == [done]
+    assert sorted((e.type, e.reason) for e in found.events) == [
+        ("Normal", "SignSucceeded"),
+        ("Warning", "FilesToSignUnmatched"),
+    ]
+    warning = next(e for e in found.events if e.type == "Warning")
+    assert "/opt/lib/modules/k/*.x" in warning.message
+    assert K1 in warning.message
+    kept = _plan(
+        _view(raw, [done]), BOTH_EXIST, settings=planner.Settings(retention=60.0), noticed=found.noticed
+    )  # fmt: skip
+    assert kept.delete == []
+    assert kept.events == []
+    assert kept.requeue_after == pytest.approx(60.0)
+
+
+def test_a_running_pod_is_waited_for() -> None:
+    raw = _raw(sign=False)
+    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    found = _plan(_view(raw, [_running(creation.pod)]), facts)
+    assert (found.create, found.delete, found.problems) == ([], [], [])
+    assert {i.kernel: i.state for i in found.images}[K1] == "Building"
+    assert found.gated == {K1}
+
+
+def test_rejected_credentials_are_an_authentication_error_and_never_a_build() -> None:
+    refused = existence.Fact(existence.State.AUTH_FAILED, "imageRepoSecret ns/repo: refused")
+    found = _plan(_view(_raw()), {K1: planner.Facts(refused), K2: planner.Facts(EXISTS)})
+    assert found.create == []
+    assert found.gated == {K1}
+    assert [(p.reason, p.message) for p in found.problems] == [
+        ("AuthenticationFailed", "imageRepoSecret ns/repo: refused")
+    ]
+    assert [e.reason for e in found.events] == ["AuthenticationFailed"]
+    again = _plan(
+        _view(_raw()), {K1: planner.Facts(refused), K2: planner.Facts(EXISTS)}, noticed=found.noticed
+    )  # fmt: skip
+    assert again.events == []
+
+
+def test_a_missing_configmap_is_shown_and_nothing_built() -> None:
+    inputs = planner.Inputs(versions={"Secret/repo": "8"})
+    found = _plan(_view(_raw(sign=False)), {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}, inputs=inputs)  # fmt: skip
+    assert found.create == []
+    (problem,) = found.problems
+    assert "ConfigMap ns/dockerfile does not exist" in problem.message
+    assert found.requeue_after == SETTINGS.poll
+
+
+def test_a_succeeded_pod_names_the_image_to_check_again_once() -> None:
+    raw = _raw()
+    facts = {K1: planner.Facts(MISSING, MISSING), K2: planner.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    done = _ended(creation.pod, "Succeeded", "{}", uid="b1")
+    view = _view(raw, [done])
+    targets = loader_planner.grouping(view).targets
+    assert planner.pushed_by_succeeded(view, targets, set()) == {pods.intermediate_image(IMAGE1)}
+    assert planner.pushed_by_succeeded(view, targets, {"b1"}) == set()
+
+
+def test_the_loader_creates_no_daemonset_for_a_gated_kernel_and_keeps_an_existing_one() -> None:
+    view = _view(_raw())
+    free = loader_planner.plan(view)
+    assert len(free.apply) == 2
+    gated = loader_planner.plan(view, gated={K1})
+    (applied,) = gated.apply
+    assert applied["metadata"]["labels"]["kmm.node.kubernetes.io/kernel-version.full"] == K2
+    assert gated.targeted == {"n1", "n2"}  # still targeted: the Module is not Ready yet
+    existing = next(
+        ds
+        for ds in free.apply
+        if ds["metadata"]["labels"]["kmm.node.kubernetes.io/kernel-version.full"] == K1
+    )
+    module = fixtures.module(_raw())
+    nodes = [fixtures.node("n1", K1), fixtures.node("n2", K2)]
+    kept = loader_planner.plan(fixtures.view(module, nodes, daemonsets=[existing]), gated={K1})
+    assert kept.delete == []
+    assert existing in kept.current
