@@ -61,6 +61,7 @@ from kmm.kube import client as kube_client
 from kmm.kube import kubeconfigs, resources
 from kmm.oci import archive
 from kmm.operator import wiring
+from kmm.operator.build import planner as build_planner
 from kmm.operator.build import pods
 from kmm.sandbox import cluster, pki, registry
 
@@ -150,11 +151,14 @@ def operator_settings(record: cluster.state.SandboxState, resync: float) -> dict
     """What ``kmm operator`` would be given (``--builder-image``,
     ``--registry-endpoint``, ``--registry-ca``), as wiring.Operator takes it."""
     assert record.registry is not None
+    ca = pki.Pki(record.directory / "pki").ca_cert
     return {
         "resync_period": resync,
-        "builder_image": f"{registry.REFERENCE_HOST}/bench/builder:1",
+        "build": build_planner.Settings(
+            builder_image=f"{registry.REFERENCE_HOST}/bench/builder:1", registry_ca=ca.read_text()
+        ),
         "registry_endpoints": {registry.REFERENCE_HOST: record.registry.host},
-        "registry_ca_files": (pki.Pki(record.directory / "pki").ca_cert,),
+        "registry_ca_files": (ca,),
     }
 
 
@@ -201,27 +205,52 @@ def container_span(pod: dict[str, Any]) -> float | None:
     return None
 
 
+def container_state(pod: dict[str, Any]) -> str:
+    """``waiting``, ``running`` or ``terminated`` (the first container's), or ``""``."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or ():
+        return next(iter(status.get("state") or {}), "")
+    return ""
+
+
 async def kmm_run(
     api: kube_client.Client, node: str, kernel: str, image: str, timeout: float
-) -> tuple[float, float | None, dict[str, Any]]:
-    """Seconds from the Module's create to its loader pod Running; the build
-    pod's container span; the loader pod."""
+) -> tuple[float, dict[str, float], float | None, dict[str, Any]]:
+    """Seconds from the Module's create to its loader pod Running; when each
+    step was first seen (polled every 0.2 s, seconds from the create); the
+    build container's own span (the kubelet's start and finish, 1 s
+    resolution); the loader pod."""
     build_span: float | None = None
     loader: dict[str, Any] = {}
+    marks: dict[str, float] = {}
+    started = time.perf_counter()
+
+    def mark(what: str) -> None:
+        marks.setdefault(what, time.perf_counter() - started)
 
     async def loading() -> bool:
         nonlocal build_span, loader
-        for pod in await module_pods(api):
-            if role(pod) == "build" and (span := container_span(pod)) is not None:
-                build_span = span
-            if role(pod) not in ("build", "sign") and running(pod):
-                loader = pod
+        found = await module_pods(api)
+        for pod in found:
+            if role(pod) == "build":
+                mark("build pod created")
+                if container_state(pod) in ("running", "terminated"):
+                    mark("build container started (builder image pulled)")
+                if (span := container_span(pod)) is not None:
+                    build_span = span
+                    mark("build container finished")
+            elif role(pod) != "sign":
+                mark("loader pod created")
+                if running(pod):
+                    loader = pod
+        if marks.get("build pod created") is not None and not any(
+            role(pod) == "build" for pod in found
+        ):
+            mark("build pod gone (succeeded, deleted)")
         return bool(loader)
 
-    started = time.perf_counter()
     await api.request("POST", _MODULES.path(NAMESPACE), body=module_body(node, kernel, image))
     await eventually(loading, "the loader pod Running", timeout)
-    return time.perf_counter() - started, build_span, loader
+    return time.perf_counter() - started, marks, build_span, loader
 
 
 def builder_root(work: pathlib.Path) -> tuple[pathlib.Path, list[str]]:
@@ -248,6 +277,9 @@ _CHROOT = """\
 set -e
 root=$1 storage=$2
 shift 2
+# The root a mount point of its own, as a container's is (buildah remounts it).
+mount --make-rprivate /
+mount --bind "$root" "$root"
 mount --rbind /proc "$root/proc"
 mount --rbind /sys "$root/sys"
 mount -t tmpfs -o mode=755 dev "$root/dev"
@@ -343,19 +375,20 @@ async def pod_start(
     return elapsed
 
 
-def registry_requests(record: cluster.state.SandboxState) -> int:
+def registry_requests(record: cluster.state.SandboxState) -> list[str]:
+    """The registry's access-log lines so far, one per request it served."""
     log = record.directory / "logs" / f"{registry.COMPONENT}.log"
     with log.open(errors="replace") as lines:
-        return sum(1 for line in lines if _ACCESS.search(line))
+        return [line.strip() for line in lines if _ACCESS.search(line)]
 
 
 async def converged(
     record: cluster.state.SandboxState, op: wiring.Operator, seconds: float
-) -> tuple[int, int]:
-    """(registry requests, reconciles) over ``seconds`` of a converged Module."""
-    requests, reconciles = registry_requests(record), op.counting.done
+) -> tuple[list[str], int]:
+    """(registry requests served, reconciles done) over ``seconds`` of a converged Module."""
+    requests, reconciles = len(registry_requests(record)), op.counting.done
     await asyncio.sleep(seconds)
-    return registry_requests(record) - requests, op.counting.done - reconciles
+    return registry_requests(record)[requests:], op.counting.done - reconciles
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -410,23 +443,39 @@ async def main(args: argparse.Namespace) -> None:
             ]
             image = f"{registry.REFERENCE_HOST}/bench/module:{tag}"
             async with operator(record.kubeconfig, operator_settings(record, args.resync)) as op:
-                total, build_span, loader = await kmm_run(api, node, kernel, image, args.timeout)
+
+                async def synced() -> bool:
+                    return op.manager.ready()
+
+                # Timed from a running operator, caches synced, as in a cluster.
+                await eventually(synced, "the operator's caches synced", 120)
+                total, marks, build_span, loader = await kmm_run(
+                    api, node, kernel, image, args.timeout
+                )
                 served, reconciles = await converged(record, op, args.converged)
             floor_image = f"{registry.REFERENCE_HOST}/bench/floor:{tag}"
             build_push = await asyncio.to_thread(host_build, record, work, kernel, floor_image)
             start = await pod_start(api, loader, node, floor_image)
+            every = registry_requests(record)
         floor = build_push + start
         span = f"{build_span:.1f} s" if build_span is not None else "not seen"
         print(f"kmm: Module created -> loader pod Running: {total:.1f} s (build container {span})")
+        for what, at in sorted(marks.items(), key=lambda item: item[1]):
+            print(f"  {at:6.1f} s  {what}")
         print(
             f"floor: the builder's buildah build + push on the host {build_push:.1f} s"
             f" + pod start from the existing image {start:.1f} s = {floor:.1f} s"
         )
         print(f"ratio kmm/floor: {total / floor:.2f}x")
-        per = served / reconciles if reconciles else float("nan")
+        per = len(served) / reconciles if reconciles else float("nan")
         print(
-            f"converged Module: {served} registry requests over {reconciles} reconciles"
+            f"converged Module: {len(served)} registry requests over {reconciles} reconciles"
             f" in {args.converged:.0f} s ({per:.2f} per reconcile; goal 0)"
+        )
+        for line in served[:5]:
+            print(f"  {line}")
+        print(
+            f"  (counted in the registry's access log; {len(every)} lines in all, e.g. {every[0]})"
         )
     finally:
         cluster.down(directory)

@@ -49,6 +49,7 @@ from kmm.api import kernels, labels, modules
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
+from kmm.operator.build import planner as build_planner
 from kmm.sandbox import cluster, pki, registry, testing
 
 HERE = Path(__file__).parent / "upstream"
@@ -207,13 +208,17 @@ async def created(api: kube_client.Client, resource: Any, body: dict[str, Any]) 
 
 
 def operator_settings(record: cluster.state.SandboxState) -> dict[str, Any]:
-    """What ``kmm operator`` would be given: the builder image as pushed, the
-    registry at its loopback port, the sandbox CA."""
+    """What ``kmm operator`` would be given: the builder image as pushed
+    (``--builder-image``), the registry at its loopback port
+    (``--registry-endpoint``), the sandbox CA (``--registry-ca``)."""
     assert record.registry is not None
+    ca = pki.Pki(record.directory / "pki").ca_cert
     return {
-        "builder_image": f"{registry.REFERENCE_HOST}/kmm/builder:1",
+        "build": build_planner.Settings(
+            builder_image=f"{registry.REFERENCE_HOST}/kmm/builder:1", registry_ca=ca.read_text()
+        ),
         "registry_endpoints": {registry.REFERENCE_HOST: record.registry.host},
-        "registry_ca_files": (pki.Pki(record.directory / "pki").ca_cert,),
+        "registry_ca_files": (ca,),
     }
 
 
