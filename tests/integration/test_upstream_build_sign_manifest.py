@@ -10,10 +10,10 @@ upstream's Module exercises at once: build and sign in one mapping, a build
 secret read in a plain RUN, ``registryTLS.insecure``, ``kanikoParams.tag``,
 a glob in ``filesToSign``, ``modulesLoadingOrder``, ``inTreeModulesToRemove``.
 
-One sandbox of its own: a KWOK node (``kmm-worker-0``, the node upstream's
-selector now names) of the kernel the kbuild image has headers for, where
-the loader DaemonSet's pod goes, and one container node where the build and
-sign pods really run (buildah, sign-file) and push to the sandbox registry.
+One sandbox of its own with one container node (``kmm-kubelet-0``, the node
+upstream's selector now names; of the host's kernel) where the build and
+sign pods really run (buildah, sign-file) and push to the sandbox registry,
+and the loader pod pulls the signed image and runs.
 The operator runs in the test process and reaches the registry at its
 loopback port (``--registry-endpoint``).
 
@@ -63,28 +63,31 @@ BUILDSIGN_DOCKERFILE = Path("tests/buildsign/Dockerfile")
 KMM = Path(sys.executable).with_name("kmm")
 NAMESPACE = "default"
 NAME = "kmm-ci"
-NODE = "kmm-worker-0"
+NODE = "kmm-kubelet-0"
 _MODULES = resources.Resource(modules.GROUP, modules.VERSION, modules.PLURAL)
 _SECRETS = resources.Resource("", "v1", "secrets")
 _CONFIG_MAPS = resources.Resource("", "v1", "configmaps")
 SIGNER = "kmm-ci upstream manifest test"
 TRAILER = b"~Module signature appended~\n"
 KANIKO_WARNING = "has no effect in kmm: kmm builds with buildah, not kaniko"
+FAILED = frozenset({"BuildFailed", "SignFailed", "AuthenticationFailed"})
 
 
-def kbuild_kernel() -> str:
-    return (IMAGES / "kbuild.kernel").read_text().strip()
+_HEADERS = '"/usr/src/linux-headers-${KERNEL_FULL_VERSION}"'
 
 
 def dockerfile_config_map() -> dict[str, Any]:
     """kmm-kmod-dockerfile (key ``dockerfile``): the build tests' Dockerfile
     (two modules, kmm_ci_a and kmm_ci_b, compiled offline), its base images
-    given as ARG defaults since upstream's Module passes no build args."""
+    given as ARG defaults since upstream's Module passes no build args, and
+    compiling against the kbuild image's headers whatever the node's kernel."""
     text = BUILDSIGN_DOCKERFILE.read_text()
     for arg, image in (("KBUILD_IMAGE", "kmm-ci/kbuild:1"), ("LOADER_IMAGE", "kmm-ci/loader:1")):
         line = f"ARG {arg}\n"
         assert line in text, f"{BUILDSIGN_DOCKERFILE} no longer has {line!r}"
         text = text.replace(line, f"ARG {arg}={registry.REFERENCE_HOST}/{image}\n", 1)
+    assert _HEADERS in text, f"{BUILDSIGN_DOCKERFILE} no longer builds against {_HEADERS}"
+    text = text.replace(_HEADERS, '"$(ls -d /usr/src/linux-headers-*-amd64)"')
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -97,9 +100,7 @@ def dockerfile_config_map() -> dict[str, Any]:
 def upstream() -> Iterator[cluster.state.SandboxState]:
     """The sandbox, its images pushed where the companions' Dockerfile and the
     operator look for them, the CRD and admission installed."""
-    with containersandbox.started(
-        "up", nodes=1, kernels=(kbuild_kernel(),), kubelet_nodes=1
-    ) as record:
+    with containersandbox.started("up", kubelet_nodes=1) as record:
         push = containersandbox.push
         push(record.directory, IMAGES / "kbuild.tar", "kmm-ci/kbuild:1")
         push(record.directory, IMAGES / "loader.tar", "kmm-ci/loader:1")
@@ -158,6 +159,19 @@ async def image_entry(api: kube_client.Client) -> dict[str, Any] | None:
     module = await api.request("GET", _MODULES.path(NAMESPACE, NAME))
     entries = (module.get("status") or {}).get("images") or []
     return next(iter(entries), None)
+
+
+async def why(api: kube_client.Client, entry: dict[str, Any] | None) -> str:
+    """The image entry, the Module's conditions and events: what a failure says."""
+    module = await api.request("GET", _MODULES.path(NAMESPACE, NAME))
+    events = await api.request(
+        "GET",
+        resources.Resource("", "v1", "events").path(NAMESPACE),
+        query={"fieldSelector": f"involvedObject.name={NAME}"},
+    )
+    said = [f"{e['reason']}: {e.get('message')}" for e in events["items"]]
+    conditions = (module.get("status") or {}).get("conditions")
+    return f"image {entry}; conditions {conditions}; events {said}"
 
 
 async def image_files(
@@ -226,7 +240,6 @@ async def test_upstreams_build_and_sign_module_applies_warns_builds_signs_and_lo
     upstream: cluster.state.SandboxState, tmp_path: Path
 ) -> None:
     record = upstream
-    kernel = kbuild_kernel()
     companions = COMPANIONS_FILE.read_text()
     (tmp_path / "companions.yaml").write_text(companions)
     applied = kmm("apply", "-f", str(tmp_path / "companions.yaml"), kubeconfig=record.kubeconfig)
@@ -239,6 +252,8 @@ async def test_upstreams_build_and_sign_module_applies_warns_builds_signs_and_lo
         created(api, _CONFIG_MAPS, dockerfile_config_map()),
         support.operator_in_process(record.kubeconfig, **operator_settings(record)),
     ):
+        node = await api.request("GET", resources.NODES.path(name=NODE))
+        kernel = kernels.node_kernel(node["status"]["nodeInfo"]["kernelVersion"])
         result = kmm("apply", "-f", str(MODULE_FILE), kubeconfig=record.kubeconfig)
         try:
             assert result.returncode == 0, result.stderr
@@ -247,12 +262,18 @@ async def test_upstreams_build_and_sign_module_applies_warns_builds_signs_and_lo
             assert any("kanikoParams" in w and KANIKO_WARNING in w for w in warnings), warnings
 
             # That the loader waits for the image is the operator's tests'
-            # (test_build_sign_*): here, that upstream's Module gets there.
+            # (test_build_*): here, that upstream's Module gets there. A
+            # failure is final (retried only on changed inputs): said at once.
             async def built() -> bool:
                 entry = await image_entry(api)
-                return entry is not None and entry["state"] == "Exists"
+                state = (entry or {}).get("state")
+                assert state not in FAILED, await why(api, entry)
+                return state == "Exists"
 
-            await testing.eventually(built, "the signed image exists", bound=600, interval=1)
+            try:
+                await testing.eventually(built, "the signed image exists", bound=420, interval=1)
+            except AssertionError as err:
+                raise AssertionError(f"{err}; {await why(api, await image_entry(api))}") from None
             entry = await image_entry(api)
             assert entry is not None
             assert entry["kernel"] == kernel
@@ -263,9 +284,20 @@ async def test_upstreams_build_and_sign_module_applies_warns_builds_signs_and_lo
             assert entry["image"] == image
 
             async def loading() -> bool:
-                return len(await loader_daemonsets(api)) == 1
+                found = await api.request(
+                    "GET",
+                    resources.PODS.path(NAMESPACE),
+                    query={"labelSelector": f"{labels.MODULE_NAME}={NAME}"},
+                )
+                return any(
+                    pod["spec"].get("nodeName") == NODE
+                    and (pod.get("status") or {}).get("phase") == "Running"
+                    and pod["spec"]["containers"][0]["image"] == image
+                    for pod in found["items"]
+                )
 
-            await testing.eventually(loading, "the loader DaemonSet", bound=120, interval=1)
+            # The node pulls the signed image and its loader runs.
+            await testing.eventually(loading, "the loader pod Running", bound=120, interval=1)
             (daemonset,) = await loader_daemonsets(api)
             template = daemonset["spec"]["template"]["spec"]
             assert template["containers"][0]["image"] == image
