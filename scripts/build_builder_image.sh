@@ -4,10 +4,10 @@
 # (kmm.operator.build.pods), tagged inside the archive with
 # pods.DEFAULT_BUILDER_IMAGE, the operator's --builder-image default.
 #   - Debian trixie (buildah 1.39 reads Dockerfile heredocs; bookworm's 1.28
-#     does not), made by mmdebstrap: buildah, kmod, openssl, ca-certificates
-#     and the kernel's sign-file (linux-kbuild-<abi> of the kernel trixie's
-#     linux-headers-amd64 names, linked as /usr/local/bin/sign-file:
-#     scripts/debian_kbuild.sh);
+#     does not), made by mmdebstrap: buildah, netavark (buildah 1.39 will not
+#     start without it), kmod, openssl, ca-certificates and the kernel's
+#     sign-file (linux-kbuild-<abi> of the kernel trixie's linux-headers-amd64
+#     names, linked as /usr/local/bin/sign-file: scripts/debian_kbuild.sh);
 #   - /etc/containers from scripts/builder_image: no unqualified search
 #     registries, overlay storage under /var/lib/containers.
 # One layer from scratch, built with the host's buildah (vfs, its own

@@ -375,6 +375,17 @@ class Client:
             return False
         return True
 
+    async def get_blob(self, name: str, digest: str) -> bytes:
+        """The blob's bytes (in memory: meant for small images), checked against ``digest``."""
+        path = f"/v2/{check_name(name)}/blobs/{check_digest(digest)}"
+        answer = await self._request("GET", path, name=name, expected=(200,))
+        if sha256_digest(answer.body) != digest:
+            raise errors.UnexpectedResponse(
+                f"GET {path}: {self.host} sent bytes of digest {sha256_digest(answer.body)}",
+                status=200,
+            )
+        return answer.body
+
     async def upload_blob(self, name: str, digest: str, data: bytes) -> None:
         """A monolithic upload: POST for a session, PUT the bytes with ``?digest=``."""
         if sha256_digest(data) != check_digest(digest):

@@ -52,6 +52,7 @@ __all__ = [
     "STORAGE",
     "PodInputs",
     "PodRole",
+    "build_args",
     "build_pod",
     "intermediate_image",
     "pod_name",
@@ -70,10 +71,13 @@ DEFAULT_BUILDER_IMAGE: Final = "ghcr.io/kmm/kmm-builder:0.1.0"
 DOCKERFILE_KEY: Final = "dockerfile"
 RESOURCE_TYPES: Final[Mapping[PodRole, str]] = {"build": "BuildImage", "sign": "SignImage"}
 
-# What buildah needs beyond a root container's default capabilities: the
-# mounts of its overlay storage, of RUN steps' /proc, /dev and --volume
-# binds, and the namespaces of chroot isolation (measured, README "Build
-# pods": without it buildah fails at its first mount).
+# What buildah needs beyond a root container's default capabilities
+# (measured on the sandbox's container nodes, README "Build and sign pods"):
+# CAP_SYS_ADMIN, for the mounts of its overlay storage (on the emptyDir at
+# STORAGE), of `buildah mount` (sign) and of RUN steps under chroot
+# isolation. Without it buildah re-executes itself in a user namespace,
+# which the RuntimeDefault seccomp profile the pods carry refuses, and
+# `buildah mount` fails outright; privileged is not needed.
 BUILDER_CAPABILITIES: Final = ("SYS_ADMIN",)
 
 # Where the pods keep things (none of them user-visible but the first two).
@@ -245,6 +249,9 @@ def _pod(
         "securityContext": {
             "runAsUser": 0,
             "capabilities": {"add": list(BUILDER_CAPABILITIES)},
+            # The runtime's default syscall filter, whatever the kubelet's
+            # default: buildah needs nothing it forbids (measured).
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [*shared_mounts, *mounts],
@@ -385,8 +392,8 @@ fi
 openssl x509 -in "$cert" -inform PEM -noout 2>/dev/null ||
     openssl x509 -in "$cert" -inform DER -noout 2>/dev/null ||
     fail "key 'cert' of Secret $KMM_CERT_SECRET is not a PEM or DER certificate"
-# sign-file would sign with any key: a signature the certificate cannot
-# verify is refused here, naming both Secrets.
+# sign-file refuses a key that is not the certificate's too, but only after
+# the pull and in OpenSSL's words: refuse it first, naming both Secrets.
 certkey=$(openssl x509 -in "$cert" -inform PEM -pubkey -noout 2>/dev/null ||
     openssl x509 -in "$cert" -inform DER -pubkey -noout)
 [ "$certkey" = "$(openssl pkey -in "$key" -pubout)" ] ||

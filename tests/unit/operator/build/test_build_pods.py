@@ -170,7 +170,8 @@ def test_pods_carry_kmms_labels_owner_and_restart_policy(role: str, kind: str) -
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert container["securityContext"] == {
         "runAsUser": 0,
-        "capabilities": {"add": list(pods.BUILDER_CAPABILITIES)},
+        "capabilities": {"add": ["SYS_ADMIN"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert "privileged" not in container["securityContext"]
     assert _volumes(pod)["storage"] == {"name": "storage", "emptyDir": {}}
