@@ -5,16 +5,23 @@ Level-based (``runtime.controllers.Reconciler``). For a live Module it:
 2. repeats admission (``kmm.api.validation``): an invalid Module gets a
    Degraded condition and one Warning Event, and nothing is created;
 3. takes one read-only view of the caches (``views``) and asks each planner
-   what it wants: ``loader``, then ``deviceplugin`` and ``dra`` (they
-   run where the module is loaded), then ``upgrade`` (ordered upgrades:
-   version labels, with whichever device workload the Module has);
-4. sends what they want: DaemonSets applied when missing or changed, stale
+   what it wants: ``build`` first (for kernels whose mapping builds or
+   signs: which images exist, asked of registries only when not known,
+   ``build.concern``; which build and sign pods to make; which kernels
+   wait for their image), then ``loader`` (which skips those kernels),
+   ``deviceplugin`` and ``dra`` (they run where the module is loaded),
+   then ``upgrade`` (ordered upgrades: version labels, with whichever
+   device workload the Module has);
+4. sends what they want: build and sign pods created and deleted (with
+   their Events), DaemonSets applied when missing or changed, stale
    ones deleted (an Event for each create and delete), DeviceClasses
    likewise, and the node labels all of them want, merged into one patch
    per node (``nodelabels``), each checked against the freshest cached node
    just before it goes, with a Node Event when ``.ready`` comes or goes;
-5. writes the status (``status``) only when a field it owns changes, and
-   counts-only changes at most once per ``STATUS_INTERVAL`` (requeued).
+5. writes the status (``status``, ``status.images`` among it) only when a
+   field it owns changes, and counts-only changes at most once per
+   ``STATUS_INTERVAL`` (requeued); a Module whose build or sign pod failed
+   is requeued every ``--build-input-poll`` seconds to notice fixed inputs.
 When a step raises (a planner's bug, an object the API server refuses), the
 Module shows it before the controller retries the key with backoff
 (``failures``): Degraded ``ReconcileFailed`` naming the step, and a Warning
@@ -226,7 +233,9 @@ class ModuleReconciler:
         if self.build is None:
             return build_planner.BuildPlan()
         with failures.step("planning the image builds"):
-            targets = loader_planner.grouping(view).targets
+            # The loader groups the nodes again; only Modules that build pay twice.
+            builds = build_planner.module_builds(view.module)
+            targets = loader_planner.grouping(view).targets if builds else {}
             return await self.build.plan(view, targets)
 
     def _trigger_generation(

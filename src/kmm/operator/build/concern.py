@@ -82,7 +82,7 @@ class BuildConcern:
         self, view: views.ModuleView, targets: Mapping[str, kernels.Target]
     ) -> planner.BuildPlan:
         key = f"{view.namespace}/{view.name}"
-        wanted = planner.concerned(targets)
+        wanted = planner.concerned(targets) if planner.module_builds(view.module) else {}
         if not wanted:
             self.forget_module(key)
             return planner.BuildPlan()

@@ -57,6 +57,7 @@ __all__ = [
     "inputs_wanted",
     "intermediate_wanted",
     "keys_of",
+    "module_builds",
     "plan",
     "pushed_by_succeeded",
 ]
@@ -137,6 +138,20 @@ class BuildPlan:
         seconds = max(seconds, 0.05)
         if self.requeue_after is None or seconds < self.requeue_after:
             self.requeue_after = seconds
+
+
+def module_builds(module: modules.Module) -> bool:
+    """Whether any level of ``module`` has ``build`` or ``sign`` (cheap: no
+    node is looked at, so a Module that builds nothing costs nothing here)."""
+    loader = module.spec.module_loader
+    if loader is None:
+        return False
+    container = loader.container
+    return (
+        container.build is not None
+        or container.sign is not None
+        or any(m.build is not None or m.sign is not None for m in container.kernel_mappings)
+    )
 
 
 def concerned(targets: Mapping[str, kernels.Target]) -> dict[str, kernels.Target]:

@@ -318,3 +318,13 @@ def test_the_loader_creates_no_daemonset_for_a_gated_kernel_and_keeps_an_existin
     kept = loader_planner.plan(fixtures.view(module, nodes, daemonsets=[existing]), gated={K1})
     assert kept.delete == []
     assert existing in kept.current
+
+
+def test_a_registry_that_does_not_answer_gates_the_kernel_and_builds_nothing() -> None:
+    failing = existence.Fact(existence.State.ERROR, "no answer from r.io", retry_at=5.0)
+    found = _plan(_view(_raw()), {K1: planner.Facts(failing), K2: planner.Facts(EXISTS)})
+    assert found.create == []
+    assert found.gated == {K1}
+    assert found.problems == []
+    image = {i.kernel: i for i in found.images}[K1]
+    assert (image.state, image.message) == ("Checking", "no answer from r.io")

@@ -1,0 +1,593 @@
+"""The operator builds and signs missing images in the cluster (issue 25).
+
+One sandbox for the module: a container node (where build and sign pods
+really run: buildah in the builder image ``make image`` made), two KWOK
+nodes (where loader pods run, fake), and the registry with credentials.
+The operator runs in the test process, outside the sandbox's network: it
+reaches the registry that image references name ``10.253.0.1:5000`` at its
+loopback port (``--registry-endpoint``), trusting the sandbox CA
+(``--registry-ca``), whose certificate names both.
+
+Kernels: ``K1`` is the kbuild image's (``build/images/kbuild.kernel``,
+derived from its headers, never written here), ``K2`` another. What is
+shown, sharing builds between tests (each test's Module stays for the next
+where it says so):
+
+- a real module compiled against kbuild's headers and signed: one build pod,
+  then one sign pod; no image under the final name before the sign pod
+  succeeded; K1's loader DaemonSet only once the image exists, K2's (whose
+  image exists) at once;
+- a Dockerfile that fails: Degraded naming the pod and the failing step,
+  no new build pod over several reconciles; the ConfigMap fixed: exactly
+  one new build, then Ready;
+- a converged Module: zero registry requests over several reconciles;
+- the image deleted and ``imageRebuildTriggerGeneration`` bumped: rebuilt
+  once, the running loader pods untouched;
+- a signing key that does not match: SignFailed; the key fixed in the same
+  Secret: one new sign pod, and still one build pod;
+- a wrong password in ``imageRepoSecret``: an authentication error on the
+  Module, no build pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import contextlib
+import json
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import containersandbox
+import pytest
+import test_operator_support as support
+
+from kmm.api import labels, modules
+from kmm.kube import client as kube_client
+from kmm.kube import errors as kube_errors
+from kmm.kube import resources
+from kmm.oci import references
+from kmm.operator.build import planner, pods
+from kmm.sandbox import cluster, pki, registry, testing
+
+IMAGES = Path("build/images")
+BUILDER = Path("build/kmm-builder-image.tar")
+DOCKERFILE = Path("tests/buildsign/Dockerfile")
+NAMESPACE = "default"
+K2 = "6.1.0-27-amd64"
+_USER, _PASSWORD = "builder", "s3cret:build"
+_SECRETS = resources.Resource("", "v1", "secrets")
+_CONFIGMAPS = resources.Resource("", "v1", "configmaps")
+_MODULES = resources.Resource(modules.GROUP, modules.VERSION, modules.PLURAL)
+_KWOK_TOLERATION = {"key": "kmm.sandbox/kwok", "operator": "Exists", "effect": "NoSchedule"}
+# Polling for fixed inputs, short for the test (the flag's default is 10 s).
+_POLL = 1.0
+_LONG = 1500  # seconds: a build on two shared cores, pulls included
+
+
+class Sandbox:
+    """The module's sandbox and what the fixture pushed."""
+
+    def __init__(self, record: cluster.state.SandboxState, kernel: str) -> None:
+        self.record = record
+        self.kernel = kernel
+        assert record.registry is not None
+        self.host = record.registry.reference_host
+        self.ca = pki.Pki(record.directory / "pki").ca_cert
+        self.builder = ""
+        self.kbuild = ""
+        self.loader = ""
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    kernel = (IMAGES / "kbuild.kernel").read_text().strip()
+    auth = registry.Auth(_USER, _PASSWORD)
+    with containersandbox.started(
+        "kbo", kubelet_nodes=1, registry_auth=auth, nodes=2, kernels=(kernel, K2)
+    ) as record:
+        found = Sandbox(record, kernel)
+        found.builder = containersandbox.push(record.directory, BUILDER, "kmm/builder:1")
+        found.kbuild = containersandbox.push(record.directory, IMAGES / "kbuild.tar", "ci/kbuild:1")
+        found.loader = containersandbox.push(record.directory, IMAGES / "loader.tar", "ci/loader:1")
+        asyncio.run(support.install_manifests(record.kubeconfig))
+        yield found
+
+
+@pytest.fixture
+async def api(sandbox: Sandbox) -> AsyncIterator[kube_client.Client]:
+    async with cluster.api_client(sandbox.record.kubeconfig) as found:
+        yield found
+
+
+@contextlib.asynccontextmanager
+async def _operator(sandbox: Sandbox) -> AsyncIterator[support.InProcess]:
+    assert sandbox.record.registry is not None
+    settings = planner.Settings(
+        builder_image=sandbox.builder,
+        registry_ca=sandbox.ca.read_text(),
+        poll=_POLL,
+    )
+    async with support.operator_in_process(
+        sandbox.record.kubeconfig,
+        build=settings,
+        registry_ca_files=(sandbox.ca,),
+        registry_endpoints={sandbox.host: sandbox.record.registry.host},
+    ) as running:
+        yield running
+
+
+def _pull_secret(sandbox: Sandbox, name: str, *, password: str = _PASSWORD) -> dict[str, Any]:
+    pair = base64.b64encode(f"{_USER}:{password}".encode()).decode()
+    config = json.dumps({"auths": {sandbox.host: {"auth": pair}}}).encode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "type": "kubernetes.io/dockerconfigjson",
+        "data": {".dockerconfigjson": base64.b64encode(config).decode()},
+    }
+
+
+def _opaque(name: str, data: dict[str, bytes]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+    }
+
+
+def _dockerfile(name: str, text: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "data": {"dockerfile": text},
+    }
+
+
+async def _create(api: kube_client.Client, resource: resources.Resource, body: dict[str, Any]) -> None:  # fmt: skip
+    await api.request("POST", resource.path(namespace=NAMESPACE), body=body)
+
+
+async def _replace(api: kube_client.Client, resource: resources.Resource, body: dict[str, Any]) -> None:  # fmt: skip
+    name = body["metadata"]["name"]
+    await api.request(
+        "PATCH",
+        resource.path(namespace=NAMESPACE, name=name),
+        body={"data": body["data"]},
+        content_type=kube_client.MERGE_PATCH,
+    )
+
+
+def _module(
+    name: str,
+    secret: str,
+    mappings: list[dict[str, Any]],
+    **container: Any,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": modules.API_VERSION,
+        "kind": modules.KIND,
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "selector": {"type": "kwok"},
+            "tolerations": [_KWOK_TOLERATION],
+            "imageRepoSecret": {"name": secret},
+            "moduleLoader": {
+                "container": {
+                    "modprobe": {"moduleName": "kmm_ci_a", "dirName": "/opt"},
+                    "kernelMappings": mappings,
+                    **container,
+                }
+            },
+        },
+    }
+
+
+async def _get_module(api: kube_client.Client, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = await api.request("GET", _MODULES.path(namespace=NAMESPACE, name=name))
+    return found
+
+
+async def _until(
+    api: kube_client.Client,
+    name: str,
+    done: Callable[[dict[str, Any]], bool],
+    what: str,
+    *,
+    each: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
+    """The Module once ``done`` says so; ``each`` runs at every look."""
+    found: dict[str, Any] = {}
+    try:
+        async with asyncio.timeout(_LONG):
+            while True:
+                if each is not None:
+                    await each()
+                found = await _get_module(api, name)
+                if done(found):
+                    return found
+                await asyncio.sleep(1)
+    except TimeoutError:
+        raise AssertionError(f"{what}: never; last status {found.get('status')}") from None
+
+
+def _images(module: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {i["kernel"]: i for i in (module.get("status") or {}).get("images") or ()}
+
+
+def _state(kernel: str, state: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda module: _images(module).get(kernel, {}).get("state") == state
+
+
+def _condition(module: dict[str, Any], type_: str) -> dict[str, Any]:
+    for found in (module.get("status") or {}).get("conditions") or ():
+        if found["type"] == type_:
+            return dict(found)
+    return {}
+
+
+async def _events(api: kube_client.Client, name: str) -> collections.Counter[str]:
+    found = await api.request(
+        "GET",
+        resources.EVENTS.path(namespace=NAMESPACE),
+        query={"fieldSelector": f"involvedObject.name={name},involvedObject.kind=Module"},
+    )
+    return collections.Counter(e["reason"] for e in found["items"])
+
+
+async def _loader_daemonsets(api: kube_client.Client, name: str) -> dict[str, str]:
+    """Kernel label -> name of the Module's loader DaemonSets."""
+    found = await api.request(
+        "GET",
+        resources.DAEMONSETS.path(namespace=NAMESPACE),
+        query={"labelSelector": f"{labels.MODULE_NAME}={name},{labels.ROLE}=module-loader"},
+    )
+    return {
+        ds["metadata"]["labels"][labels.KERNEL_VERSION_FULL]: ds["metadata"]["name"]
+        for ds in found["items"]
+    }
+
+
+async def _loader_pods(api: kube_client.Client, name: str) -> dict[str, str]:
+    """Pod name -> uid of the Module's loader pods."""
+    found = await api.request(
+        "GET",
+        resources.PODS.path(namespace=NAMESPACE),
+        query={"labelSelector": f"{labels.MODULE_NAME}={name},{labels.ROLE}=module-loader"},
+    )
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in found["items"]}
+
+
+async def _exists(sandbox: Sandbox, image: str) -> bool:
+    parsed = references.parse(image)
+    async with registry.client(sandbox.record) as client:
+        return await client.exists(parsed.name, parsed.reference) is not None
+
+
+async def _delete_image(sandbox: Sandbox, image: str) -> None:
+    parsed = references.parse(image)
+    async with registry.client(sandbox.record) as client:
+        found = await client.head_manifest(parsed.name, parsed.reference)
+        await client.delete_manifest(parsed.name, found.digest)
+
+
+async def _delete_module(api: kube_client.Client, name: str) -> None:
+    with contextlib.suppress(kube_errors.NotFound):
+        await api.request("DELETE", _MODULES.path(namespace=NAMESPACE, name=name))
+
+
+async def _reconciles(running: support.InProcess, count: int) -> None:
+    """Wait for ``count`` more reconciles. A Module whose pod failed is
+    requeued every poll, so the operator is never idle meanwhile."""
+    start = running.op.counting.done
+
+    async def done() -> bool:
+        return running.op.counting.done >= start + count
+
+    running.op.resync()
+    await testing.eventually(done, f"{count} reconciles")
+
+
+def _tag(kernel: str) -> str:
+    return kernel.replace("+", "_")
+
+
+def _quick_dockerfile(sandbox: Sandbox, *, failing: bool = False) -> str:
+    """Two ``.ko`` files on the loader image, without compiling (quick)."""
+    step = (
+        'RUN echo "kmm-ci: compiling against missing headers" >&2 && exit 3'
+        if failing
+        else "RUN true"
+    )
+    return (
+        f"FROM {sandbox.loader}\n"
+        "ARG KERNEL_FULL_VERSION\n"
+        f"{step}\n"
+        "RUN mkdir -p /opt/lib/modules/${KERNEL_FULL_VERSION} && "
+        "printf 'a' >/opt/lib/modules/${KERNEL_FULL_VERSION}/kmm_ci_a.ko && "
+        "printf 'b' >/opt/lib/modules/${KERNEL_FULL_VERSION}/kmm_ci_b.ko\n"
+    )
+
+
+def _openssl(directory: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+
+def _key_and_cert(directory: Path, stem: str) -> tuple[bytes, bytes]:
+    _openssl(
+        directory, "req", "-new", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        "-subj", f"/CN=kmm {stem}", "-keyout", f"{stem}.key", "-out", f"{stem}.crt",
+    )  # fmt: skip
+    return (directory / f"{stem}.key").read_bytes(), (directory / f"{stem}.crt").read_bytes()
+
+
+async def test_a_missing_image_is_built_and_signed_before_its_loader_runs(
+    sandbox: Sandbox, api: kube_client.Client, tmp_path: Path
+) -> None:
+    """A real module compiled against kbuild's headers, signed; K2 served meanwhile."""
+    name = f"ci-{uuid.uuid4().hex[:6]}"
+    key, cert = _key_and_cert(tmp_path, "signer")
+    final = f"{sandbox.host}/ci/{name}:{_tag(sandbox.kernel)}"
+    served = f"{sandbox.host}/ci/{name}:{_tag(K2)}"
+    # K2's image exists already: a copy of the loader image under its name.
+    containersandbox.push(sandbox.record.directory, IMAGES / "loader.tar", f"ci/{name}:{_tag(K2)}")
+    await _create(api, _SECRETS, _pull_secret(sandbox, f"{name}-repo"))
+    await _create(api, _SECRETS, _opaque("build-secret", {"ci-build-secret": b"the secret\n"}))
+    await _create(api, _SECRETS, _opaque(f"{name}-key", {"key": key}))
+    await _create(api, _SECRETS, _opaque(f"{name}-cert", {"cert": cert}))
+    await _create(api, _CONFIGMAPS, _dockerfile(f"{name}-dockerfile", DOCKERFILE.read_text()))
+    body = _module(
+        name,
+        f"{name}-repo",
+        [
+            {"literal": sandbox.kernel, "containerImage": final},
+            {"literal": K2, "containerImage": served},
+        ],
+        build={
+            "dockerfileConfigMap": {"name": f"{name}-dockerfile"},
+            "secrets": [{"name": "build-secret"}],
+            "buildArgs": [
+                {"name": "KBUILD_IMAGE", "value": sandbox.kbuild},
+                {"name": "LOADER_IMAGE", "value": sandbox.loader},
+                {"name": "KMM_CI_VERSION", "value": "1.0-ci"},
+            ],
+        },
+        sign={
+            "keySecret": {"name": f"{name}-key"},
+            "certSecret": {"name": f"{name}-cert"},
+            # A glob, not ${KERNEL_FULL_VERSION}: that variable is the tag-safe
+            # form ("+" -> "_"), the modules' directory the kernel itself.
+            "filesToSign": ["/opt/lib/modules/*/kmm_ci_a.ko"],
+        },
+    )
+    intermediate = pods.intermediate_image(final)
+    early: list[str] = []  # the final image seen before any sign pod was made
+    between: list[bool] = []  # built, not signed yet: whether the final image was there
+    k1_before_image: list[str] = []
+
+    async def watch() -> None:
+        reasons = await _events(api, name)
+        final_there = await _exists(sandbox, final)
+        if final_there and reasons["SignCreated"] == 0:
+            early.append(str(reasons))
+        if reasons["SignCreated"] == 0 and await _exists(sandbox, intermediate):
+            between.append(final_there)
+        daemonsets = await _loader_daemonsets(api, name)
+        if labels.kernel_value(sandbox.kernel) in daemonsets and not final_there:
+            k1_before_image.append(daemonsets[labels.kernel_value(sandbox.kernel)])
+
+    async with _operator(sandbox):
+        await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
+        try:
+            # K2 is served while K1 builds.
+            await _until(
+                api, name,
+                lambda m: _state(K2, "Exists")(m) and _state(sandbox.kernel, "Building")(m),
+                "K2's image found and K1's building",
+            )  # fmt: skip
+            daemonsets = await _loader_daemonsets(api, name)
+            assert labels.kernel_value(K2) in daemonsets
+            assert labels.kernel_value(sandbox.kernel) not in daemonsets
+            await _until(api, name, _state(sandbox.kernel, "Exists"), "K1's image", each=watch)
+            await _until(
+                api, name, lambda m: _condition(m, "Ready").get("status") == "True", "Ready",
+                each=watch,
+            )  # fmt: skip
+            assert early == []
+            assert not any(between)
+            assert k1_before_image == []
+            assert labels.kernel_value(sandbox.kernel) in await _loader_daemonsets(api, name)
+            reasons = await _events(api, name)
+            assert (reasons["BuildCreated"], reasons["SignCreated"]) == (1, 1), reasons
+            assert (reasons["BuildSucceeded"], reasons["SignSucceeded"]) == (1, 1), reasons
+            # kmm_ci_b.ko is not listed: only the listed one was signed, no warning.
+            assert reasons["FilesToSignUnmatched"] == 0
+            assert await _exists(sandbox, intermediate)
+        finally:
+            await _delete_module(api, name)
+
+
+@pytest.fixture(scope="module")
+def quick() -> dict[str, Any]:
+    """State the quick-Dockerfile tests share (one Module, built once)."""
+    return {}
+
+
+async def test_a_failed_build_is_kept_until_its_configmap_is_fixed(
+    sandbox: Sandbox, api: kube_client.Client, quick: dict[str, Any]
+) -> None:
+    name = f"fx-{uuid.uuid4().hex[:6]}"
+    final = f"{sandbox.host}/ci/{name}:{_tag(sandbox.kernel)}"
+    await _create(api, _SECRETS, _pull_secret(sandbox, f"{name}-repo"))
+    config = _dockerfile(f"{name}-dockerfile", _quick_dockerfile(sandbox, failing=True))
+    await _create(api, _CONFIGMAPS, config)
+    body = _module(
+        name,
+        f"{name}-repo",
+        [{"literal": sandbox.kernel, "containerImage": final}],
+        build={"dockerfileConfigMap": {"name": f"{name}-dockerfile"}},
+    )
+    await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
+    quick.update(name=name, final=final)
+    async with _operator(sandbox) as running:
+        failed = await _until(api, name, _state(sandbox.kernel, "BuildFailed"), "BuildFailed")
+        degraded = _condition(failed, "Degraded")
+        pod = pods.pod_name(name, "build", sandbox.kernel)
+        assert degraded["status"] == "True"
+        assert degraded["reason"] == "BuildFailed"
+        assert pod in degraded["message"]
+        assert "compiling against missing headers" in degraded["message"], degraded
+        # Several reconciles (each polls the inputs): no new build pod.
+        await _reconciles(running, 5)
+        reasons = await _events(api, name)
+        assert reasons["BuildCreated"] == 1
+        assert reasons["BuildFailed"] == 1  # told once, not per reconcile
+        config["data"]["dockerfile"] = _quick_dockerfile(sandbox)
+        await _replace(api, _CONFIGMAPS, config)
+        await _until(
+            api, name, lambda m: _condition(m, "Ready").get("status") == "True", "Ready after fix"
+        )
+        reasons = await _events(api, name)
+        assert reasons["BuildCreated"] == 2
+        assert reasons["BuildSucceeded"] == 1
+        assert await _exists(sandbox, final)
+
+
+async def test_a_converged_module_asks_no_registry(
+    sandbox: Sandbox, api: kube_client.Client, quick: dict[str, Any]
+) -> None:
+    """The previous test's Module, under a restarted operator: one check
+    each after the restart, then none however often it reconciles."""
+    name = quick["name"]
+    async with _operator(sandbox) as running:
+        await running.wait_idle("converged")
+        checks = running.op.checker.requests
+        assert checks > 0  # the restart asked once
+        writes = running.counter.total_writes
+        done = running.op.counting.done
+        for _ in range(5):
+            running.op.resync()
+            await running.wait_idle("resynced")
+        assert running.op.counting.done >= done + 5
+        assert running.op.checker.requests == checks
+        assert running.counter.total_writes == writes  # no status write, no Event
+        assert _state(sandbox.kernel, "Exists")(await _get_module(api, name))
+
+
+async def test_a_bumped_trigger_rebuilds_a_deleted_image_once(
+    sandbox: Sandbox, api: kube_client.Client, quick: dict[str, Any]
+) -> None:
+    name, final = quick["name"], quick["final"]
+    async with _operator(sandbox) as running:
+        await running.wait_idle("converged")
+        before = await _loader_pods(api, name)
+        assert before  # a loader pod runs on the K1 node
+        built = (await _events(api, name))["BuildCreated"]
+        await _delete_image(sandbox, final)
+        assert not await _exists(sandbox, final)
+        await api.request(
+            "PATCH",
+            _MODULES.path(namespace=NAMESPACE, name=name),
+            body={"spec": {"imageRebuildTriggerGeneration": 1}},
+            content_type=kube_client.MERGE_PATCH,
+        )
+        await _until(
+            api, name,
+            lambda m: (m.get("status") or {}).get("imageRebuildTriggerGeneration") == 1,
+            "status.imageRebuildTriggerGeneration",
+        )  # fmt: skip
+        assert await _exists(sandbox, final)
+        assert (await _events(api, name))["BuildCreated"] == built + 1
+        assert await _loader_pods(api, name) == before  # not disturbed
+        for _ in range(2):
+            running.op.resync()
+            await running.wait_idle("resynced")
+        assert (await _events(api, name))["BuildCreated"] == built + 1
+    await _delete_module(api, name)
+
+
+async def test_a_wrong_signing_key_fails_the_sign_until_the_secret_is_fixed(
+    sandbox: Sandbox, api: kube_client.Client, tmp_path: Path
+) -> None:
+    name = f"sg-{uuid.uuid4().hex[:6]}"
+    final = f"{sandbox.host}/ci/{name}:{_tag(sandbox.kernel)}"
+    key, cert = _key_and_cert(tmp_path, "right")
+    other, _ = _key_and_cert(tmp_path, "wrong")
+    await _create(api, _SECRETS, _pull_secret(sandbox, f"{name}-repo"))
+    wrong = _opaque(f"{name}-key", {"key": other})
+    await _create(api, _SECRETS, wrong)
+    await _create(api, _SECRETS, _opaque(f"{name}-cert", {"cert": cert}))
+    await _create(api, _CONFIGMAPS, _dockerfile(f"{name}-dockerfile", _quick_dockerfile(sandbox)))
+    body = _module(
+        name,
+        f"{name}-repo",
+        [{"literal": sandbox.kernel, "containerImage": final}],
+        build={"dockerfileConfigMap": {"name": f"{name}-dockerfile"}},
+        sign={
+            "keySecret": {"name": f"{name}-key"},
+            "certSecret": {"name": f"{name}-cert"},
+            "filesToSign": ["/opt/lib/modules/*/*.ko"],
+        },
+    )
+    await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
+    try:
+        async with _operator(sandbox) as running:
+            failed = await _until(api, name, _state(sandbox.kernel, "SignFailed"), "SignFailed")
+            degraded = _condition(failed, "Degraded")
+            assert degraded["reason"] == "SignFailed"
+            assert pods.pod_name(name, "sign", sandbox.kernel) in degraded["message"]
+            assert not await _exists(sandbox, final)  # never an unsigned image there
+            await _reconciles(running, 5)
+            reasons = await _events(api, name)
+            assert (reasons["BuildCreated"], reasons["SignCreated"]) == (1, 1), reasons
+            wrong["data"]["key"] = base64.b64encode(key).decode()
+            await _replace(api, _SECRETS, wrong)
+            await _until(api, name, _state(sandbox.kernel, "Exists"), "signed after the fix")
+            reasons = await _events(api, name)
+            assert (reasons["BuildCreated"], reasons["SignCreated"]) == (1, 2), reasons
+    finally:
+        await _delete_module(api, name)
+
+
+async def test_a_wrong_password_is_an_authentication_error_and_builds_nothing(
+    sandbox: Sandbox, api: kube_client.Client
+) -> None:
+    name = f"au-{uuid.uuid4().hex[:6]}"
+    final = f"{sandbox.host}/ci/{name}:{_tag(sandbox.kernel)}"
+    await _create(api, _SECRETS, _pull_secret(sandbox, f"{name}-repo", password="wrong"))
+    await _create(api, _CONFIGMAPS, _dockerfile(f"{name}-dockerfile", _quick_dockerfile(sandbox)))
+    body = _module(
+        name,
+        f"{name}-repo",
+        [{"literal": sandbox.kernel, "containerImage": final}],
+        build={"dockerfileConfigMap": {"name": f"{name}-dockerfile"}},
+    )
+    await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
+    try:
+        async with _operator(sandbox) as running:
+            refused = await _until(
+                api, name, _state(sandbox.kernel, "AuthenticationFailed"), "AuthenticationFailed"
+            )
+            degraded = _condition(refused, "Degraded")
+            assert degraded["reason"] == "AuthenticationFailed"
+            assert f"{NAMESPACE}/{name}-repo" in degraded["message"]
+            await _reconciles(running, 5)
+            reasons = await _events(api, name)
+            assert reasons["BuildCreated"] == 0
+            assert reasons["AuthenticationFailed"] == 1
+            found = await api.request(
+                "GET",
+                resources.PODS.path(namespace=NAMESPACE),
+                query={"labelSelector": f"{labels.MODULE_NAME}={name}"},
+            )
+            assert found["items"] == []
+            assert await _loader_daemonsets(api, name) == {}
+    finally:
+        await _delete_module(api, name)

@@ -1,0 +1,100 @@
+"""The build concern's I/O policy: what it asks registries and the API
+server, and when it asks again (a checker whose registry is a table)."""
+
+from __future__ import annotations
+
+import collections
+import copy
+from typing import Any
+
+import test_build_planner as cases
+
+from kmm.operator.build import concern, existence, planner, pods
+from kmm.operator.loader import planner as loader_planner
+
+Obj = dict[str, Any]
+
+
+class _Checker(existence.Checker):
+    def __init__(self, images: dict[str, existence.State]) -> None:
+        super().__init__()
+        self.images = images
+        self.asked: collections.Counter[str] = collections.Counter()
+
+    async def _ask(self, key: existence.Key, secret: Obj | None) -> existence.Fact:
+        self.asked[key.image] += 1
+        return existence.Fact(self.images.get(key.image, existence.State.MISSING))
+
+
+class _Reader:
+    def __init__(self) -> None:
+        self.gets: list[tuple[str, str]] = []
+
+    async def get(self, kind: str, namespace: str, name: str) -> Obj | None:
+        self.gets.append((kind, name))
+        data = {"dockerfile": "FROM scratch\n"} if kind == "ConfigMap" else {}
+        return {"metadata": {"name": name, "resourceVersion": "1"}, "data": data}
+
+
+def _view(raw: Obj, pods_: list[Obj] = ()) -> Any:  # type: ignore[assignment]
+    return cases._view(raw, list(pods_))
+
+
+async def _plan(build: concern.BuildConcern, raw: Obj, pods_: list[Obj] = ()) -> planner.BuildPlan:  # type: ignore[assignment]
+    view = _view(raw, list(pods_))
+    found = await build.plan(view, loader_planner.grouping(view).targets)
+    build.done(view, found)
+    return found
+
+
+async def test_known_images_are_not_asked_again_and_inputs_read_only_when_missing() -> None:
+    checker = _Checker({cases.IMAGE1: existence.State.EXISTS, cases.IMAGE2: existence.State.EXISTS})
+    reader = _Reader()
+    build = concern.BuildConcern(checker, reader)
+    raw = cases._raw()
+    for _ in range(3):
+        found = await _plan(build, raw)
+        assert found.gated == set()
+    assert checker.asked == {cases.IMAGE1: 1, cases.IMAGE2: 1}
+    # The repo Secret is read for each first check; no ConfigMap, no key.
+    assert ("ConfigMap", "dockerfile") not in reader.gets
+    assert len(reader.gets) == 2
+
+
+async def test_a_module_without_build_asks_nothing() -> None:
+    checker = _Checker({})
+    build = concern.BuildConcern(checker, _Reader())
+    found = await _plan(build, cases._raw(build=False, sign=False))
+    assert found.images == []
+    assert checker.asked == {}
+
+
+async def test_a_moved_trigger_generation_asks_once_more() -> None:
+    checker = _Checker({cases.IMAGE1: existence.State.EXISTS, cases.IMAGE2: existence.State.EXISTS})
+    build = concern.BuildConcern(checker, _Reader())
+    raw = cases._raw()
+    await _plan(build, raw)
+    bumped = copy.deepcopy(raw)
+    bumped["spec"]["imageRebuildTriggerGeneration"] = 1
+    for _ in range(2):
+        found = await _plan(build, bumped)
+    assert checker.asked == {cases.IMAGE1: 2, cases.IMAGE2: 2}
+    assert build.trigger_generation(_view(bumped), found) == 1
+
+
+async def test_a_succeeded_pod_has_its_image_asked_again_once() -> None:
+    checker = _Checker({cases.IMAGE2: existence.State.EXISTS})
+    build = concern.BuildConcern(checker, _Reader())
+    raw = cases._raw(sign=False)
+    (creation,) = (await _plan(build, raw)).create
+    assert checker.asked[cases.IMAGE1] == 1
+    checker.images[cases.IMAGE1] = existence.State.EXISTS  # the pod pushed it
+    done = cases._ended(creation.pod, "Succeeded", "{}", uid="p1")
+    found = await _plan(build, raw, [done])
+    assert {i.kernel: i.state for i in found.images}[cases.K1] == "Exists"
+    assert [e.reason for e in found.events] == ["BuildSucceeded"]
+    assert found.delete == [done]
+    again = await _plan(build, raw, [done])  # the cache still shows it a moment
+    assert again.events == []
+    assert checker.asked[cases.IMAGE1] == 2
+    assert pods.pod_name("m", "build", cases.K1) == done["metadata"]["name"]
