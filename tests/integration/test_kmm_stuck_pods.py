@@ -1,4 +1,5 @@
-"""``kmm status`` and ``kmm upgrade`` name a pod held back by its init container.
+"""``kmm status`` and ``kmm upgrade`` name a pod held back by its init container;
+``kmm status`` and ``kmm modules`` show each kernel's image as ``status.images`` says.
 
 The sandbox cannot make an image pull fail: KWOK runs every pod on its nodes
 (its pod-running stage rewrites a Pending pod's status as soon as it sees
@@ -8,7 +9,10 @@ the kubelet of a node of its own, one that no KWOK manages (it lacks the
 its status is written through the pods/status subresource, as a kubelet
 writes it when an init container's image does not pull. Everything else
 (the Module, the node, the pod, both commands and their watches) is the
-real API server's.
+real API server's. ``status.images`` is written the same way, through the
+Module's status subresource, as the operator writes it: what is tested is
+that the commands read it back from a real API server (the CRD's schema
+keeps it), not how the operator arrives at it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ NAME = "stuck"
 IMAGE = "example.com/plugin-init:v1"
 PULL_MESSAGE = f'Back-off pulling image "{IMAGE}"'
 NOW = "2026-12-02T04:00:00Z"
+_MODULES = resources.Resource(modules.GROUP, modules.VERSION, modules.PLURAL)
 
 
 def module(select: str) -> dict[str, Any]:
@@ -266,3 +271,53 @@ async def test_kmm_upgrade_stops_on_an_init_container_that_gets_stuck_while_it_w
             f"{node} is stuck at: adding the module-loader version label v1; pod {pod}: "
             f"init container device-plugin-init: ImagePullBackOff ({PULL_MESSAGE})"
         ) in error, error
+
+
+async def test_kmm_status_and_modules_show_each_kernels_image_from_the_modules_status(
+    sandbox: testing.RunningSandbox,
+    manifests: None,
+    api_client: client.ApiClient,
+    kmm_api: kube_client.Client,
+    namespace: str,
+) -> None:
+    select = f"kmm-stuck-{uuid.uuid4().hex[:6]}"
+    build_pod = f"{NAME}-build-6-8-0-45-generic"
+    async with (
+        module_in(api_client, namespace, select),
+        node_without_kwok(kmm_api, select) as node,
+    ):
+        images = [
+            {
+                "kernel": "6.8.0-45-generic",
+                "image": f"10.253.0.1:5000/{namespace}/{NAME}:6.8.0-45-generic",
+                "state": "BuildFailed",
+                "pod": build_pod,
+                "message": "STEP 4/7: RUN make: exit status 2",
+            },
+            {"kernel": "5.14.0-1", "image": f"r/{NAME}:5.14.0-1", "state": "Exists"},
+        ]
+        await kmm_api.request(
+            "PATCH",
+            _MODULES.path(namespace, NAME, subresource="status"),
+            body={"status": {"images": images}},
+            content_type=kube_client.MERGE_PATCH,
+        )
+        outputs = []
+        for command in (["status", f"{namespace}/{NAME}"], ["modules", "-n", namespace]):
+            run = await asyncio.create_subprocess_exec(
+                str(KMM), *command, f"--kubeconfig={sandbox.kubeconfig}",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env={**os.environ, "COLUMNS": "250"},
+            )  # fmt: skip
+            out, err = await run.communicate()
+            assert run.returncode == 0, err.decode()
+            outputs.append(out.decode())
+        status, listed = outputs
+        # The node's kernel's image, its pod and why; not the other kernel's.
+        # (One row: node, kernel, image cell, in this order.)
+        expected = f"{node} 6.8.0-45-generic build failed (pod {build_pod}): STEP 4/7: RUN make"
+        assert flat(expected) in flat(status), status
+        assert "exists" not in status, status
+        # Every kernel's image, with its pod.
+        assert flat(f"6.8.0-45-generic: build failed (pod {build_pod})") in flat(listed), listed
+        assert flat("5.14.0-1: exists") in flat(listed), listed

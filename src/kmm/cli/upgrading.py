@@ -9,7 +9,9 @@ each step as the node reaches it, until the node carries
 there (a pod of the module that cannot run, or ``--timeout`` passed),
 naming the step it is stuck on and why, and exits 1.
 
-``kmm status NS/NAME`` prints the same steps as a table, one row per node.
+``kmm status NS/NAME`` prints the same steps as a table, one row per node,
+with the image of the node's kernel as the operator last wrote it in
+``status.images`` (exists, building or signing in which pod, failed and why).
 Both read the cluster only through ``kube.client`` and judge with the
 operator's own rule (``operator.inspecting``), so they work against any
 cluster the kubeconfig reaches, whichever replica of the operator runs.
@@ -29,7 +31,7 @@ from kmm.cli import clients, tables
 from kmm.kube import client, errors, resources
 from kmm.operator import inspecting
 
-__all__ = ["register", "status", "upgrade"]
+__all__ = ["register", "status", "status_table", "upgrade"]
 
 
 class UpgradeFailed(Exception):
@@ -165,20 +167,22 @@ async def _states(api: client.Client, namespace: str, name: str) -> list[inspect
         return await inspecting.node_states(api, await inspecting.get_module(api, namespace, name))
 
 
-def status(
-    module: Annotated[str, typer.Argument(help="The Module, as NAMESPACE/NAME.")],
-    kubeconfig: clients.KubeconfigOption = None,
-    context: clients.ContextOption = None,
-) -> None:
-    """Per node: kernel, the three version labels, loaded, plugin ready, and the upgrade step."""
-    namespace, name = _split(module)
-    api = clients.api_client(kubeconfig, context)
-    states = tables.fetched(_states(api, namespace, name))
-    table = Table("NODE", "KERNEL", "VERSION", "LOADER", "PLUGIN", "LOADED", "PLUGIN READY", "STEP")
+def _image(state: inspecting.NodeState) -> str:
+    """The node's kernel's image: its state, pod and message (a kernel with
+    several images, one line each); ``-`` when the operator wrote none."""
+    return "\n".join(image.describe() for image in state.images) or "-"
+
+
+def status_table(states: list[inspecting.NodeState]) -> Table:
+    """One row per node."""
+    table = Table(
+        "NODE", "KERNEL", "IMAGE", "VERSION", "LOADER", "PLUGIN", "LOADED", "PLUGIN READY", "STEP"
+    )
     for s in states:
         table.add_row(
             s.node,
             s.kernel,
+            _image(s),
             s.user or "-",
             s.loader or "-",
             s.plugin or "-",
@@ -186,7 +190,19 @@ def status(
             _mark(s.plugin_ready),
             s.step.description + (f" ({s.problem})" if s.problem else ""),
         )
-    tables.console().print(table)
+    return table
+
+
+def status(
+    module: Annotated[str, typer.Argument(help="The Module, as NAMESPACE/NAME.")],
+    kubeconfig: clients.KubeconfigOption = None,
+    context: clients.ContextOption = None,
+) -> None:
+    """Per node: kernel, its image, the three version labels, loaded, plugin ready, and the
+    upgrade step."""
+    namespace, name = _split(module)
+    api = clients.api_client(kubeconfig, context)
+    tables.console().print(status_table(tables.fetched(_states(api, namespace, name))))
 
 
 def register(app: typer.Typer) -> None:

@@ -9,6 +9,10 @@ upgrade waiting on it would wait forever. Init containers count as much as
 the others (a device plugin's or DRA driver's init container whose image
 does not pull holds its pod back just the same), and the ``Watcher``
 records a node again when a problem appears at a step it already reported.
+
+``images`` reads what the operator wrote of each kernel's image in
+``status.images`` (whether it exists, is being built or signed, or failed,
+and by which pod), so both commands show it without asking the registry.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from kmm.operator.upgrade import planner as upgrade_planner
 
 __all__ = [
     "STUCK_REASONS",
+    "ImageState",
     "NodeState",
     "Watcher",
     "get_module",
+    "images",
     "module_version",
     "node_states",
     "states",
@@ -51,6 +57,60 @@ STUCK_REASONS: Final = frozenset(
 )
 
 
+# status.images[].state -> what the commands call it; a pod is named after it.
+_IMAGE_WORDS: Final = {
+    "Exists": "exists",
+    "Missing": "missing",
+    "Checking": "checking",
+    "Building": "building",
+    "Signing": "signing",
+    "BuildFailed": "build failed",
+    "SignFailed": "sign failed",
+    "AuthenticationFailed": "authentication failed",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageState:
+    """One entry of ``status.images``: a kernel's image as the operator last saw it."""
+
+    kernel: str
+    image: str
+    state: str
+    pod: str | None = None
+    message: str | None = None
+
+    def describe(self, *, message: bool = True) -> str:
+        """``building (pod P)``, ``build failed (pod P): last lines``, ``exists``; a
+        state this version does not know is shown as written."""
+        said = _IMAGE_WORDS.get(self.state, self.state or "unknown")
+        if self.pod:
+            said += f" (pod {self.pod})"
+        if message and self.message:
+            said += f": {self.message}"
+        return said
+
+
+def images(module: Mapping[str, Any]) -> list[ImageState]:
+    """``status.images`` of a raw Module, in the order written (entries without a
+    kernel are skipped: nothing could be matched to them)."""
+    found = []
+    for entry in (module.get("status") or {}).get("images") or ():
+        kernel = entry.get("kernel")
+        if not isinstance(kernel, str) or not kernel:
+            continue
+        found.append(
+            ImageState(
+                kernel=kernel,
+                image=str(entry.get("image") or ""),
+                state=str(entry.get("state") or ""),
+                pod=entry.get("pod") or None,
+                message=entry.get("message") or None,
+            )
+        )
+    return found
+
+
 @dataclasses.dataclass(frozen=True)
 class NodeState:
     node: str
@@ -63,6 +123,8 @@ class NodeState:
     version_ready: str | None
     step: upgrade_planner.Step
     problem: str | None
+    # The image of the node's kernel, from status.images (empty: none written).
+    images: tuple[ImageState, ...] = ()
 
 
 async def get_module(api: client.Client, namespace: str, name: str) -> RawObject:
@@ -126,6 +188,9 @@ def states(
         "version_ready": labels.version_ready(namespace, name),
     }
     pods = list(pods)
+    by_kernel: dict[str, list[ImageState]] = collections.defaultdict(list)
+    for image in images(module):
+        by_kernel[image.kernel].append(image)
     wanted = set(only) if only is not None else None
     found: list[NodeState] = []
     for node in sorted(nodes, key=objects.name):
@@ -144,11 +209,13 @@ def states(
         ]
         plugin_ready = keys["plugin_ready"] in node_labels or keys["dra_ready"] in node_labels
         user = node_labels.get(keys["user"]) if selected else None
-        kernel = ((node.get("status") or {}).get("nodeInfo") or {}).get("kernelVersion", "")
+        kernel = kernels.node_kernel(
+            ((node.get("status") or {}).get("nodeInfo") or {}).get("kernelVersion", "")
+        )
         found.append(
             NodeState(
                 node=node_name,
-                kernel=kernels.node_kernel(kernel),
+                kernel=kernel,
                 user=user,
                 loader=node_labels.get(keys["loader"]),
                 plugin=node_labels.get(keys["plugin"]),
@@ -168,6 +235,7 @@ def states(
                     noun=noun,
                 ),
                 problem=_problem(on_node),
+                images=tuple(by_kernel.get(kernel, ())),
             )
         )
     return found

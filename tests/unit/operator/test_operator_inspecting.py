@@ -7,11 +7,12 @@ container holds its pod back as surely as the main one.
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import pytest
 
-from kmm.api import labels
+from kmm.api import labels, modules
 from kmm.operator import inspecting
 
 IMAGE = "example.com/plugin-init:v2"
@@ -165,3 +166,76 @@ def test_a_pod_that_cannot_run_is_the_nodes_problem(
     else:
         assert state.problem is not None
         assert state.problem.startswith(f"pod m-dp-x7k2p: {expected}"), state.problem
+
+
+IMAGES = [
+    {"kernel": "6.8.0-45-generic", "image": "r:5000/ns/m:6.8.0-45-generic", "state": "Exists"},
+    {
+        "kernel": "6.12.48+deb13-amd64",
+        "image": "r:5000/ns/m:6.12.48-deb13-amd64",
+        "state": "Building",
+        "pod": "m-build-6-12-48-deb13-amd64",
+    },
+]
+
+
+def test_a_node_gets_the_image_of_its_own_kernel_trimmed_as_kmm_trims_it() -> None:
+    module = MODULE | {"status": {"images": IMAGES}}
+    other = {
+        "metadata": {"name": "n2", "labels": {"gpu": "yes"}},
+        # nodeInfo carries a trailing "+" that KMM drops before matching.
+        "status": {"nodeInfo": {"kernelVersion": "6.12.48+deb13-amd64+"}},
+    }
+    stranger = {
+        "metadata": {"name": "n3", "labels": {"gpu": "yes"}},
+        "status": {"nodeInfo": {"kernelVersion": "5.14.0"}},
+    }
+    by_node = {s.node: s for s in inspecting.states(module, [NODE, other, stranger], [])}
+    assert [i.state for i in by_node["n1"].images] == ["Exists"]
+    assert [i.pod for i in by_node["n2"].images] == ["m-build-6-12-48-deb13-amd64"]
+    assert by_node["n3"].images == ()
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ({"state": "Exists"}, "exists"),
+        ({"state": "Missing"}, "missing"),
+        ({"state": "Checking"}, "checking"),
+        ({"state": "Building", "pod": "m-build-k"}, "building (pod m-build-k)"),
+        ({"state": "Signing", "pod": "m-sign-k"}, "signing (pod m-sign-k)"),
+        (
+            {"state": "BuildFailed", "pod": "m-build-k", "message": "STEP 3/5: exit status 2"},
+            "build failed (pod m-build-k): STEP 3/5: exit status 2",
+        ),
+        (
+            {"state": "SignFailed", "pod": "m-sign-k", "message": "sign-file: bad key"},
+            "sign failed (pod m-sign-k): sign-file: bad key",
+        ),
+        (
+            {"state": "AuthenticationFailed", "message": "401 from r:5000"},
+            "authentication failed: 401 from r:5000",
+        ),
+        # A state a newer operator writes is shown as written.
+        ({"state": "Queued"}, "Queued"),
+    ],
+)
+def test_each_image_state_is_said_with_its_pod_and_message(
+    entry: dict[str, str], expected: str
+) -> None:
+    module = {"status": {"images": [{"kernel": "k", "image": "i:1"} | entry]}}
+    [image] = inspecting.images(module)
+    assert image.describe() == expected
+    assert image.describe(message=False) == expected.partition(": ")[0]
+
+
+def test_images_without_a_kernel_are_skipped_and_no_status_is_none() -> None:
+    assert inspecting.images({"status": {"images": [{"image": "i:1", "state": "Exists"}]}}) == []
+    assert inspecting.images({}) == []
+
+
+@pytest.mark.parametrize("state", typing.get_args(modules.ImageState))
+def test_every_state_the_api_knows_has_words_of_its_own(state: str) -> None:
+    said = inspecting.ImageState(kernel="k", image="i:1", state=state).describe()
+    assert said != state
+    assert said == said.lower()
