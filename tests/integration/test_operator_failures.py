@@ -12,6 +12,7 @@ the operator's reconciler counts the reconciles of the key that raised.
 from __future__ import annotations
 
 import collections
+from collections.abc import Collection
 from typing import Any
 
 import pytest
@@ -80,12 +81,14 @@ async def test_a_raising_planner_degrades_its_module_once_and_it_converges_after
     real = loader_planner.plan
     armed = True
 
-    def planner(view: views.ModuleView) -> loader_planner.LoaderPlan:
+    def planner(
+        view: views.ModuleView, *, gated: Collection[str] = frozenset()
+    ) -> loader_planner.LoaderPlan:
         # Only this test's Module: another test's operator shares nothing
         # with this one, but the function is the process's.
         if armed and (view.namespace, view.name) == (namespace, name):
             raise RuntimeError("injected planner failure")
-        return real(view)
+        return real(view, gated=gated)
 
     monkeypatch.setattr(loader_planner, "plan", planner)
     counted: list[CountingFailures] = []

@@ -242,7 +242,10 @@ def check_directory(directory: Path, plan_overlays: Sequence[str] = ()) -> None:
     """Refuse a sandbox dir hidden by a node's mounts (writes to it would land
     in the node's namespace only)."""
     hidden = {Path(target) for target in MOUNTED} | {Path(o) for o in plan_overlays}
-    for path in hidden:
+    # The deepest first, so the message names the mount that hides it
+    # (/etc/containerd, not the /etc overlay made for it); a set's order
+    # would change with the hash seed.
+    for path in sorted(hidden, key=lambda found: (-len(found.parts), str(found))):
         if directory == path or path in directory.parents:
             raise errors.SandboxError(
                 f"a sandbox with container nodes may not live under {path} "
