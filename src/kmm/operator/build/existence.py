@@ -23,8 +23,9 @@ resourceVersion of the Secret it was judged with; ``fact`` asks again when
 the Secret changed (a GET of the Secret, no registry request otherwise).
 
 Registry TLS: ``insecure`` allows plain HTTP, tried after HTTPS fails to
-answer (go-containerregistry's order); ``insecureSkipTLSVerify`` verifies
-no certificate. The operator's ``--registry-ca`` files are trusted beside
+answer (go-containerregistry's order), and verifies no certificate (as the
+build and sign pods' ``--tls-verify=false``); ``insecureSkipTLSVerify``
+verifies no certificate. The operator's ``--registry-ca`` files are trusted beside
 the system's roots, and ``endpoints`` (``--registry-endpoint HOST=ENDPOINT``)
 dial another address for a host while the TLS server name stays the host's.
 
@@ -216,13 +217,16 @@ class Checker:
                 credentials = _credentials(secret, key, reference.host)
             except ValueError as err:
                 return Fact(State.AUTH_FAILED, str(err), secret_version=_secret_version(secret))
-        # insecure: HTTPS first, plain HTTP when HTTPS gets no answer.
+        # insecure: HTTPS first, plain HTTP when HTTPS gets no answer; and,
+        # as the builder's --tls-verify=false and Docker's insecure
+        # registries, a certificate nobody vouches for is accepted (else the
+        # pod would push an image this check never sees).
         for plain in (False, True) if key.tls.insecure else (False,):
             registry = client.Client(
                 reference.host,
                 credentials=credentials,
                 ca_files=self._ca_files,
-                verify_tls=not key.tls.skip_verify,
+                verify_tls=not (key.tls.skip_verify or key.tls.insecure),
                 plain_http=plain,
                 actions=("pull",),
                 timeout=self._timeout,

@@ -230,6 +230,23 @@ async def test_skip_verify_accepts_a_certificate_nobody_vouches_for(authority: p
         await server.close()
 
 
+async def test_insecure_accepts_an_unvouched_certificate_as_the_builder_does(
+    authority: pki.Pki,
+) -> None:
+    # The build pod pushes with --tls-verify=false for an insecure registry:
+    # the check must see what it pushed, over the same HTTPS.
+    _registry, server = await _tls_registry(authority, "selfsigned", "registry.test")
+    try:
+        host = f"127.0.0.1:{server.port}"
+        found = await existence.Checker().fact(
+            existence.Key(f"{host}/kmm/mod:v1", _INSECURE, "ns/repo"),
+            _Secrets(_secret("robot", "s3cret", host)),
+        )
+        assert found.state is existence.State.EXISTS, found.message
+    finally:
+        await server.close()
+
+
 @pytest.mark.parametrize("pair", ["10.253.0.1:5000", "=127.0.0.1:1", "a=", "https://a=127.0.0.1:1"])
 def test_a_malformed_endpoint_is_refused(pair: str) -> None:
     with pytest.raises(ValueError, match="HOST=ENDPOINT"):
