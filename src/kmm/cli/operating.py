@@ -119,7 +119,8 @@ def operator(
         float,
         typer.Option(
             help="Seconds between looks at the inputs (ConfigMaps, Secrets) of a failed build "
-            "or sign pod, which is made again once they change.",
+            "or sign pod, which is made again once they change; and between asks for a "
+            "sign-only kernel's unsignedImage until the registry has it.",
             min=0.1,
         ),
     ] = build_planner.DEFAULT_POLL,
