@@ -21,6 +21,8 @@ import test_operator_support as support
 from kubernetes_asyncio import client
 
 from kmm.api import crd, preflight
+from kmm.cli import applying
+from kmm.kube import client as kube_client
 
 manifests = support.manifests
 
@@ -120,6 +122,22 @@ async def test_v1beta1_is_not_served(manifests: None, api_client: client.ApiClie
     found = await _get(api_client, f"/apis/{preflight.GROUP}/v1beta1")
     assert "modules" in {r["name"] for r in found["resources"]}
     assert not any(r["name"].startswith(preflight.PLURAL) for r in found["resources"])
+
+
+async def test_kmm_apply_of_a_v1beta1_manifest_names_the_version_not_served(
+    manifests: None, kmm_api: kube_client.Client
+) -> None:
+    obj = cases.validation(name=_name())
+    obj["apiVersion"] = f"{preflight.GROUP}/v1beta1"
+    with pytest.raises(applying.ApplyError) as refused:
+        await applying.apply_documents(kmm_api, [obj], wait_for_kinds=0)
+    assert str(refused.value) == (
+        "the API server does not serve PreflightValidation in kmm.sigs.x-k8s.io/v1beta1"
+    )
+    obj["apiVersion"] = preflight.API_VERSION
+    assert await applying.apply_documents(kmm_api, [obj], dry_run=True) == [
+        f"preflightvalidation/{obj['metadata']['name']} created (dry run)"
+    ]
 
 
 @pytest.mark.parametrize("kernel", cases.GOOD_KERNELS)
