@@ -1,4 +1,4 @@
-"""The Module API as pure data: models, validation, names, rendered manifests.
+"""kmm's APIs (Module, PreflightValidation) as pure data: models, validation, names, manifests.
 
 Nothing here performs I/O or imports a client library; every other package may
 import it, and it imports none of them.
@@ -7,6 +7,7 @@ import it, and it imports none of them.
 - ``validation``: raw object -> ``Module`` or field-named violations.
 - ``labels``: every label, annotation and finalizer name; DaemonSet names.
 - ``kernels``: kernel mapping and image variable expansion.
+- ``preflight``: the ``PreflightValidation`` models (v1beta2), reasons and rules.
 - ``scheduling``: selector match and "schedulable node".
 - ``conditions``: status condition types, reasons and setting.
 - ``formats``: image / DNS / label-value / regexp checks shared by all of the above;
