@@ -246,7 +246,9 @@ def _pods_of(module: Mapping[str, Any]) -> tuple[resources.Resource, str, str]:
     return (
         resources.PODS,
         namespace,
-        f"{labels.MODULE_NAME}={name},{labels.MODULE_NAMESPACE}={namespace}",
+        # Preflight pods carry the Module's labels but run no kernel of a node.
+        f"{labels.MODULE_NAME}={name},{labels.MODULE_NAMESPACE}={namespace},"
+        f"{labels.ROLE}!=preflight",
     )
 
 
