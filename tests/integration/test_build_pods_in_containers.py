@@ -323,7 +323,11 @@ def _modinfo(path: Path) -> dict[str, str]:
 
 
 def test_the_build_pod_pushed_the_intermediate_image_and_said_its_digest(run: Run) -> None:
-    assert _termination(run.build_pod) == {"image": run.unsigned, "digest": run.unsigned_digest}
+    assert _termination(run.build_pod) == {
+        "image": run.unsigned,
+        "digest": run.unsigned_digest,
+        "pushed": True,
+    }
     assert (
         run.unsigned
         == run.final.rpartition(":")[0] + ":" + run.final.rpartition(":")[2] + "-kmm-unsigned"
@@ -360,6 +364,7 @@ def test_the_sign_pod_said_what_it_signed_and_what_matched_nothing(run: Run) -> 
     assert _termination(run.sign_pod) == {
         "image": run.final,
         "digest": run.final_digest,
+        "pushed": True,
         "signed": [f"{directory}/kmm_ci_a.ko"],
         "unmatched": [f"{directory}/absent-*.ko"],
     }
