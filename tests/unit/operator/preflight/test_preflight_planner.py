@@ -27,7 +27,12 @@ AUTH = existence.Fact(existence.State.AUTH_FAILED, "r.io/m: unauthorized")
 ERROR = existence.Fact(existence.State.ERROR, "r.io: connection refused")
 SETTINGS = build_planner.Settings(builder_image="b.io/builder:1", poll=7.0)
 INPUTS = build_planner.Inputs(
-    versions={"ConfigMap/dockerfile": "5", "Secret/key": "6", "Secret/cert": "7", "Secret/repo": "8"},
+    versions={
+        "ConfigMap/dockerfile": "5",
+        "Secret/key": "6",
+        "Secret/cert": "7",
+        "Secret/repo": "8",
+    },
     dockerfiles={"dockerfile": "FROM scratch\n"},
 )
 NOW = "2026-12-02T12:00:00Z"
@@ -346,7 +351,9 @@ def test_a_pod_whose_inputs_changed_is_deleted_then_made_again(change: str) -> N
     if change == "dockerfile":
         now_inputs = build_planner.Inputs(INPUTS.versions, {"dockerfile": "FROM busybox\n"})
     elif change == "secret":
-        now_inputs = build_planner.Inputs({**INPUTS.versions, "Secret/key": "60"}, INPUTS.dockerfiles)
+        now_inputs = build_planner.Inputs(
+            {**INPUTS.versions, "Secret/key": "60"}, INPUTS.dockerfiles
+        )
     elif change == "kernel":
         now_found = validation(kernel="6.8.0-45-generic-2", generation=2)
         now_raw = copy.deepcopy(raw)
@@ -372,7 +379,9 @@ def test_a_kept_pod_whose_image_now_exists_elsewhere_is_stale_once_inputs_change
     found = validation()
     raw = module_raw(build=True)
     failed = observed(wanted_pod(found, raw), "Failed", message="boom", exit_code=1)
-    changed = build_planner.Inputs({**INPUTS.versions, "ConfigMap/dockerfile": "9"}, INPUTS.dockerfiles)
+    changed = build_planner.Inputs(
+        {**INPUTS.versions, "ConfigMap/dockerfile": "9"}, INPUTS.dockerfiles
+    )
     plan = run(found, [raw], pods_=[failed], facts={"ns/m": build_planner.Facts(EXISTS)}, inputs={"ns/m": changed})  # fmt: skip
     assert plan.verdicts["ns/m"].reason == preflight.REASON_IMAGE_EXISTS
     assert plan.verdicts["ns/m"].pod is None
@@ -456,7 +465,9 @@ def _entry(name: str, status: str, stage: str, reason: str, time: str = EARLIER)
 def test_last_transition_time_moves_only_with_the_verdict(
     before: Obj, generation: int, verdict: planner.Verdict, time: str
 ) -> None:
-    raw = validation_raw(generation=generation, status={"modules": [before], "observedGeneration": 1})
+    raw = validation_raw(
+        generation=generation, status={"modules": [before], "observedGeneration": 1}
+    )
     wanted = planner.status(preflight.parse(raw), {"ns/m": verdict}, now=NOW)
     (entry,) = wanted["modules"]
     assert entry["lastTransitionTime"] == time
@@ -470,7 +481,9 @@ def test_a_status_that_is_already_there_is_not_written_again() -> None:
     found = validation()
     verdicts = {
         "ns/b": planner.Verdict("Failure", "Done", preflight.REASON_MAPPING_NOT_FOUND),
-        "ns/a": planner.Verdict("InProgress", "Image", preflight.REASON_IN_PROGRESS, image=IMAGE, pod="pfv-a"),  # fmt: skip
+        "ns/a": planner.Verdict(
+            "InProgress", "Image", preflight.REASON_IN_PROGRESS, image=IMAGE, pod="pfv-a"
+        ),
     }
     wanted = planner.status(found, verdicts, now=NOW)
     assert [e["name"] for e in wanted["modules"]] == ["a", "b"]
