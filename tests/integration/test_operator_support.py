@@ -89,11 +89,12 @@ async def install_manifests(kubeconfig: Path) -> None:
 
 
 async def _serves(api: client.ApiClient, group: str, version: str, plural: str) -> bool:
-    """Whether a cluster-scoped custom resource is served yet (its CRD Established)."""
+    """Whether a cluster-scoped custom resource is served yet: 404 until its
+    CRD is Established, then 429 ("storage is (re)initializing") for a moment."""
     try:
         await client.CustomObjectsApi(api).list_cluster_custom_object(group, version, plural)
     except client.ApiException as err:
-        if err.status == 404:
+        if err.status in (404, 429):
             return False
         raise
     return True

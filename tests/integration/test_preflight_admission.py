@@ -21,6 +21,8 @@ import test_operator_support as support
 from kubernetes_asyncio import client
 
 from kmm.api import crd, preflight
+from kmm.cli import applying
+from kmm.kube import client as kube_client
 
 manifests = support.manifests
 
@@ -58,6 +60,19 @@ async def _created(api: client.ApiClient, obj: Obj) -> AsyncIterator[Obj]:
         )
 
 
+async def _get(api: client.ApiClient, path: str, *, accept: str = "application/json") -> Obj:
+    """A GET of any path (discovery, a Table), decoded."""
+    found: Obj = await api.call_api(
+        path,
+        "GET",
+        header_params={"Accept": accept},
+        response_types_map={200: "object"},
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+    )
+    return found
+
+
 def _verdict(name: str, **changes: object) -> Obj:
     verdict: Obj = {
         "name": name,
@@ -80,13 +95,7 @@ async def test_crd_is_established_under_its_names(
     conditions = {c.type: c.status for c in definition.status.conditions}
     assert conditions["Established"] == "True", conditions
     assert conditions["NamesAccepted"] == "True", conditions
-    found = await api_client.call_api(
-        f"/apis/{preflight.GROUP}/{preflight.VERSION}",
-        "GET",
-        response_type="object",
-        auth_settings=["BearerToken"],
-        _return_http_data_only=True,
-    )
+    found = await _get(api_client, f"/apis/{preflight.GROUP}/{preflight.VERSION}")
     served = {r["name"]: r for r in found["resources"]}
     resource = served[preflight.PLURAL]
     assert resource["kind"] == preflight.KIND
@@ -110,15 +119,25 @@ async def test_v1beta1_is_not_served(manifests: None, api_client: client.ApiClie
             preflight.GROUP, "v1beta1", preflight.PLURAL
         )
     assert listed.value.status == 404
-    found = await api_client.call_api(
-        f"/apis/{preflight.GROUP}/v1beta1",
-        "GET",
-        response_type="object",
-        auth_settings=["BearerToken"],
-        _return_http_data_only=True,
-    )
+    found = await _get(api_client, f"/apis/{preflight.GROUP}/v1beta1")
     assert "modules" in {r["name"] for r in found["resources"]}
     assert not any(r["name"].startswith(preflight.PLURAL) for r in found["resources"])
+
+
+async def test_kmm_apply_of_a_v1beta1_manifest_names_the_version_not_served(
+    manifests: None, kmm_api: kube_client.Client
+) -> None:
+    obj = cases.validation(name=_name())
+    obj["apiVersion"] = f"{preflight.GROUP}/v1beta1"
+    with pytest.raises(applying.ApplyError) as refused:
+        await applying.apply_documents(kmm_api, [obj], wait_for_kinds=0)
+    assert str(refused.value) == (
+        "the API server does not serve PreflightValidation in kmm.sigs.x-k8s.io/v1beta1"
+    )
+    obj["apiVersion"] = preflight.API_VERSION
+    assert await applying.apply_documents(kmm_api, [obj], dry_run=True) == [
+        f"preflightvalidation/{obj['metadata']['name']} created (dry run)"
+    ]
 
 
 @pytest.mark.parametrize("kernel", cases.GOOD_KERNELS)
@@ -223,13 +242,10 @@ async def test_printer_columns_show_kernel_and_push(
 ) -> None:
     name = _name()
     async with _created(api_client, cases.validation("6.8.0-45-generic", name=name)):
-        table = await api_client.call_api(
+        table = await _get(
+            api_client,
             f"/apis/{preflight.GROUP}/{preflight.VERSION}/{preflight.PLURAL}/{name}",
-            "GET",
-            header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
-            response_type="object",
-            auth_settings=["BearerToken"],
-            _return_http_data_only=True,
+            accept="application/json;as=Table;v=v1;g=meta.k8s.io",
         )
     columns = [c["name"] for c in table["columnDefinitions"]]
     assert columns == ["Name", "Kernel", "Push", "Age"]
