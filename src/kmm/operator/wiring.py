@@ -211,7 +211,10 @@ class Operator:
             handler_errors=handler_errors,
             label_selector=caches.OWNED_SELECTOR,
             projection=caches.project_pod,
-            indexers={caches.MODULE_INDEX: caches.object_module_index},
+            indexers={
+                caches.MODULE_INDEX: caches.object_module_index,
+                caches.PREFLIGHT_INDEX: caches.preflight_index,
+            },
             page_size=LIST_PAGE,
         )
         self.nodes = informers.Informer(
