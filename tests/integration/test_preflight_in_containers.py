@@ -28,7 +28,8 @@ the one the real test module compiles against. What is shown:
   status, its preflight pod deleted, and the Module's own deletion does not
   wait for that pod;
 - deleting the validation removes its pods (the garbage collector, through
-  the owner reference).
+  the owner reference);
+- the operator as its ServiceAccount, with deploy/'s RBAC, answers one.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import test_build_in_containers as built
 import test_operator_support as support
 
 from kmm.api import labels, modules, preflight
+from kmm.cli import applying
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
@@ -60,6 +62,7 @@ _MODULES = resources.Resource(modules.GROUP, modules.VERSION, modules.PLURAL)
 _PREFLIGHTS = writing.PREFLIGHTS
 _LONG = 1500  # seconds: a build on two shared cores, pulls included
 _WRITES = ("POST", "PUT", "PATCH", "DELETE")
+SERVICE_ACCOUNT = "system:serviceaccount:kmm-system:kmm-operator"
 
 
 @pytest.fixture(scope="module")
@@ -440,3 +443,44 @@ async def test_deleting_the_validation_removes_its_pods(
     finally:
         async with _operator(sandbox):
             await built._delete_module(api, name)
+
+
+async def test_the_deployed_rbac_is_enough(sandbox: built.Sandbox, api: kube_client.Client) -> None:
+    """The operator as its ServiceAccount (deploy/'s ClusterRole): validations
+    listed and watched, pods owned by one made (blockOwnerDeletion, which the
+    sandbox's OwnerReferencesPermissionEnforcement checks), /status written."""
+    docs = []
+    for path in ("operator/namespace.yaml", "rbac/operator.yaml"):
+        docs.extend(applying.load_documents((support.DEPLOY / path).read_text()))
+    await applying.apply_documents(api, docs)
+    name = f"rb-{uuid.uuid4().hex[:5]}"
+    validation = f"pfv-{name}"
+    await built._create(api, built._SECRETS, built._pull_secret(sandbox, f"{name}-repo"))
+    config = built._dockerfile(f"{name}-dockerfile", built._quick_dockerfile(sandbox, failing=True))
+    await built._create(api, built._CONFIGMAPS, config)
+    body = _module(
+        name,
+        [{"literal": sandbox.kernel, "containerImage": f"{sandbox.host}/ci/{name}:x"}],
+        build={"dockerfileConfigMap": {"name": f"{name}-dockerfile"}},
+    )
+    await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
+    await api.request("POST", _PREFLIGHTS.path(), body=_validation(validation, sandbox.kernel))
+    assert sandbox.record.registry is not None
+    settings = planner.Settings(
+        builder_image=sandbox.builder, registry_ca=sandbox.ca.read_text(), poll=built._POLL
+    )
+    async with support.operator_in_process(
+        sandbox.record.kubeconfig,
+        impersonate=SERVICE_ACCOUNT,
+        build=settings,
+        registry_ca_files=(sandbox.ca,),
+        registry_endpoints={sandbox.host: sandbox.record.registry.host},
+    ):
+        try:
+            found = await _until(api, validation, _is(name, "Failure"), "its pod failed")
+            assert _verdicts(found)[name]["pod"] == pods.preflight_pod_name(validation, name)
+            assert list(await _preflight_pods(api, validation)) == [_verdicts(found)[name]["pod"]]
+        finally:
+            await _delete_validation(api, validation)
+            await built._delete_module(api, name)
+        await asyncio.sleep(0.2)
