@@ -95,10 +95,6 @@ PREFLIGHT_RESOURCE_TYPE: Final = "PreflightImage"
 # own storage).
 LOCAL_UNSIGNED_IMAGE: Final = "localhost/kmm-preflight/unsigned:latest"
 
-# Until kmm.api.labels has PREFLIGHT and preflight_value (branch issue26-api).
-_PREFLIGHT_LABEL: Final = labels.PREFIX + "preflight"
-_preflight_value = labels.label_value
-
 # What buildah needs beyond a root container's default capabilities
 # (measured on the sandbox's container nodes, README "Build and sign pods"):
 # CAP_SYS_ADMIN, for the mounts of its overlay storage (on the emptyDir at
@@ -486,7 +482,7 @@ def preflight_pod(
         "namespace": inputs.namespace,
         "labels": {
             **_labels(inputs, PREFLIGHT_ROLE, PREFLIGHT_RESOURCE_TYPE),
-            _PREFLIGHT_LABEL: _preflight_value(validation),
+            labels.PREFLIGHT: labels.preflight_value(validation),
         },
         "ownerReferences": [dict(owner)],
     }

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kmm.api import formats, kernels, labels, modules
+from kmm.api import formats, kernels, labels, modules, preflight
 from kmm.operator.build import pods, scripts
 
 _MODULE_OWNER = {
@@ -19,8 +19,8 @@ _MODULE_OWNER = {
     "blockOwnerDeletion": True,
 }
 _OWNER = {
-    "apiVersion": "kmm.sigs.x-k8s.io/v1beta2",
-    "kind": "PreflightValidation",
+    "apiVersion": preflight.API_VERSION,
+    "kind": preflight.KIND,
     "name": "pfv",
     "uid": "u-pfv",
     "controller": True,
@@ -28,7 +28,6 @@ _OWNER = {
 }
 _KERNEL = "6.12.57+deb13-amd64"
 _FINAL = "reg.io/m:k"
-_PREFLIGHT_LABEL = labels.PREFIX + "preflight"
 
 
 def _build(**changes: Any) -> kernels.BuildTarget:
@@ -163,7 +162,7 @@ def test_labels_owner_and_restart_policy(
         labels.ROLE: "preflight",
         labels.RESOURCE_TYPE: "PreflightImage",
         labels.TARGET_KERNEL: labels.kernel_value(_KERNEL),
-        _PREFLIGHT_LABEL: "pfv",
+        labels.PREFLIGHT: "pfv",
     }
     assert pods.PREFLIGHT_ROLE == "preflight"
     assert pods.PREFLIGHT_RESOURCE_TYPE == "PreflightImage"
@@ -190,9 +189,9 @@ def test_a_long_validation_name_is_a_valid_label_value() -> None:
     pod = pods.preflight_pod(
         _inputs(), validation=validation, owner=_OWNER, build=_build(), sign=None, dir_name="/opt"
     )
-    value = pod["metadata"]["labels"][_PREFLIGHT_LABEL]
+    value = pod["metadata"]["labels"][labels.PREFLIGHT]
     assert labels.is_label_value(value)
-    assert value == labels.label_value(validation)
+    assert value == labels.preflight_value(validation)
     assert value != validation
 
 
