@@ -1,12 +1,8 @@
 """The preflight planner: one validation's verdict per Module, and the
 preflight pods it wants (pure).
 
-``subjects`` resolves each Module for the validation's kernel
-(``preflight.kernel``: trailing ``+`` trimmed) without any I/O: a Module
-without ``moduleLoader`` needs no image (Success), one whose mapping matches
-nothing fails (``mapping not found``), one that cannot be parsed or whose
-image cannot be expanded fails naming why. The rest have a
-``kernels.Target`` and are judged in this order (``plan``):
+For each Module ``verdicts.subjects`` gave a ``kernels.Target``, in this
+order (``plan``):
 
 1. a kept preflight pod whose ``last-hash`` equals the hash of the pod the
    Module would need now: its outcome is the verdict (Succeeded: Success,
@@ -29,35 +25,29 @@ deletes its predecessor, since the name is the same. A pod of the same name
 owned by an earlier validation of the same name is waited for (the garbage
 collector removes it).
 
-``status`` turns the verdicts into the status: entries sorted by namespace
-and name; ``lastTransitionTime`` kept while (status, stage) stays and the
-spec generation is the observed one, ``now`` otherwise.
+``status`` writes the verdicts into the status.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from kmm.api import kernels, labels, modules, preflight, validation
+from kmm.api import kernels, labels, preflight
 from kmm.operator.build import existence, hashing, pods
 from kmm.operator.build import planner as build_planner
+from kmm.operator.preflight import verdicts
 
 __all__ = [
     "Plan",
-    "Subject",
-    "Verdict",
     "asks_registry",
     "desired",
-    "differs",
     "inputs_wanted",
     "observed_pod",
     "owner_reference",
     "plan",
-    "status",
-    "subjects",
     "unsigned_wanted",
 ]
 
@@ -65,82 +55,6 @@ RawObject = dict[str, Any]
 
 # Lines of a failed pod's termination message the reason quotes.
 _TAIL_LINES: Final = 6
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """One Module's entry, without its transition time."""
-
-    status: preflight.Status
-    stage: preflight.Stage
-    reason: str
-    image: str | None = None
-    pod: str | None = None
-
-
-def _success(reason: str, **more: Any) -> Verdict:
-    return Verdict("Success", "Done", reason, **more)
-
-
-def _failure(reason: str, **more: Any) -> Verdict:
-    return Verdict("Failure", "Done", reason, **more)
-
-
-def _in_progress(reason: str = preflight.REASON_IN_PROGRESS, **more: Any) -> Verdict:
-    return Verdict("InProgress", "Image", reason, **more)
-
-
-@dataclasses.dataclass(frozen=True)
-class Subject:
-    """One Module as a validation sees it: its target for the kernel, or a
-    verdict reached without the registry or a pod."""
-
-    namespace: str
-    name: str
-    module: modules.Module | None = None
-    target: kernels.Target | None = None
-    verdict: Verdict | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    @property
-    def makes(self) -> bool:
-        """Whether a missing image is built or signed."""
-        target = self.target
-        return target is not None and (target.build is not None or target.sign is not None)
-
-
-def subjects(kernel: str, found: Iterable[Mapping[str, Any]]) -> list[Subject]:
-    """Every Module (raw, as cached) that is not being deleted, resolved for
-    ``kernel`` (trimmed), sorted by namespace and name."""
-    out: list[Subject] = []
-    for raw in found:
-        metadata = raw.get("metadata") or {}
-        if metadata.get("deletionTimestamp"):
-            continue  # going: it leaves the status as a deleted one does
-        namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
-        out.append(_subject(kernel, raw, namespace, name))
-    return sorted(out, key=lambda s: (s.namespace, s.name))
-
-
-def _subject(kernel: str, raw: Mapping[str, Any], namespace: str, name: str) -> Subject:
-    try:
-        module = validation.parse_module(raw)
-    except validation.InvalidModuleError as err:
-        return Subject(namespace, name, verdict=_failure(f"the Module is invalid: {err}"))
-    if module.spec.module_loader is None:
-        return Subject(namespace, name, module, verdict=_success(preflight.REASON_NO_IMAGE_NEEDED))
-    try:
-        target = kernels.target(module, kernel)
-    except kernels.KernelMappingError as err:
-        return Subject(namespace, name, module, verdict=_failure(f"{err}"))
-    if target is None:
-        return Subject(
-            namespace, name, module, verdict=_failure(preflight.REASON_MAPPING_NOT_FOUND)
-        )
-    return Subject(namespace, name, module, target)
 
 
 def owner_reference(found: preflight.PreflightValidation) -> RawObject:
@@ -156,7 +70,7 @@ def owner_reference(found: preflight.PreflightValidation) -> RawObject:
     }
 
 
-def inputs_wanted(subject: Subject) -> list[str]:
+def inputs_wanted(subject: verdicts.Subject) -> list[str]:
     """``Kind/name`` of every ConfigMap and Secret the Module's preflight pod
     reads (in the Module's namespace), in a stable order."""
     target, module = subject.target, subject.module
@@ -176,7 +90,7 @@ def inputs_wanted(subject: Subject) -> list[str]:
 
 def desired(
     found: preflight.PreflightValidation,
-    subject: Subject,
+    subject: verdicts.Subject,
     inputs: build_planner.Inputs,
     settings: build_planner.Settings,
 ) -> tuple[RawObject | None, list[str]]:
@@ -305,7 +219,7 @@ def _pushed(pod: Mapping[str, Any], default: bool) -> bool:
 
 def _kept(
     found: preflight.PreflightValidation,
-    subject: Subject,
+    subject: verdicts.Subject,
     observed: RawObject | None,
     inputs: build_planner.Inputs | None,
     settings: build_planner.Settings,
@@ -329,14 +243,14 @@ def _ours(
     return {_pod_key(p): p for p in observed if _owned(p, uid)}
 
 
-def _pod_of(found: preflight.PreflightValidation, subject: Subject) -> str:
+def _pod_of(found: preflight.PreflightValidation, subject: verdicts.Subject) -> str:
     """``<namespace>/<name>`` of the Module's preflight pod."""
     return f"{subject.namespace}/{pods.preflight_pod_name(found.metadata.name, subject.name)}"
 
 
 def asks_registry(
     found: preflight.PreflightValidation,
-    subject: Subject,
+    subject: verdicts.Subject,
     observed: Sequence[RawObject],
     inputs: build_planner.Inputs | None,
     settings: build_planner.Settings,
@@ -350,7 +264,7 @@ def asks_registry(
 
 
 def observed_pod(
-    found: preflight.PreflightValidation, subject: Subject, observed: Sequence[RawObject]
+    found: preflight.PreflightValidation, subject: verdicts.Subject, observed: Sequence[RawObject]
 ) -> RawObject | None:
     """The Module's preflight pod among ``observed``, if the validation owns one."""
     pod = _ours(found, observed).get(_pod_of(found, subject))
@@ -359,7 +273,7 @@ def observed_pod(
 
 @dataclasses.dataclass
 class Plan:
-    verdicts: dict[str, Verdict] = dataclasses.field(default_factory=dict)  # by Module key
+    verdicts: dict[str, verdicts.Verdict] = dataclasses.field(default_factory=dict)  # by Module key
     create: list[RawObject] = dataclasses.field(default_factory=list)
     delete: list[RawObject] = dataclasses.field(default_factory=list)
     # uid -> image of each kept succeeded pod that pushed the final image
@@ -375,7 +289,7 @@ class Plan:
 
 def plan(
     found: preflight.PreflightValidation,
-    judged: Sequence[Subject],
+    judged: Sequence[verdicts.Subject],
     *,
     observed: Sequence[RawObject],
     facts: Mapping[str, build_planner.Facts],
@@ -417,7 +331,7 @@ def plan(
 
 def _judge(
     found: preflight.PreflightValidation,
-    subject: Subject,
+    subject: verdicts.Subject,
     pod: RawObject | None,
     *,
     blocked: bool,
@@ -425,7 +339,7 @@ def _judge(
     inputs: build_planner.Inputs | None,
     settings: build_planner.Settings,
     out: Plan,
-) -> tuple[Verdict, bool]:
+) -> tuple[verdicts.Verdict, bool]:
     """The Module's verdict, and whether its observed pod is kept."""
     if subject.verdict is not None:
         return subject.verdict, False
@@ -439,7 +353,7 @@ def _judge(
 
 def _registry(
     found: preflight.PreflightValidation,
-    subject: Subject,
+    subject: verdicts.Subject,
     pod: RawObject | None,
     *,
     blocked: bool,
@@ -447,7 +361,7 @@ def _registry(
     inputs: build_planner.Inputs | None,
     settings: build_planner.Settings,
     out: Plan,
-) -> Verdict:
+) -> verdicts.Verdict:
     """The verdict of a Module no kept pod decides: the registry's answer,
     then a pod when it can be made."""
     target = subject.target
@@ -456,23 +370,23 @@ def _registry(
     name = pods.preflight_pod_name(found.metadata.name, subject.name)
     final = facts.final if facts is not None else None
     if final is None:
-        return _in_progress(image=image)
+        return verdicts.in_progress(image=image)
     if final.state is existence.State.EXISTS:
-        return _success(preflight.REASON_IMAGE_EXISTS, image=image)
+        return verdicts.success(preflight.REASON_IMAGE_EXISTS, image=image)
     if (why := _unverified(final, image)) is not None:
         return why
     if not subject.makes:
-        return _failure(preflight.REASON_IMAGE_MISSING, image=image)
+        return verdicts.failure(preflight.REASON_IMAGE_MISSING, image=image)
     sign = target.sign
     if sign is not None and unsigned_wanted(target, final):
         unsigned = facts.intermediate if facts is not None else None
         if unsigned is None:
-            return _in_progress(image=image)
+            return verdicts.in_progress(image=image)
         if (why := _unverified(unsigned, sign.unsigned_image or "")) is not None:
             return dataclasses.replace(why, image=image)
         if unsigned.state is existence.State.MISSING:
             out.requeue(settings.poll)
-            return _failure(
+            return verdicts.failure(
                 f"{preflight.REASON_BUILD_FAILED}: sign.unsignedImage {sign.unsigned_image} "
                 "does not exist",
                 image=image,
@@ -480,34 +394,36 @@ def _registry(
     wanted, missing = desired(found, subject, inputs or build_planner.Inputs(), settings)
     if wanted is None:
         out.requeue(settings.poll)
-        return _failure(f"{preflight.REASON_BUILD_FAILED}: {'; '.join(missing)}", image=image)
+        return verdicts.failure(
+            f"{preflight.REASON_BUILD_FAILED}: {'; '.join(missing)}", image=image
+        )
     if pod is not None or blocked:
         # The old pod goes first (deleted below, or by the garbage
         # collector); its deletion requeues the validation.
-        return _in_progress(f"{preflight.REASON_IN_PROGRESS}: waiting for the old pod {subject.namespace}/{name} to go", image=image, pod=name)  # fmt: skip
+        return verdicts.in_progress(f"{preflight.REASON_IN_PROGRESS}: waiting for the old pod {subject.namespace}/{name} to go", image=image, pod=name)  # fmt: skip
     out.create.append(wanted)
-    return _in_progress(image=image, pod=name)
+    return verdicts.in_progress(image=image, pod=name)
 
 
-def _unverified(fact: existence.Fact, image: str) -> Verdict | None:
+def _unverified(fact: existence.Fact, image: str) -> verdicts.Verdict | None:
     """The verdict of an existence fact that is no answer, if it is one."""
     if fact.state is existence.State.AUTH_FAILED:
         message = fact.message or f"{image}: the registry refused the credentials"
-        return _failure(f"image existence could not be verified: {message}", image=image)
+        return verdicts.failure(f"image existence could not be verified: {message}", image=image)
     if fact.state is existence.State.ERROR:
-        return _in_progress(f"{preflight.REASON_IN_PROGRESS}: {fact.message}", image=image)
+        return verdicts.in_progress(f"{preflight.REASON_IN_PROGRESS}: {fact.message}", image=image)
     return None
 
 
 def _outcome(
     found: preflight.PreflightValidation,
-    subject: Subject,
+    subject: verdicts.Subject,
     pod: RawObject,
     name: str,
     image: str,
     settings: build_planner.Settings,
     out: Plan,
-) -> Verdict:
+) -> verdicts.Verdict:
     """The verdict a kept pod gives."""
     phase = _phase(pod)
     if phase == "Succeeded":
@@ -516,55 +432,12 @@ def _outcome(
             reason = f"{preflight.REASON_BUILT}; pushed {image}"
         else:
             reason = f"{preflight.REASON_BUILT}; the image was not pushed (pushBuiltImage is false)"
-        return _success(reason, image=image, pod=name)
+        return verdicts.success(reason, image=image, pod=name)
     if phase == "Failed":
         # Fixed inputs (a ConfigMap, a Secret) send no event: look again.
         out.requeue(settings.poll)
         reason = (
             f"{preflight.REASON_BUILD_FAILED}: pod {subject.namespace}/{name} failed: {_tail(pod)}"
         )
-        return _failure(reason, image=image, pod=name)
-    return _in_progress(image=image, pod=name)
-
-
-def status(
-    found: preflight.PreflightValidation, verdicts: Mapping[str, Verdict], *, now: str
-) -> RawObject:
-    """The status the verdicts make (raw, camelCase), transition times kept
-    where the (status, stage) pair and the spec generation stayed."""
-    previous: dict[tuple[str, str], preflight.ModuleVerdict] = {}
-    generation = found.metadata.generation
-    current = found.status
-    if current is not None and current.observed_generation == generation:
-        previous = {(e.namespace, e.name): e for e in current.modules or ()}
-    entries: list[RawObject] = []
-    for key, verdict in sorted(verdicts.items(), key=lambda kv: tuple(kv[0].split("/", 1))):
-        namespace, _, name = key.partition("/")
-        before = previous.get((namespace, name))
-        same = before is not None and (
-            before.verification_status,
-            before.verification_stage,
-        ) == (verdict.status, verdict.stage)
-        entry: RawObject = {
-            "name": name,
-            "namespace": namespace,
-            "verificationStatus": verdict.status,
-            "verificationStage": verdict.stage,
-            "statusReason": verdict.reason,
-            "lastTransitionTime": before.last_transition_time if same and before else now,
-        }
-        if verdict.image is not None:
-            entry["image"] = verdict.image
-        if verdict.pod is not None:
-            entry["pod"] = verdict.pod
-        entries.append(entry)
-    out: RawObject = {"modules": entries}
-    if generation is not None:
-        out["observedGeneration"] = generation
-    return out
-
-
-def differs(raw: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    """Whether the cached validation's status is not ``wanted`` (the fields it sets)."""
-    current = raw.get("status") or {}
-    return any(current.get(k) != v for k, v in wanted.items())
+        return verdicts.failure(reason, image=image, pod=name)
+    return verdicts.in_progress(image=image, pod=name)

@@ -3,7 +3,7 @@ I/O around the pure ``planner``.
 
 Level-based (``runtime.controllers.Reconciler``). For a live validation it:
 
-1. resolves every cached Module for the kernel (``planner.subjects``);
+1. resolves every cached Module for the kernel (``verdicts.subjects``);
 2. for the Modules with a target, reads what the planner needs, and only
    that: the ConfigMaps and Secrets a pod reads (GET on demand, no informer
    on Secrets) when the Module has a preflight pod or its image is missing;
@@ -14,7 +14,7 @@ Level-based (``runtime.controllers.Reconciler``). For a live validation it:
    concern does);
 3. deletes the pods the planner is done with, creates the ones it wants;
 4. writes the status subresource only when it differs from the cached one
-   (``planner.differs``), so a converged validation costs no write.
+   (``status.differs``), so a converged validation costs no write.
 
 A validation gone needs nothing: its pods go with it (owner references).
 A validation being deleted is left alone. Requeues: a failed pod or missing
@@ -34,7 +34,7 @@ from kmm.operator import caches, writing
 from kmm.operator.build import concern as build_concern
 from kmm.operator.build import existence, pods
 from kmm.operator.build import planner as build_planner
-from kmm.operator.preflight import planner
+from kmm.operator.preflight import planner, status, verdicts
 from kmm.runtime import controllers, stores
 
 __all__ = ["PreflightReconciler"]
@@ -86,7 +86,7 @@ class PreflightReconciler:
             # Admission refuses these; one written around it is not judged.
             _log.warning("PreflightValidation %s is invalid, not validated: %s", key, err)
             return controllers.Result()
-        judged = planner.subjects(preflight.kernel(found), self.modules.objects())
+        judged = verdicts.subjects(preflight.kernel(found), self.modules.objects())
         observed = self.pods.by_index(
             caches.PREFLIGHT_INDEX, labels.preflight_value(found.metadata.name)
         )
@@ -101,15 +101,15 @@ class PreflightReconciler:
             await self.writer.delete_pod(pod)
         for pod in out.create:
             await self.writer.create_pod(pod)
-        wanted = planner.status(found, out.verdicts, now=self.now())
-        if planner.differs(raw, wanted):
+        wanted = status.compute(found, out.verdicts, now=self.now())
+        if status.differs(raw, wanted):
             await self.writer.patch_preflight_status(raw, {"status": wanted})
         return controllers.Result(requeue_after=out.requeue_after)
 
     async def _gather(
         self,
         found: preflight.PreflightValidation,
-        judged: list[planner.Subject],
+        judged: list[verdicts.Subject],
         observed: list[stores.RawObject],
     ) -> tuple[dict[str, build_planner.Facts], dict[str, build_planner.Inputs], list[float]]:
         """Existence facts and inputs, by Module key, and when facts that
@@ -144,7 +144,7 @@ class PreflightReconciler:
     def _forget(
         self,
         key: str,
-        judged: list[planner.Subject],
+        judged: list[verdicts.Subject],
         facts: dict[str, build_planner.Facts],
         out: planner.Plan,
     ) -> None:
@@ -166,7 +166,7 @@ class PreflightReconciler:
     async def _secret(self, namespace: str, name: str) -> stores.RawObject | None:
         return await self.reader.get("Secret", namespace, name)
 
-    async def _inputs(self, subject: planner.Subject) -> build_planner.Inputs:
+    async def _inputs(self, subject: verdicts.Subject) -> build_planner.Inputs:
         versions: dict[str, str] = {}
         dockerfiles: dict[str, str] = {}
         for wanted in planner.inputs_wanted(subject):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kmm.api import labels, preflight
 from kmm.operator.build import existence, hashing, pods
 from kmm.operator.build import planner as build_planner
-from kmm.operator.preflight import planner
+from kmm.operator.preflight import planner, status, verdicts
 
 Obj = dict[str, Any]
 KERNEL = "6.8.0-45-generic"
@@ -85,8 +85,8 @@ def module_raw(name: str = "m", namespace: str = "ns", *, build: bool = False, s
     )
 
 
-def subject(raw: Obj, kernel: str = KERNEL) -> planner.Subject:
-    (found,) = planner.subjects(kernel, [raw])
+def subject(raw: Obj, kernel: str = KERNEL) -> verdicts.Subject:
+    (found,) = verdicts.subjects(kernel, [raw])
     return found
 
 
@@ -123,7 +123,7 @@ def run(
     inputs: dict[str, build_planner.Inputs] | None = None,
     pods_: list[Obj] = (),  # type: ignore[assignment]
 ) -> planner.Plan:
-    judged = planner.subjects(preflight.kernel(found), raws)
+    judged = verdicts.subjects(preflight.kernel(found), raws)
     return planner.plan(
         found,
         judged,
@@ -140,9 +140,9 @@ def run(
 def test_modules_are_resolved_for_the_trimmed_kernel_sorted_deleting_ones_left_out() -> None:
     going = module_raw("c")
     going["metadata"]["deletionTimestamp"] = "2026-12-02T11:00:00Z"
-    found = planner.subjects(KERNEL, [module_raw("b", "z"), going, module_raw("a", "z"), module_raw("x", "a")])  # fmt: skip
+    found = verdicts.subjects(KERNEL, [module_raw("b", "z"), going, module_raw("a", "z"), module_raw("x", "a")])  # fmt: skip
     assert [s.key for s in found] == ["a/x", "z/a", "z/b"]
-    (plus,) = planner.subjects(preflight.kernel(validation(kernel=KERNEL + "+")), [module_raw()])
+    (plus,) = verdicts.subjects(preflight.kernel(validation(kernel=KERNEL + "+")), [module_raw()])
     assert plus.target is not None
     assert plus.target.image == IMAGE
 
@@ -170,7 +170,7 @@ def test_a_verdict_without_the_registry(raw: Obj, status: str | None, reason: st
 
 def test_a_kernel_no_mapping_matches_is_mapping_not_found() -> None:
     plan = run(validation(kernel="5.10.0-1-amd64"), [module_raw(build=True)])
-    assert plan.verdicts["ns/m"] == planner.Verdict("Failure", "Done", preflight.REASON_MAPPING_NOT_FOUND)  # fmt: skip
+    assert plan.verdicts["ns/m"] == verdicts.Verdict("Failure", "Done", preflight.REASON_MAPPING_NOT_FOUND)  # fmt: skip
     assert plan.create == []
 
 
@@ -288,7 +288,7 @@ def test_a_succeeded_pod_is_the_verdict_without_the_registry() -> None:
     assert not planner.asks_registry(found, subject(raw), [done], INPUTS, SETTINGS)
     plan = run(found, [raw], pods_=[done])
     verdict = plan.verdicts["ns/m"]
-    assert verdict == planner.Verdict(
+    assert verdict == verdicts.Verdict(
         "Success",
         "Done",
         f"{preflight.REASON_BUILT}; the image was not pushed (pushBuiltImage is false)",
@@ -447,28 +447,28 @@ def _entry(name: str, status: str, stage: str, reason: str, time: str = EARLIER)
     [
         # Same verdict: the time stays.
         (_entry("m", "Success", "Done", preflight.REASON_IMAGE_EXISTS), 1,
-         planner.Verdict("Success", "Done", preflight.REASON_IMAGE_EXISTS, image=IMAGE), EARLIER),
+         verdicts.Verdict("Success", "Done", preflight.REASON_IMAGE_EXISTS, image=IMAGE), EARLIER),
         # A reason change alone keeps it.
         (_entry("m", "InProgress", "Image", preflight.REASON_IN_PROGRESS), 1,
-         planner.Verdict("InProgress", "Image", preflight.REASON_IN_PROGRESS + ": x"), EARLIER),
+         verdicts.Verdict("InProgress", "Image", preflight.REASON_IN_PROGRESS + ": x"), EARLIER),
         # The verdict changed.
         (_entry("m", "InProgress", "Image", preflight.REASON_IN_PROGRESS), 1,
-         planner.Verdict("Success", "Done", preflight.REASON_BUILT), NOW),
+         verdicts.Verdict("Success", "Done", preflight.REASON_BUILT), NOW),
         # The spec changed: every verdict starts over.
         (_entry("m", "Success", "Done", preflight.REASON_IMAGE_EXISTS), 2,
-         planner.Verdict("Success", "Done", preflight.REASON_IMAGE_EXISTS), NOW),
+         verdicts.Verdict("Success", "Done", preflight.REASON_IMAGE_EXISTS), NOW),
         # A new Module.
         (_entry("other", "Success", "Done", preflight.REASON_IMAGE_EXISTS), 1,
-         planner.Verdict("Success", "Done", preflight.REASON_IMAGE_EXISTS), NOW),
+         verdicts.Verdict("Success", "Done", preflight.REASON_IMAGE_EXISTS), NOW),
     ],
 )  # fmt: skip
 def test_last_transition_time_moves_only_with_the_verdict(
-    before: Obj, generation: int, verdict: planner.Verdict, time: str
+    before: Obj, generation: int, verdict: verdicts.Verdict, time: str
 ) -> None:
     raw = validation_raw(
         generation=generation, status={"modules": [before], "observedGeneration": 1}
     )
-    wanted = planner.status(preflight.parse(raw), {"ns/m": verdict}, now=NOW)
+    wanted = status.compute(preflight.parse(raw), {"ns/m": verdict}, now=NOW)
     (entry,) = wanted["modules"]
     assert entry["lastTransitionTime"] == time
     assert entry["statusReason"] == verdict.reason
@@ -479,22 +479,22 @@ def test_last_transition_time_moves_only_with_the_verdict(
 
 def test_a_status_that_is_already_there_is_not_written_again() -> None:
     found = validation()
-    verdicts = {
-        "ns/b": planner.Verdict("Failure", "Done", preflight.REASON_MAPPING_NOT_FOUND),
-        "ns/a": planner.Verdict(
+    found_verdicts = {
+        "ns/b": verdicts.Verdict("Failure", "Done", preflight.REASON_MAPPING_NOT_FOUND),
+        "ns/a": verdicts.Verdict(
             "InProgress", "Image", preflight.REASON_IN_PROGRESS, image=IMAGE, pod="pfv-a"
         ),
     }
-    wanted = planner.status(found, verdicts, now=NOW)
+    wanted = status.compute(found, found_verdicts, now=NOW)
     assert [e["name"] for e in wanted["modules"]] == ["a", "b"]
     assert wanted["modules"][0]["pod"] == "pfv-a"
     raw = validation_raw(status=copy.deepcopy(wanted))
-    assert not planner.differs(raw, planner.status(preflight.parse(raw), verdicts, now="2027-01-01T00:00:00Z"))  # fmt: skip
-    assert planner.differs(validation_raw(), wanted)
+    assert not status.differs(raw, status.compute(preflight.parse(raw), found_verdicts, now="2027-01-01T00:00:00Z"))  # fmt: skip
+    assert status.differs(validation_raw(), wanted)
     # A deleted Module's entry goes.
-    fewer = planner.status(preflight.parse(raw), {"ns/a": verdicts["ns/a"]}, now=NOW)
+    fewer = status.compute(preflight.parse(raw), {"ns/a": found_verdicts["ns/a"]}, now=NOW)
     assert [e["name"] for e in fewer["modules"]] == ["a"]
-    assert planner.differs(raw, fewer)
+    assert status.differs(raw, fewer)
     # What the planner writes, the API's model reads.
     preflight.PreflightValidationStatus.model_validate(wanted)
 
@@ -543,7 +543,7 @@ def test_every_module_gets_one_consistent_verdict_and_no_pod_is_both_made_and_de
             elif phase == "stale":
                 pod = hashing.stamped(pod, "0" * 32)
             observed_pods.append(pod)
-    judged = planner.subjects(KERNEL, raws)
+    judged = verdicts.subjects(KERNEL, raws)
     plan = planner.plan(
         found,
         judged,
@@ -565,5 +565,5 @@ def test_every_module_gets_one_consistent_verdict_and_no_pod_is_both_made_and_de
         assert not pod["metadata"].get("deletionTimestamp")
     for pod in plan.create:
         assert plan.verdicts[f"ns/{pod['metadata']['labels'][labels.MODULE_NAME]}"].status == "InProgress"  # fmt: skip
-    status = planner.status(found, plan.verdicts, now=NOW)
-    preflight.PreflightValidationStatus.model_validate(status)
+    written = status.compute(found, plan.verdicts, now=NOW)
+    preflight.PreflightValidationStatus.model_validate(written)
