@@ -33,6 +33,10 @@
   came back: False after one refused, cut off or answered 5xx, True after
   any other answer (a 404 or 429 is the server speaking). Readiness probes
   read it: a process whose informers cannot reach the server is not ready.
+- An answer left before its end (a watch ended by an ERROR event or by its
+  consumer, a read cut short) aborts its connection: its socket is closed
+  before the call returns, never left to a TLS shutdown the server may not
+  answer, which would outlive ``close``.
 
 The transport is aiohttp, chosen by ``bench/bench_transport.py`` (import
 memory, requests per second on the sandbox): one pooled keep-alive session
@@ -45,6 +49,7 @@ to that many connections plus one per watch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -208,11 +213,12 @@ class Client:
         try:  # _attempt handed over its slot with the response
             data = await response.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            await _drop(response)
             raise errors.Unavailable(
                 0, f"answer cut short: {err!r}", method=method, path=path
             ) from err
         finally:
-            response.release()
+            response.release()  # a no-op once dropped
             self._in_flight.release()
         warnings = warning_texts(response.headers.getall("Warning", []))
         if not data:
@@ -253,6 +259,7 @@ class Client:
         )
         buffer = bytearray()
         scanned = 0  # no newline before this offset of the buffer
+        read_to_end = False
         try:
             # Lines are split here rather than by aiohttp's readline, whose
             # 64 KiB line limit a large object would exceed.
@@ -266,6 +273,7 @@ class Client:
                         yield _event(line, path)
                 del buffer[:start]
                 scanned = len(buffer)
+            read_to_end = True
             if buffer.strip():
                 raise errors.Unavailable(
                     0, "watch stream ended inside an event", method="GET", path=path
@@ -275,7 +283,11 @@ class Client:
                 0, f"watch stream cut: {err!r}", method="GET", path=path
             ) from err
         finally:
-            response.release()
+            # Left before its end: an ERROR event, a cut, a consumer that stopped.
+            if read_to_end:
+                response.release()
+            else:
+                await _drop(response)
 
     # -- sending, retrying -------------------------------------------------
 
@@ -384,8 +396,9 @@ class Client:
                 answer = await response.read()
             except (aiohttp.ClientError, OSError, TimeoutError):
                 answer = b""
+                await _drop(response)
             finally:
-                response.release()
+                response.release()  # a no-op once dropped
         finally:
             if not watching and not handed_over:
                 self._in_flight.release()
@@ -468,6 +481,29 @@ def _load_from_directory(context: ssl.SSLContext, certificate: credentials.Certi
             with os.fdopen(fd, "wb") as stream:
                 stream.write(data)
         context.load_cert_chain(str(cert), str(key))
+
+
+async def _drop(response: aiohttp.ClientResponse) -> None:
+    """Close the connection of an answer not read to its end, its socket first.
+
+    ``release`` would close it the TLS way: send close_notify and keep the
+    socket open until the server's comes back (asyncio waits up to 30 s for
+    it). By then the connection is no longer the pool's, so ``close`` does
+    not end it either: its socket outlives the client, and once the event
+    loop is gone the garbage collector finds it unclosed (a ResourceWarning).
+    An abort closes the socket on the loop's next turn; this waits for it.
+    """
+    connection = response.connection
+    protocol = connection.protocol if connection is not None else None
+    # None once the connection is already lost: nothing left to wait for.
+    closed = protocol.closed if protocol is not None else None
+    if protocol is not None:
+        protocol.abort()
+    response.close()
+    if closed is not None:
+        # An error here is the one the connection was lost with: it is closed.
+        with contextlib.suppress(aiohttp.ClientError):
+            await closed
 
 
 def _event(line: bytes, path: str) -> dict[str, Any]:
