@@ -7,6 +7,7 @@ import it, and it imports none of them.
 - ``validation``: raw object -> ``Module`` or field-named violations.
 - ``labels``: every label, annotation and finalizer name; DaemonSet names.
 - ``kernels``: kernel mapping and image variable expansion.
+- ``preflight``: the ``PreflightValidation`` models (v1beta2), reasons and rules.
 - ``scheduling``: selector match and "schedulable node".
 - ``conditions``: status condition types, reasons and setting.
 - ``formats``: image / DNS / label-value / regexp checks shared by all of the above;

@@ -23,6 +23,7 @@ __all__ = [
     "FINALIZER",
     "IMAGE_HASH",
     "KERNEL_VERSION_FULL",
+    "LAST_HASH",
     "MAX_LABEL_NAME",
     "MAX_NAME_AND_NAMESPACE",
     "MODULES_ORDER",
@@ -30,6 +31,7 @@ __all__ = [
     "MODULE_NAMESPACE",
     "MODULE_VERSION",
     "PREFIX",
+    "PREFLIGHT",
     "RESOURCE_TYPE",
     "ROLE",
     "SPEC_HASH",
@@ -50,6 +52,7 @@ __all__ = [
     "module_of_node_label",
     "module_version",
     "node_label_keys",
+    "preflight_value",
     "ready",
     "version_ready",
 ]
@@ -71,10 +74,16 @@ KERNEL_VERSION_FULL: Final = PREFIX + "kernel-version.full"
 # kernel (kernel_value) the image is for.
 RESOURCE_TYPE: Final = PREFIX + "resource-type"
 TARGET_KERNEL: Final = PREFIX + "target-kernel"
+# On preflight pods: the PreflightValidation they answer (preflight_value of
+# its name), so its reconciler finds them without reading owner references.
+PREFLIGHT: Final = PREFIX + "preflight"
 
 # Annotation with a digest of the desired object, so a reconciler can tell
 # "unchanged" without a deep diff of server-defaulted fields.
 SPEC_HASH: Final = PREFIX + "spec-hash"
+# Annotation on build, sign and preflight pods: the digest of their inputs
+# (kmm.operator.build.hashing), so a failed pod is replaced only when they change.
+LAST_HASH: Final = PREFIX + "last-hash"
 
 FINALIZER: Final = PREFIX + "module-finalizer"
 
@@ -241,6 +250,12 @@ def kernel_value(kernel: str) -> str:
     """The ``KERNEL_VERSION_FULL`` label value for a (trimmed) kernel, on nodes
     and on loader DaemonSets alike, so a DaemonSet's selector always matches."""
     return label_value(kernel)
+
+
+def preflight_value(name: str) -> str:
+    """The ``PREFLIGHT`` label value for a PreflightValidation's name: the name
+    itself when it fits (at most 63 characters), else cut with a digest."""
+    return label_value(name)
 
 
 def image_hash(image: str) -> str:
