@@ -369,7 +369,7 @@ async def _run(
     kernel: str,
     *,
     push: bool,
-    wait: bool,
+    live: bool,
     timeout: float,
     console: Console,
     created: _Created,
@@ -382,14 +382,14 @@ async def _run(
         console.print(f"created PreflightValidation {created.name}", highlight=False)
         clock = clocks.LoopClock()
         async with Watched(listwatch.ApiListWatch(api, RESOURCE), found) as source:
-            if not wait:
+            if not live:
                 return await follow(source, timeout=timeout, clock=clock, show=lambda _: None)
-            with Live(table(found), console=console, auto_refresh=False) as live:
+            with Live(table(found), console=console, auto_refresh=False) as display:
                 return await follow(
                     source,
                     timeout=timeout,
                     clock=clock,
-                    show=lambda latest: live.update(table(latest), refresh=True),
+                    show=lambda latest: display.update(table(latest), refresh=True),
                 )
 
 
@@ -442,11 +442,14 @@ def preflight_command(
     console = tables.console()
     api = clients.api_client(kubeconfig, context)
     looked = timeout if wait else min(FIRST_LOOK, timeout)
+    # Refreshed in place on a terminal; elsewhere (a log, a pipe) the table
+    # is printed once, as found at the end.
+    live = wait and console.is_terminal
     created = _Created()
     try:
         found = asyncio.run(
             _run(
-                api, kernel, push=push, wait=wait, timeout=looked, console=console, created=created
+                api, kernel, push=push, live=live, timeout=looked, console=console, created=created
             )
         )
     except (errors.KubeError, KeyboardInterrupt) as err:
@@ -460,7 +463,7 @@ def preflight_command(
         if created.name is not None:
             typer.echo(_left_in_place(created.name), err=True)
         raise typer.Exit(ERROR if isinstance(err, errors.KubeError) else 130) from None
-    if not wait:
+    if not live:
         console.print(table(found))
     for line in outcome_lines(found, waited=wait, timeout=looked):
         console.print(line, highlight=False, markup=False)
