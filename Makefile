@@ -19,14 +19,14 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-# The operator on the sandbox: CRD + admission policy, `kmm operator` in the
+# The operator on the sandbox: CRDs + admission policy, `kmm operator` in the
 # background, the demo Module (deploy/operator/examples), then where it is loaded.
 DEMO_DIR ?= $(HOME)/.local/state/kmm/demo
 DEMO_KUBECONFIG := $(DEMO_DIR)/kubeconfig
 
 demo: venv demo-stop
 	$(BIN)/kmm sandbox up --dir $(DEMO_DIR) --nodes 4 --kernel 6.8.0-45-generic --kernel 6.1.0-27-amd64 --kernel 5.14.0-427.el9.x86_64+
-	$(BIN)/kmm apply --kubeconfig $(DEMO_KUBECONFIG) -f deploy/crd/modules.kmm.sigs.x-k8s.io.yaml -f deploy/admission/modules.kmm.sigs.x-k8s.io.yaml
+	$(BIN)/kmm apply --kubeconfig $(DEMO_KUBECONFIG) -f deploy/crd/modules.kmm.sigs.x-k8s.io.yaml -f deploy/crd/preflightvalidations.kmm.sigs.x-k8s.io.yaml -f deploy/admission/modules.kmm.sigs.x-k8s.io.yaml
 	$(BIN)/kmm operator --kubeconfig $(DEMO_KUBECONFIG) --bind-address 127.0.0.1 --metrics-port 0 --health-port 0 --no-leader-election >$(DEMO_DIR)/operator.log 2>&1 & echo $$! >$(DEMO_DIR)/operator.pid
 	$(BIN)/kmm apply --kubeconfig $(DEMO_KUBECONFIG) -f deploy/operator/examples/demo-module.yaml
 	$(BIN)/kmm modules --kubeconfig $(DEMO_KUBECONFIG) --wait 120
@@ -47,7 +47,7 @@ DRA_DEMO_KUBECONFIG := $(DRA_DEMO_DIR)/kubeconfig
 
 demo-dra: venv demo-dra-stop
 	$(BIN)/kmm sandbox up --dir $(DRA_DEMO_DIR) --nodes 0
-	$(BIN)/kmm apply --kubeconfig $(DRA_DEMO_KUBECONFIG) -f deploy/crd/modules.kmm.sigs.x-k8s.io.yaml -f deploy/admission/modules.kmm.sigs.x-k8s.io.yaml
+	$(BIN)/kmm apply --kubeconfig $(DRA_DEMO_KUBECONFIG) -f deploy/crd/modules.kmm.sigs.x-k8s.io.yaml -f deploy/crd/preflightvalidations.kmm.sigs.x-k8s.io.yaml -f deploy/admission/modules.kmm.sigs.x-k8s.io.yaml
 	mkdir -p $(DRA_DEMO_DIR)/node
 	$(BIN)/kmm kubelet --kubeconfig $(DRA_DEMO_KUBECONFIG) --node kmm-dra-0 --root $(DRA_DEMO_DIR)/node --label node-role.kubernetes.io/worker= --fake-module kmmdemo=2 --metrics-port 0 >$(DRA_DEMO_DIR)/kubelet.log 2>&1 & echo $$! >$(DRA_DEMO_DIR)/kubelet.pid
 	$(BIN)/kmm operator --kubeconfig $(DRA_DEMO_KUBECONFIG) --bind-address 127.0.0.1 --metrics-port 0 --health-port 0 --no-leader-election >$(DRA_DEMO_DIR)/operator.log 2>&1 & echo $$! >$(DRA_DEMO_DIR)/operator.pid

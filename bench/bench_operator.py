@@ -504,7 +504,12 @@ async def end_state(api: kube_client.Client, name: str) -> dict[str, Any]:
 
 
 async def install(kmm_api: kube_client.Client, api: client.ApiClient) -> None:
-    docs = applying.load_documents((DEPLOY / "crd" / "modules.kmm.sigs.x-k8s.io.yaml").read_text())
+    # Every CRD (Module, PreflightValidation): the operator watches both.
+    docs = [
+        doc
+        for path in sorted((DEPLOY / "crd").glob("*.yaml"))
+        for doc in applying.load_documents(path.read_text())
+    ]
     docs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     await applying.apply_documents(kmm_api, docs)
     deadline = time.monotonic() + 120

@@ -423,7 +423,12 @@ async def floor(
 
 
 async def install(api: client.Client) -> None:
-    docs = applying.load_documents((DEPLOY / "crd" / "modules.kmm.sigs.x-k8s.io.yaml").read_text())
+    # Every CRD (Module, PreflightValidation): the operator watches both.
+    docs = [
+        doc
+        for path in sorted((DEPLOY / "crd").glob("*.yaml"))
+        for doc in applying.load_documents(path.read_text())
+    ]
     docs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     await applying.apply_documents(api, docs)
     await until(lambda: _serves(api), "the Module CRD served")

@@ -1,15 +1,21 @@
-"""What build and sign add to the deployed RBAC, checked as the operator's
-ServiceAccount (impersonated) on the real API server: pods made and removed,
-ConfigMaps and Secrets read by name; no Secret listed or watched, no pod log."""
+"""What build, sign and preflight add to the deployed RBAC, checked as the
+operator's ServiceAccount (impersonated) on the real API server: pods made and
+removed, ConfigMaps and Secrets read by name; no Secret listed or watched, no
+pod log; PreflightValidations listed, watched and answered through /status,
+and pods they own made with blockOwnerDeletion."""
 
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
+import preflight_cases
 import pytest
 import test_operator_support as support
 
+from kmm.api import preflight
 from kmm.cli import applying
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
@@ -17,6 +23,10 @@ from kmm.kube import kubeconfigs
 from kmm.sandbox import testing
 
 SERVICE_ACCOUNT = "system:serviceaccount:kmm-system:kmm-operator"
+
+manifests = support.manifests
+
+Obj = dict[str, Any]
 
 
 @pytest.fixture
@@ -33,7 +43,7 @@ async def operator_api(
         yield limited
 
 
-def _pod(name: str) -> dict[str, object]:
+def _pod(name: str) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -79,3 +89,135 @@ async def test_operator_may_not_read_pod_logs(
 ) -> None:
     with pytest.raises(kube_errors.Forbidden):
         await operator_api.request("GET", f"/api/v1/namespaces/{namespace}/pods/absent/log")
+
+
+# -- preflight -----------------------------------------------------------------
+
+_PREFLIGHTS = f"/apis/{preflight.GROUP}/{preflight.VERSION}/{preflight.PLURAL}"
+
+
+@pytest.fixture
+async def validation(manifests: None, kmm_api: kube_client.Client) -> AsyncIterator[Obj]:
+    """A PreflightValidation made by the admin (cluster-scoped: deleted after)."""
+    name = f"rbac-{uuid.uuid4().hex[:8]}"
+    made: Obj = await kmm_api.request(
+        "POST", _PREFLIGHTS, body=preflight_cases.validation(name=name)
+    )
+    try:
+        yield made
+    finally:
+        await kmm_api.request("DELETE", f"{_PREFLIGHTS}/{name}")
+
+
+def _owned_pod(name: str, owner: Obj, *, block: bool = True) -> Obj:
+    pod = _pod(name)
+    pod["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": preflight.API_VERSION,
+            "kind": preflight.KIND,
+            "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": block,
+        }
+    ]
+    return pod
+
+
+async def test_operator_reads_preflight_validations_and_answers_through_status(
+    operator_api: kube_client.Client, validation: Obj
+) -> None:
+    name = validation["metadata"]["name"]
+    listed = await operator_api.request("GET", _PREFLIGHTS)
+    assert name in {item["metadata"]["name"] for item in listed["items"]}
+    # Allowed: the watch runs (to its one-second end) rather than being refused.
+    async for _event in operator_api.watch(
+        _PREFLIGHTS,
+        query={"resourceVersion": listed["metadata"]["resourceVersion"]},
+        timeout_seconds=1,
+    ):
+        pass
+    one = await operator_api.request("GET", f"{_PREFLIGHTS}/{name}")
+    verdict = {
+        "name": "kmod",
+        "namespace": "drivers",
+        "verificationStatus": "InProgress",
+        "verificationStage": "Image",
+        "statusReason": preflight.REASON_IN_PROGRESS,
+        "lastTransitionTime": "2026-07-01T12:00:00Z",
+    }
+    one["status"] = {"observedGeneration": one["metadata"]["generation"], "modules": [verdict]}
+    updated = await operator_api.request("PUT", f"{_PREFLIGHTS}/{name}/status", body=one)
+    assert updated["status"]["modules"] == [verdict]
+    patched = await operator_api.request(
+        "PATCH",
+        f"{_PREFLIGHTS}/{name}/status",
+        body={"status": {"modules": []}},
+        content_type=kube_client.MERGE_PATCH,
+    )
+    assert patched["status"]["modules"] == []
+    assert (await operator_api.request("GET", f"{_PREFLIGHTS}/{name}/status"))["status"]
+    # The admin's question is not the operator's to change or remove.
+    with pytest.raises(kube_errors.Forbidden):
+        await operator_api.request("PUT", f"{_PREFLIGHTS}/{name}", body=one)
+    with pytest.raises(kube_errors.Forbidden):
+        await operator_api.request("DELETE", f"{_PREFLIGHTS}/{name}")
+    with pytest.raises(kube_errors.Forbidden):
+        await operator_api.request(
+            "POST", _PREFLIGHTS, body=preflight_cases.validation(name=f"{name}-2")
+        )
+
+
+async def test_operator_may_create_pods_its_validation_owns_blocking_deletion(
+    operator_api: kube_client.Client,
+    kmm_api: kube_client.Client,
+    sandbox: testing.RunningSandbox,
+    validation: Obj,
+    namespace: str,
+) -> None:
+    """The API server (OwnerReferencesPermissionEnforcement) lets an owner
+    reference block its owner's deletion only for who may update the owner's
+    /finalizers: the operator may; an account that may create pods only may not."""
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    made = await operator_api.send(
+        "POST", pods, query={"dryRun": "All"}, body=_owned_pod("p", validation)
+    )
+    assert made.status == 201
+    # The control: an account that may create pods and nothing else.
+    account = "pods-only"
+    rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/" + namespace
+    await kmm_api.request(
+        "POST",
+        f"{rbac}/roles",
+        body={
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": account},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}],
+        },
+    )
+    await kmm_api.request(
+        "POST",
+        f"{rbac}/rolebindings",
+        body={
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": account},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+    )
+    access = dataclasses.replace(
+        kubeconfigs.load(sandbox.kubeconfig),
+        impersonate=f"system:serviceaccount:{namespace}:{account}",
+    )
+    async with kube_client.Client(access) as limited:
+        plain = await limited.send(
+            "POST", pods, query={"dryRun": "All"}, body=_owned_pod("p", validation, block=False)
+        )
+        assert plain.status == 201
+        with pytest.raises(kube_errors.Forbidden) as refused:
+            await limited.send(
+                "POST", pods, query={"dryRun": "All"}, body=_owned_pod("p", validation)
+            )
+    assert "blockOwnerDeletion" in str(refused.value)

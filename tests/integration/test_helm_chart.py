@@ -71,9 +71,10 @@ def test_default_rendering_is_deploy(helm: Path, tmp_path: Path) -> None:
             "ValidatingAdmissionPolicyBinding",
         ]
     )
-    (definition,) = kinds["CustomResourceDefinition"]
-    assert definition["spec"] == crd.render()["spec"]
-    assert definition["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    definitions = kinds["CustomResourceDefinition"]
+    assert [d["spec"] for d in definitions] == [d["spec"] for d in crd.render_all()]
+    for definition in definitions:
+        assert definition["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     (role,) = kinds["ClusterRole"]
     assert role["rules"] == installation.cluster_rbac()[0]["rules"]
     (election,) = kinds["Role"]
@@ -305,9 +306,11 @@ async def test_installed_chart_runs_the_operator_to_a_ready_demo_module(
             kubeconfig,
         )
         assert uninstalled.returncode == 0, uninstalled.stderr
-        # The CRD stays (resource-policy keep): its deletion would take every Module.
+        # The CRDs stay (resource-policy keep): the Module CRD's deletion would
+        # take every Module.
         extensions = client.ApiextensionsV1Api(api)
-        assert await extensions.read_custom_resource_definition(crd.render()["metadata"]["name"])
+        for name in (crd.NAME, crd.PREFLIGHT_NAME):
+            assert await extensions.read_custom_resource_definition(name)
         with pytest.raises(client.ApiException) as missing:
             await client.RbacAuthorizationV1Api(api).read_cluster_role("kmm-operator")
         assert missing.value.status == 404

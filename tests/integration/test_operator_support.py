@@ -1,6 +1,6 @@
 """Shared helpers for the operator's integration tests (no tests here).
 
-- ``install_manifests``: the CRD and admission policy from ``deploy/``,
+- ``install_manifests``: the CRDs and admission policy from ``deploy/``,
   applied with ``kmm apply``'s own code, waited for until both bite;
 - ``operator_in_process``: the wired operator (no leader election unless
   given one) on a ``kube.client.Client`` of its own, whose counter tells
@@ -27,7 +27,7 @@ import pytest
 from kubernetes_asyncio import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
-from kmm.api import labels, modules
+from kmm.api import labels, modules, preflight
 from kmm.cli import applying
 from kmm.kube import client as kube_client
 from kmm.kube import counting, kubeconfigs
@@ -66,7 +66,7 @@ async def refusal(api: client.ApiClient, namespace: str, obj: Obj) -> str | None
 
 @pytest.fixture(scope="session")
 def manifests(sandbox: testing.RunningSandbox) -> None:
-    """The CRD and admission policy from deploy/ in the session sandbox."""
+    """The CRDs and admission policy from deploy/ in the session sandbox."""
     asyncio.run(install_manifests(sandbox.kubeconfig))
 
 
@@ -80,10 +80,24 @@ async def install_manifests(kubeconfig: Path) -> None:
         await applying.apply_documents(api, docs)
         probe = module_body("n" * labels.MAX_NAME_AND_NAMESPACE, {"probe": "x"})
         for _ in range(240):
-            if await refusal(independent, "default", probe) is not None:
+            if await refusal(independent, "default", probe) is not None and await _serves(
+                independent, preflight.GROUP, preflight.VERSION, preflight.PLURAL
+            ):
                 return
             await asyncio.sleep(0.5)
-    raise AssertionError("the CRD or the admission policy from deploy/ never took effect")
+    raise AssertionError("the CRDs or the admission policy from deploy/ never took effect")
+
+
+async def _serves(api: client.ApiClient, group: str, version: str, plural: str) -> bool:
+    """Whether a cluster-scoped custom resource is served yet: 404 until its
+    CRD is Established, then 429 ("storage is (re)initializing") for a moment."""
+    try:
+        await client.CustomObjectsApi(api).list_cluster_custom_object(group, version, plural)
+    except client.ApiException as err:
+        if err.status in (404, 429):
+            return False
+        raise
+    return True
 
 
 async def create_module(api: client.ApiClient, namespace: str, body: Obj) -> None:

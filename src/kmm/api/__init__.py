@@ -1,4 +1,4 @@
-"""The Module API as pure data: models, validation, names, rendered manifests.
+"""kmm's APIs (Module, PreflightValidation) as pure data: models, validation, names, manifests.
 
 Nothing here performs I/O or imports a client library; every other package may
 import it, and it imports none of them.

@@ -133,11 +133,15 @@ def _in_release_namespace(holes: _Holes, obj: dict[str, Any]) -> dict[str, Any]:
 
 def _crd() -> str:
     holes = _Holes()
-    definition = _labelled(holes, crd.render())
-    # Helm deletes what a release made on uninstall; a CRD's deletion takes
-    # every Module with it, and with them the modules loaded on the nodes.
-    definition["metadata"]["annotations"] = {"helm.sh/resource-policy": "keep"}
-    return _document(holes, definition, ".Values.crds.install")
+    documents = []
+    for obj in crd.render_all():
+        definition = _labelled(holes, obj)
+        # Helm deletes what a release made on uninstall; a CRD's deletion takes
+        # every object of it: every Module, and with them the modules loaded on
+        # the nodes; every PreflightValidation, and with them their pods.
+        definition["metadata"]["annotations"] = {"helm.sh/resource-policy": "keep"}
+        documents.append(_document(holes, definition, ".Values.crds.install"))
+    return _template(documents)
 
 
 def _admission() -> str:
@@ -314,8 +318,9 @@ def _values() -> list[tuple[str, str, Any]]:
         ("tolerations", "Taints the operator's pods tolerate.", []),
         (
             "crds",
-            "Install and upgrade the Module CRD with the release. Uninstalling keeps it:\n"
-            "deleting it would delete every Module, and unload their kernel modules.",
+            "Install and upgrade the Module and PreflightValidation CRDs with the release.\n"
+            "Uninstalling keeps them: deleting the Module CRD would delete every Module,\n"
+            "and unload their kernel modules.",
             {"install": True},
         ),
         (

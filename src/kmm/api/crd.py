@@ -1,4 +1,5 @@
-"""The Module CustomResourceDefinition, rendered from :mod:`kmm.api.modules`.
+"""kmm's CustomResourceDefinitions, rendered from the models of
+:mod:`kmm.api.modules` (Module) and :mod:`kmm.api.preflight` (PreflightValidation).
 
 The schema is structural (every node typed, no ``$ref``/``anyOf``, no
 ``additionalProperties`` beside ``properties``), built by walking the models'
@@ -7,11 +8,14 @@ uses ``$ref`` and ``anyOf`` throughout. Markers from :mod:`kmm.api.cel` add
 CEL rules (``x-kubernetes-validations``), pass-through objects
 (``x-kubernetes-preserve-unknown-fields``) and list types.
 
+A ``Resource`` holds what sets one CRD apart (names, scope, root model,
+printer columns); ``definition`` renders any of them the same way.
 ``deploy/crd/`` holds the committed rendering; a unit test keeps them equal.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import typing
 from typing import Any, Literal, Union
@@ -20,11 +24,21 @@ import annotated_types
 import pydantic
 from pydantic.fields import FieldInfo
 
-from kmm.api import cel, modules
+from kmm.api import cel, modules, preflight
 
-__all__ = ["NAME", "render", "schema_for"]
-
-NAME = f"{modules.PLURAL}.{modules.GROUP}"
+__all__ = [
+    "MODULE",
+    "NAME",
+    "PREFLIGHT",
+    "PREFLIGHT_NAME",
+    "RESOURCES",
+    "Resource",
+    "definition",
+    "render",
+    "render_all",
+    "render_preflight",
+    "schema_for",
+]
 
 Schema = dict[str, Any]
 
@@ -127,7 +141,7 @@ def _model_schema(model: type[pydantic.BaseModel]) -> Schema:
         properties[wire] = schema_for(_field_type(field))
         if field.is_required():
             required.append(wire)
-        elif isinstance(field.default, str):
+        elif isinstance(field.default, (str, bool)):
             properties[wire]["default"] = field.default
     schema: Schema = {"type": "object", "description": _describe(model), "properties": properties}
     if required:
@@ -140,25 +154,40 @@ def _model_schema(model: type[pydantic.BaseModel]) -> Schema:
     return schema
 
 
-def _root_schema() -> Schema:
-    spec = schema_for(modules.ModuleSpec)
-    status = schema_for(modules.ModuleStatus)
-    return {
-        "type": "object",
-        "description": _describe(modules.Module),
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
-            "spec": spec,
-            "status": status,
-        },
-        "required": ["spec"],
-    }
+@dataclasses.dataclass(frozen=True)
+class Resource:
+    """What sets one CRD apart: its names, scope, root model and columns."""
+
+    group: str
+    version: str
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    scope: Literal["Namespaced", "Cluster"]
+    model: type[pydantic.BaseModel]
+    columns: tuple[Schema, ...]
+
+    @property
+    def name(self) -> str:
+        """The CRD's own name: ``<plural>.<group>``."""
+        return f"{self.plural}.{self.group}"
 
 
-def _printer_columns() -> list[Schema]:
-    return [
+def _age() -> Schema:
+    return {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+
+
+MODULE = Resource(
+    group=modules.GROUP,
+    version=modules.VERSION,
+    kind=modules.KIND,
+    plural=modules.PLURAL,
+    singular=modules.KIND.lower(),
+    short_names=("mod",),
+    scope="Namespaced",
+    model=modules.Module,
+    columns=(
         {
             "name": "Ready",
             "type": "string",
@@ -176,35 +205,103 @@ def _printer_columns() -> list[Schema]:
             "description": "Nodes that should run the module loader",
             "jsonPath": ".status.moduleLoader.desiredNumber",
         },
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    ]
+        _age(),
+    ),
+)
+
+# Cluster-scoped: one question about every Module in the cluster. Only
+# v1beta2 is served (see kmm.api.preflight for why not v1beta1).
+PREFLIGHT = Resource(
+    group=preflight.GROUP,
+    version=preflight.VERSION,
+    kind=preflight.KIND,
+    plural=preflight.PLURAL,
+    singular=preflight.SINGULAR,
+    short_names=preflight.SHORT_NAMES,
+    scope="Cluster",
+    model=preflight.PreflightValidation,
+    columns=(
+        {
+            "name": "Kernel",
+            "type": "string",
+            "description": "The kernel every Module is validated against",
+            "jsonPath": ".spec.kernelVersion",
+        },
+        {
+            "name": "Push",
+            "type": "boolean",
+            "description": "Whether images built for the validation are pushed",
+            "jsonPath": ".spec.pushBuiltImage",
+        },
+        _age(),
+    ),
+)
+
+RESOURCES: tuple[Resource, ...] = (MODULE, PREFLIGHT)
+
+NAME = MODULE.name
+PREFLIGHT_NAME = PREFLIGHT.name
 
 
-def render() -> Schema:
-    """The CustomResourceDefinition object for Modules."""
+def _root_schema(model: type[pydantic.BaseModel]) -> Schema:
+    fields = model.model_fields
+    spec = schema_for(_field_type(fields["spec"]))
+    status = schema_for(_field_type(fields["status"]))
+    return {
+        "type": "object",
+        "description": _describe(model),
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+        "required": ["spec"],
+    }
+
+
+def definition(resource: Resource) -> Schema:
+    """The CustomResourceDefinition object of ``resource``: one version,
+    served and stored, with the status subresource."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": NAME},
+        "metadata": {"name": resource.name},
         "spec": {
-            "group": modules.GROUP,
+            "group": resource.group,
             "names": {
-                "kind": modules.KIND,
-                "listKind": f"{modules.KIND}List",
-                "plural": modules.PLURAL,
-                "singular": modules.KIND.lower(),
-                "shortNames": ["mod"],
+                "kind": resource.kind,
+                "listKind": f"{resource.kind}List",
+                "plural": resource.plural,
+                "singular": resource.singular,
+                "shortNames": list(resource.short_names),
             },
-            "scope": "Namespaced",
+            "scope": resource.scope,
             "versions": [
                 {
-                    "name": modules.VERSION,
+                    "name": resource.version,
                     "served": True,
                     "storage": True,
-                    "schema": {"openAPIV3Schema": _root_schema()},
+                    "schema": {"openAPIV3Schema": _root_schema(resource.model)},
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": _printer_columns(),
+                    "additionalPrinterColumns": [dict(c) for c in resource.columns],
                 }
             ],
         },
     }
+
+
+def render() -> Schema:
+    """The CustomResourceDefinition object for Modules."""
+    return definition(MODULE)
+
+
+def render_preflight() -> Schema:
+    """The CustomResourceDefinition object for PreflightValidations."""
+    return definition(PREFLIGHT)
+
+
+def render_all() -> list[Schema]:
+    """Every CustomResourceDefinition kmm installs, in apply order."""
+    return [definition(resource) for resource in RESOURCES]

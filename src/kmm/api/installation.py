@@ -2,16 +2,18 @@
 
 Rendered like the CRD so ``kmm manifests`` can print all of ``deploy/`` from an
 installed kmm, which has no ``deploy/`` directory. The RBAC is least
-privilege for the reconcilers (loader, device plugin, DRA, build and sign): every verb
-below is one the operator uses, and ``tests/integration/test_operator_rbac.py``
-proves it is enough by running the operator as this ServiceAccount.
+privilege for the reconcilers (loader, device plugin, DRA, build and sign,
+preflight): every verb below is one the operator uses, and
+``tests/integration/test_operator_rbac.py`` proves it is enough by running the
+operator as this ServiceAccount (``test_build_rbac.py``: the build, sign and
+preflight pods' part). kmm ships no user-facing roles.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kmm.api import modules
+from kmm.api import modules, preflight
 
 __all__ = [
     "DRA_DRIVER_ACCOUNT",
@@ -80,10 +82,16 @@ def cluster_rbac() -> list[dict[str, Any]]:
         _rule(modules.GROUP, [f"{modules.PLURAL}/status"], ["patch"]),
         # ownerReferences with blockOwnerDeletion need update on the owner's finalizers.
         _rule(modules.GROUP, [f"{modules.PLURAL}/finalizers"], ["update"]),
+        # PreflightValidations are read and answered through /status only
+        # (update or patch, by the preflight reconciler); their preflight pods
+        # are owned with blockOwnerDeletion, hence /finalizers too.
+        _rule(preflight.GROUP, [preflight.PLURAL], ["get", "list", "watch"]),
+        _rule(preflight.GROUP, [f"{preflight.PLURAL}/status"], ["get", "update", "patch"]),
+        _rule(preflight.GROUP, [f"{preflight.PLURAL}/finalizers"], ["update"]),
         # Server-side apply creates through patch.
         _rule("apps", ["daemonsets"], ["get", "list", "watch", "create", "patch", "delete"]),
-        # Loader pods are watched; build and sign pods are also made and
-        # removed. Their failure text comes from the termination message in
+        # Loader pods are watched; build, sign and preflight pods are also
+        # made and removed. Their failure text comes from the termination message in
         # the pod's status, so no pods/log.
         _rule("", ["pods"], ["list", "watch", "create", "delete"]),
         # Build and sign inputs (the Dockerfile ConfigMap, build secrets,

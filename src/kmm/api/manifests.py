@@ -23,6 +23,7 @@ __all__ = ["FILES", "documents", "dump", "files"]
 FILES: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "operator/namespace.yaml": installation.namespace_and_account,
     "crd/modules.kmm.sigs.x-k8s.io.yaml": lambda: [crd.render()],
+    "crd/preflightvalidations.kmm.sigs.x-k8s.io.yaml": lambda: [crd.render_preflight()],
     "admission/modules.kmm.sigs.x-k8s.io.yaml": admission.render,
     "rbac/operator.yaml": lambda: installation.cluster_rbac() + installation.leader_election_rbac(),
     "operator/deployment.yaml": lambda: [installation.deployment()],

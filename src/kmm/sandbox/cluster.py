@@ -703,10 +703,14 @@ def _apiserver_argv(
     # them there is no node identity to judge, and the Node authorizer's
     # ResourceSlice informer would keep a cluster that does not serve
     # resource.k8s.io from ever being ready.)
+    # OwnerReferencesPermissionEnforcement, as OpenShift (KMM's home) runs
+    # it: an owner reference with blockOwnerDeletion needs update on the
+    # owner's /finalizers, so the operator's RBAC for that is put to the test.
+    owners = "OwnerReferencesPermissionEnforcement"
     authorization = (
-        ["--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction"]
+        ["--authorization-mode=Node,RBAC", f"--enable-admission-plugins=NodeRestriction,{owners}"]
         if network
-        else ["--authorization-mode=RBAC"]
+        else ["--authorization-mode=RBAC", f"--enable-admission-plugins={owners}"]
     )
     # Without kubelet nodes nothing dials the API server's advertised
     # address, and 127.0.0.1 is what sandboxes always advertised; with them,

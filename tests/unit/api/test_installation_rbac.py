@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kmm.api import installation
+from kmm.api import installation, preflight
 
 
 def _granted() -> set[tuple[str, str, str]]:
@@ -33,3 +33,16 @@ def test_no_pod_logs_and_no_pod_updates() -> None:
     granted = _granted()
     assert not any(r.startswith("pods/") for _, r, _ in granted)
     assert {v for _, r, v in granted if r == "pods"} == {"list", "watch", "create", "delete"}
+
+
+def test_preflight_validations_are_read_and_answered_through_status_only() -> None:
+    granted = _granted()
+    group = preflight.GROUP
+
+    def verbs(resource: str) -> set[str]:
+        return {v for g, r, v in granted if g == group and r == resource}
+
+    assert verbs(preflight.PLURAL) == {"get", "list", "watch"}
+    assert verbs(f"{preflight.PLURAL}/status") == {"get", "update", "patch"}
+    # Preflight pods are owned by their validation with blockOwnerDeletion.
+    assert verbs(f"{preflight.PLURAL}/finalizers") == {"update"}

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from kmm.api import admission, chart, crd, examples, labels, manifests
+from kmm.api import admission, chart, crd, examples, labels, manifests, preflight
 from kmm.cli import app
 
 DEPLOY = pathlib.Path(__file__).resolve().parents[3] / "deploy"
@@ -54,9 +54,18 @@ def test_cli_prints_everything_in_deploy() -> None:
     assert kinds.index("ResourceClaimTemplate") < kinds.index("Pod")
 
 
-def _root() -> Schema:
-    schema: Schema = crd.render()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+def _root(definition: Schema | None = None) -> Schema:
+    """The schema of a rendered CRD (the Module's unless given)."""
+    schema: Schema = (definition or crd.render())["spec"]["versions"][0]["schema"][
+        "openAPIV3Schema"
+    ]
     return schema
+
+
+_EVERY_CRD = pytest.mark.parametrize(
+    "definition",
+    [pytest.param(d, id=d["spec"]["names"]["kind"]) for d in crd.render_all()],
+)
 
 
 def _walk(schema: Schema, path: str = "") -> Iterator[tuple[str, Schema]]:
@@ -72,8 +81,9 @@ def _walk(schema: Schema, path: str = "") -> Iterator[tuple[str, Schema]]:
 _FORBIDDEN = {"$ref", "anyOf", "allOf", "oneOf", "not", "definitions", "$defs", "nullable"}
 
 
-def test_schema_is_structural() -> None:
-    for path, node in _walk(_root()):
+@_EVERY_CRD
+def test_schema_is_structural(definition: Schema) -> None:
+    for path, node in _walk(_root(definition)):
         assert "type" in node, f"{path} has no type"
         assert not _FORBIDDEN & node.keys(), f"{path} uses {_FORBIDDEN & node.keys()}"
         if "properties" in node:
@@ -84,9 +94,10 @@ def test_schema_is_structural() -> None:
             assert rule["message"], f"{path}: rule without message"
 
 
-def test_rules_are_cost_bounded() -> None:
+@_EVERY_CRD
+def test_rules_are_cost_bounded(definition: Schema) -> None:
     """Strings and lists a CEL rule reads carry maxLength / maxItems."""
-    for path, node in _walk(_root()):
+    for path, node in _walk(_root(definition)):
         rules = " ".join(r["rule"] for r in node.get("x-kubernetes-validations", ()))
         if not rules:
             continue
@@ -177,6 +188,72 @@ def test_registry_tls_is_explained_as_governing_kmms_requests_not_node_pulls() -
         path for path, _ in _walk(_root()) if path.endswith(("RegistryTLS", ".registryTLS"))
     ]
     assert len(tls_fields) == 6  # and baseImageRegistryTLS, unsignedImageRegistryTLS at both levels
+
+
+def test_every_crd_is_in_deploy_and_the_module_crd_is_unchanged_by_generalising() -> None:
+    rendered = {d["metadata"]["name"]: d for d in crd.render_all()}
+    assert list(rendered) == [crd.NAME, crd.PREFLIGHT_NAME]
+    assert rendered[crd.NAME] == crd.render()
+    assert rendered[crd.PREFLIGHT_NAME] == crd.render_preflight()
+    for name, definition in rendered.items():
+        assert manifests.FILES[f"crd/{name}.yaml"]() == [definition]
+
+
+def test_preflight_crd_is_cluster_scoped_v1beta2_only_with_its_short_name() -> None:
+    spec = crd.render_preflight()["spec"]
+    assert spec["group"] == preflight.GROUP
+    assert spec["scope"] == "Cluster"
+    assert spec["names"] == {
+        "kind": "PreflightValidation",
+        "listKind": "PreflightValidationList",
+        "plural": "preflightvalidations",
+        "singular": "preflightvalidation",
+        "shortNames": ["pfv"],
+    }
+    (version,) = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1beta2", True, True)
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns == {
+        "Kernel": ".spec.kernelVersion",
+        "Push": ".spec.pushBuiltImage",
+        "Age": ".metadata.creationTimestamp",
+    }
+
+
+def test_preflight_schema_defaults_push_and_keys_verdicts_by_namespace_and_name() -> None:
+    root = _root(crd.render_preflight())
+    assert root["required"] == ["spec"]
+    spec = root["properties"]["spec"]
+    assert spec["required"] == ["kernelVersion"]
+    assert spec["properties"]["pushBuiltImage"] == {"type": "boolean", "default": False}
+    kernel = spec["properties"]["kernelVersion"]
+    assert kernel["maxLength"] == preflight.MAX_KERNEL_VERSION
+    assert [r["message"] for r in kernel["x-kubernetes-validations"]] == [
+        "must split into at least three parts on '.', ',' or '-' (e.g. 6.1.0-27-amd64)",
+        "may not contain whitespace",
+    ]
+    status = root["properties"]["status"]["properties"]
+    assert status["observedGeneration"]["type"] == "integer"
+    verdicts = status["modules"]
+    assert verdicts["x-kubernetes-list-type"] == "map"
+    assert verdicts["x-kubernetes-list-map-keys"] == ["namespace", "name"]
+    item = verdicts["items"]
+    # List-map keys must be required (or defaulted) for the apiserver to take the CRD.
+    assert {"namespace", "name"} <= set(item["required"])
+    assert set(item["properties"]) == {
+        "name",
+        "namespace",
+        "verificationStatus",
+        "verificationStage",
+        "statusReason",
+        "lastTransitionTime",
+        "image",
+        "pod",
+    }
+    assert item["properties"]["verificationStatus"]["enum"] == ["Success", "Failure", "InProgress"]
+    assert item["properties"]["verificationStage"]["enum"] == ["Image", "Done"]
+    assert item["properties"]["lastTransitionTime"]["format"] == "date-time"
 
 
 def test_status_subresource_and_columns() -> None:
