@@ -36,7 +36,7 @@ from kmm.cli import paths, preflighting
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import objects
-from kmm.sandbox import cluster, components, testing
+from kmm.sandbox import cluster, components
 
 KERNEL = "6.12.9-100-amd64"
 _VALIDATIONS = preflighting.RESOURCE
@@ -50,27 +50,13 @@ def record() -> Iterator[cluster.state.SandboxState]:
     )
     try:
         found = asyncio.run(cluster.up(options))
+        # Waits until preflightvalidations are served, too.
         asyncio.run(support.install_manifests(found.kubeconfig))
-        asyncio.run(_served(found.kubeconfig))
         yield found
     finally:
         with contextlib.suppress(Exception):
             cluster.down(directory)
         shutil.rmtree(directory, ignore_errors=True)
-
-
-async def _served(kubeconfig: Path) -> None:
-    """Until the PreflightValidation CRD is established (its collection answers)."""
-    async with cluster.api_client(kubeconfig) as api:
-
-        async def answers() -> bool:
-            try:
-                await api.request("GET", _VALIDATIONS.path())
-            except kube_errors.NotFound:
-                return False
-            return True
-
-        await testing.eventually(answers, "preflightvalidations served")
 
 
 @pytest.fixture
