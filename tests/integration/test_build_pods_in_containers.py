@@ -17,27 +17,19 @@ the other is byte for byte the built one.
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
-import gzip
 import hashlib
-import io
 import json
-import shutil
-import struct
-import subprocess
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import buildsign_support as support
 import containersandbox
 import pytest
 
 from kmm.api import kernels
-from kmm.kube import client as kube_client
 from kmm.kube import resources
-from kmm.oci import client as oci_client
 from kmm.operator.build import pods
 from kmm.sandbox import cluster, pki, registry
 
@@ -49,9 +41,6 @@ MODULE = "kmm-ci"
 SECRET_TEXT = b"the build secret\n"
 VERSION_ARG = "1.2.3-ci"
 _USER, _PASSWORD = "builder", "s3cret:build"
-_SECRETS = resources.Resource("", "v1", "secrets")
-_CONFIGMAPS = resources.Resource("", "v1", "configmaps")
-_TRAILER = b"~Module signature appended~\n"
 
 
 @dataclasses.dataclass
@@ -75,86 +64,11 @@ class Run:
     failed: dict[str, tuple[dict[str, Any], bool]]
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _signing_material(directory: Path) -> tuple[bytes, bytes, bytes, bytes]:
-    """(key in DER, certificate in DER, certificate in PEM, another key in
-    PEM), as a user makes them."""
-    _openssl(
-        "req", "-new", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        "-subj", "/CN=kmm build-and-sign test/O=kmm", "-outform", "PEM",
-        "-keyout", "key.pem", "-out", "cert.pem", cwd=directory,
-    )  # fmt: skip
-    # DER forms: the sign pod converts the key (sign-file wants PEM) and
-    # hands the DER certificate to sign-file as it is.
-    _openssl("pkey", "-in", "key.pem", "-outform", "DER", "-out", "key.der", cwd=directory)
-    _openssl("x509", "-in", "cert.pem", "-outform", "DER", "-out", "cert.der", cwd=directory)
-    _openssl("genpkey", "-algorithm", "RSA", "-out", "other.pem", cwd=directory)
-    return (
-        (directory / "key.der").read_bytes(),
-        (directory / "cert.der").read_bytes(),
-        (directory / "cert.pem").read_bytes(),
-        (directory / "other.pem").read_bytes(),
-    )
-
-
-def _secret(name: str, data: dict[str, bytes], kind: str = "Opaque") -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "type": kind,
-        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
-    }
-
-
-async def _finished(
-    api: kube_client.Client, name: str, expected: str = "Succeeded"
-) -> dict[str, Any]:
-    """The pod once it ended; its log in the assertion if it did not end as expected."""
-    path = resources.PODS.path(namespace=NAMESPACE, name=name)
-    async with asyncio.timeout(900):
-        while True:
-            pod = await api.request("GET", path)
-            phase = (pod.get("status") or {}).get("phase")
-            if phase in ("Succeeded", "Failed"):
-                break
-            await asyncio.sleep(1)
-    if phase != expected:
-        log = await api.request("GET", path + "/log")
-        raise AssertionError(f"pod {name} {phase}:\n{log}")
-    return pod
-
-
-async def _files(client: oci_client.Client, image: str) -> tuple[str, dict[str, bytes]]:
-    """(manifest digest, every regular file of the image by path), layers applied in order."""
-    name, _, tag = image.partition("/")[2].rpartition(":")
-    descriptor, body = await client.get_manifest(name, tag)
-    files: dict[str, bytes] = {}
-    for layer in json.loads(body)["layers"]:
-        blob = await client.get_blob(name, layer["digest"])
-        if blob[:2] == b"\x1f\x8b":
-            blob = gzip.decompress(blob)
-        with tarfile.open(fileobj=io.BytesIO(blob)) as archive:
-            for member in archive.getmembers():
-                extracted = archive.extractfile(member) if member.isfile() else None
-                if extracted is not None:
-                    files["/" + member.name.removeprefix("./")] = extracted.read()
-    return descriptor.digest, files
-
-
-async def _pulled(record: cluster.state.SandboxState, image: str) -> tuple[str, dict[str, bytes]]:
-    async with registry.client(record) as client:
-        return await _files(client, image)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     kernel = (IMAGES / "kbuild.kernel").read_text().strip()
     workdir = tmp_path_factory.mktemp("buildsign")
-    key_der, cert_der, cert_pem, other_key = _signing_material(workdir)
+    key_der, cert_der, cert_pem, other_key = support.signing_material(workdir)
     auth = registry.Auth(_USER, _PASSWORD)
     with containersandbox.started("kb", kubelet_nodes=1, registry_auth=auth) as record:
         builder = containersandbox.push(record.directory, BUILDER, "kmm/builder:1")
@@ -175,8 +89,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             )
         )  # fmt: skip
         before, build_pod, sign_pod, failed = result
-        unsigned_digest, built = asyncio.run(_pulled(record, unsigned))
-        final_digest, signed = asyncio.run(_pulled(record, final))
+        unsigned_digest, built = asyncio.run(support.pulled(record, unsigned))
+        final_digest, signed = asyncio.run(support.pulled(record, final))
         yield Run(
             record, kernel, final, unsigned, build_pod, sign_pod, before,
             unsigned_digest, final_digest, built, signed, cert_pem, workdir, failed,
@@ -201,18 +115,20 @@ async def _build_and_sign(
     assert record.registry.credentials is not None
     config = record.registry.credentials.read_bytes()
     async with cluster.api_client(record.kubeconfig) as api:
-        secrets = _SECRETS.path(namespace=NAMESPACE)
+        secrets = support.SECRETS.path(namespace=NAMESPACE)
         for body in (
-            _secret("build-secret", {"ci-build-secret": SECRET_TEXT}),
-            _secret("repo", {".dockerconfigjson": config}, "kubernetes.io/dockerconfigjson"),
-            _secret("signing-key", {"key": key_der}),
-            _secret("other-key", {"key": other_key}),
-            _secret("signing-cert", {"cert": cert_der}),
+            support.secret("build-secret", NAMESPACE, {"ci-build-secret": SECRET_TEXT}),
+            support.secret(
+                "repo", NAMESPACE, {".dockerconfigjson": config}, "kubernetes.io/dockerconfigjson"
+            ),
+            support.secret("signing-key", NAMESPACE, {"key": key_der}),
+            support.secret("other-key", NAMESPACE, {"key": other_key}),
+            support.secret("signing-cert", NAMESPACE, {"cert": cert_der}),
         ):
             await api.request("POST", secrets, body=body)
         dockerfile = await api.request(
             "POST",
-            _CONFIGMAPS.path(namespace=NAMESPACE),
+            support.CONFIGMAPS.path(namespace=NAMESPACE),
             body={
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
@@ -257,7 +173,7 @@ async def _build_and_sign(
         await api.request(
             "POST", resources.PODS.path(namespace=NAMESPACE), body=pods.build_pod(inputs, build)
         )
-        built = await _finished(api, pods.pod_name(MODULE, "build", kernel))
+        built = await support.finished(api, NAMESPACE, pods.pod_name(MODULE, "build", kernel))
         # Between build and sign: the final name has no manifest.
         name, _, tag = final.partition("/")[2].rpartition(":")
         async with registry.client(record) as looked:
@@ -289,14 +205,20 @@ async def _build_and_sign(
                 dir_name="/opt",
             )
             await api.request("POST", resources.PODS.path(namespace=NAMESPACE), body=body)
-        signed = await _finished(api, pods.pod_name(MODULE, "sign", kernel))
+        signed = await support.finished(api, NAMESPACE, pods.pod_name(MODULE, "sign", kernel))
         failed = {}
         async with registry.client(record) as looked:
             for module in failing:
-                pod = await _finished(api, pods.pod_name(module, "sign", kernel), "Failed")
+                pod = await support.finished(
+                    api, NAMESPACE, pods.pod_name(module, "sign", kernel), "Failed"
+                )
                 name, _, tag = final.replace(MODULE, module).partition("/")[2].rpartition(":")
                 failed[module] = pod, await looked.exists(name, tag) is not None
         return before, built, signed, failed
+
+
+def _modules_dir(run: Run) -> str:
+    return f"/opt/lib/modules/{run.kernel}"
 
 
 def _termination(pod: dict[str, Any]) -> dict[str, Any]:
@@ -304,26 +226,12 @@ def _termination(pod: dict[str, Any]) -> dict[str, Any]:
     return json.loads(status["state"]["terminated"]["message"])
 
 
-def _modules_dir(run: Run) -> str:
-    return f"/opt/lib/modules/{run.kernel}"
-
-
-def _modinfo(path: Path) -> dict[str, str]:
-    modinfo = shutil.which("modinfo") or "/usr/sbin/modinfo"
-    done = subprocess.run([modinfo, str(path)], capture_output=True, text=True, check=True)
-    found: dict[str, str] = {}
-    key = ""
-    for line in done.stdout.splitlines():
-        if line[:1].isspace() and key:  # a continued field (the signature's hex)
-            found[key] += line.strip()
-            continue
-        key, _, value = line.partition(":")
-        found[key] = found.get(key, "") + value.strip()
-    return found
-
-
 def test_the_build_pod_pushed_the_intermediate_image_and_said_its_digest(run: Run) -> None:
-    assert _termination(run.build_pod) == {"image": run.unsigned, "digest": run.unsigned_digest}
+    assert _termination(run.build_pod) == {
+        "image": run.unsigned,
+        "digest": run.unsigned_digest,
+        "pushed": True,
+    }
     assert (
         run.unsigned
         == run.final.rpartition(":")[0] + ":" + run.final.rpartition(":")[2] + "-kmm-unsigned"
@@ -345,7 +253,7 @@ def test_the_build_compiled_both_modules_offline_with_the_secret_and_build_args(
     for name in ("kmm_ci_a", "kmm_ci_b"):
         path = run.workdir / f"{name}.built.ko"
         path.write_bytes(run.built[f"{directory}/{name}.ko"])
-        info = _modinfo(path)
+        info = support.modinfo(path)
         assert info["name"] == name
         # KERNEL_FULL_VERSION was KMM's (the build arg the test tried to
         # override would not have found any headers).
@@ -360,6 +268,7 @@ def test_the_sign_pod_said_what_it_signed_and_what_matched_nothing(run: Run) -> 
     assert _termination(run.sign_pod) == {
         "image": run.final,
         "digest": run.final_digest,
+        "pushed": True,
         "signed": [f"{directory}/kmm_ci_a.ko"],
         "unmatched": [f"{directory}/absent-*.ko"],
     }
@@ -368,50 +277,24 @@ def test_the_sign_pod_said_what_it_signed_and_what_matched_nothing(run: Run) -> 
 def test_the_listed_module_carries_a_signature_modinfo_and_openssl_accept(run: Run) -> None:
     path = f"{_modules_dir(run)}/kmm_ci_a.ko"
     unsigned, signed = run.built[path], run.signed[path]
-    # sign-file appends: the module, the PKCS#7 signature, a 12-byte
-    # struct module_signature whose last 4 bytes are the signature's
-    # length (big-endian), and the trailer.
-    assert signed.startswith(unsigned)
-    assert signed.endswith(_TRAILER)
-    info_struct = signed[-len(_TRAILER) - 12 : -len(_TRAILER)]
-    (length,) = struct.unpack(">I", info_struct[8:])
-    signature = signed[len(unsigned) : len(unsigned) + length]
-    assert len(unsigned) + length + 12 + len(_TRAILER) == len(signed)
+    content, signature = support.split_signature(signed)
+    # sign-file only appended: the module before it is the built one.
+    assert content == unsigned
     module = run.workdir / "kmm_ci_a.signed.ko"
     module.write_bytes(signed)
-    info = _modinfo(module)
+    info = support.modinfo(module)
     assert info["signer"] == "kmm build-and-sign test"
     assert info["sig_hashalgo"] == "sha256"
     assert info["sig_id"] == "PKCS#7"
-    (run.workdir / "sig.der").write_bytes(signature)
-    (run.workdir / "content").write_bytes(unsigned)
-    (run.workdir / "cert.pem").write_bytes(run.cert_pem)
-    verified = subprocess.run(
-        [
-            "openssl", "cms", "-verify", "-binary", "-inform", "DER", "-in", "sig.der",
-            "-content", "content", "-certfile", "cert.pem", "-nointern", "-noverify",
-            "-out", "/dev/null",
-        ],
-        cwd=run.workdir, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert verified.returncode == 0, verified.stderr
+    assert support.cms_verifies(run.workdir, signature, unsigned, run.cert_pem)
     # The same signature over other bytes does not verify.
-    (run.workdir / "content").write_bytes(unsigned + b"x")
-    tampered = subprocess.run(
-        [
-            "openssl", "cms", "-verify", "-binary", "-inform", "DER", "-in", "sig.der",
-            "-content", "content", "-certfile", "cert.pem", "-nointern", "-noverify",
-            "-out", "/dev/null",
-        ],
-        cwd=run.workdir, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert tampered.returncode != 0
+    assert not support.cms_verifies(run.workdir, signature, unsigned + b"x", run.cert_pem)
 
 
 def test_the_unlisted_module_is_unchanged(run: Run) -> None:
     path = f"{_modules_dir(run)}/kmm_ci_b.ko"
     assert run.signed[path] == run.built[path]
-    assert not run.signed[path].endswith(_TRAILER)
+    assert not run.signed[path].endswith(support.TRAILER)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The kmm operator: reconcilers for Modules and the pure object builders they send.
+"""The kmm operator: reconcilers for Modules (and PreflightValidations) and the pure object builders they send.
 
 It never imports ``kmm.kubeletplugin`` (the node side is a separate process),
 and it does not re-implement the runtime: informers, the work queue, the
@@ -22,6 +22,12 @@ Concerns, one sub-package each (``planner`` pure, ``builders`` pure):
 ``dra``             the DRA driver DaemonSet(s), target labels held by
                     claims in use, DeviceClasses
 ``upgrade``         ordered upgrades: the version labels, the action table
+``build``           images built and signed in the cluster when missing
+                    (asked first: the loader skips the kernels it gates)
+``preflight``       PreflightValidations: per Module, whether an image
+                    exists (or can be built and signed) for a kernel the
+                    nodes do not run yet; its own controller, keyed by the
+                    validation, beside the Module reconcile
 ==================  ========================================================
 
 Shared, pure (no I/O, table-tested):
@@ -43,7 +49,7 @@ Shared, with I/O:
 - ``reconciler``: the Module reconciler asking the concerns' planners;
 - ``nodekernels``: a node-keyed controller keeping ``kernel-version.full``
   true on nodes no Module's reconcile visits;
-- ``wiring``: informers + controller + manager (``Operator``);
+- ``wiring``: informers + controllers + manager (``Operator``);
 - ``running``: the process (metrics and probes, served by
   ``kmm.aio.httpserving``); ``metrics`` and ``jsonlogs`` its parts;
 - ``inspecting``: what an admin sees per node (``kmm status``, ``kmm upgrade``).

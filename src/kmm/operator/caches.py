@@ -9,6 +9,9 @@ reconciler reads (``stores.keep_fields``), so 5,000 Nodes cost a few MiB.
 Indexes answer the reconciler's questions without scans:
 
 - DaemonSets and pods by ``MODULE_INDEX`` (``<ns>/<name>`` from their labels);
+  preflight pods are left out (they carry their Module's labels but answer a
+  ``PreflightValidation``: ``kmm.operator.preflight``), and indexed by
+  ``PREFLIGHT_INDEX`` instead (the ``labels.PREFLIGHT`` value);
 - Nodes by ``MODULE_INDEX`` too, from the per-module labels they carry
   (``<ns>.<name>.ready``, the version labels ...; parsed by
   ``kmm.api.labels.module_of_node_label``), so a Module finds the nodes it
@@ -21,7 +24,8 @@ Indexes answer the reconciler's questions without scans:
 - DeviceClasses by ``MODULE_INDEX`` (their module labels), ResourceClaims by
   ``DRIVER_INDEX`` (the drivers of their allocated devices).
 
-The ``*_keys`` functions are the event-to-key mappings the wiring hands to
+``validations_of_pod`` maps a preflight pod's events to its validation (the
+controller owner's name). The ``*_keys`` functions are the event-to-key mappings the wiring hands to
 ``runtime.handlers.enqueue_mapped``.
 """
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from kmm.api import labels, scheduling
+from kmm.api import labels, preflight, scheduling
 from kmm.runtime import stores
 
 __all__ = [
@@ -44,6 +48,8 @@ __all__ = [
     "NODE_FIELDS",
     "OWNED_SELECTOR",
     "POD_FIELDS",
+    "PREFLIGHT_INDEX",
+    "PREFLIGHT_POD_FIELDS",
     "SELECTOR_INDEX",
     "claim_driver_index",
     "module_class_index",
@@ -55,13 +61,17 @@ __all__ = [
     "modules_of_node",
     "node_module_index",
     "object_module_index",
+    "preflight_index",
     "project_pod",
+    "validations_of_module_change",
+    "validations_of_pod",
 ]
 
 MODULE_INDEX: Final = "module"
 SELECTOR_INDEX: Final = "selector"
 DRIVER_INDEX: Final = "driver"
 CLASS_INDEX: Final = "device-class"
+PREFLIGHT_INDEX: Final = "preflight"
 
 # Objects kmm made carry the role label; informers list only those.
 OWNED_SELECTOR: Final = labels.ROLE
@@ -105,15 +115,23 @@ BUILD_POD_FIELDS: Final = (
     "status.containerStatuses",
     "status.initContainerStatuses",
 )
+# Preflight pods: the same, and their owner (the validation, by uid).
+PREFLIGHT_POD_FIELDS: Final = (*BUILD_POD_FIELDS, "metadata.ownerReferences")
 _BUILD_ROLES: Final = frozenset({"build", "sign"})
+_PREFLIGHT_ROLE: Final = "preflight"
 _pod_fields = stores.keep_fields(*POD_FIELDS)
 _build_pod_fields = stores.keep_fields(*BUILD_POD_FIELDS)
+_preflight_pod_fields = stores.keep_fields(*PREFLIGHT_POD_FIELDS)
 
 
 def project_pod(obj: stores.RawObject) -> stores.RawObject:
-    """The fields kept of a pod: more of build and sign pods than of the many others."""
-    if _labels(obj).get(labels.ROLE) in _BUILD_ROLES:
+    """The fields kept of a pod: more of build, sign and preflight pods than
+    of the many others."""
+    role = _labels(obj).get(labels.ROLE)
+    if role in _BUILD_ROLES:
         return _build_pod_fields(obj)
+    if role == _PREFLIGHT_ROLE:
+        return _preflight_pod_fields(obj)
     return _pod_fields(obj)
 
 
@@ -123,8 +141,12 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
 
 
 def module_of_object(obj: Mapping[str, Any]) -> str | None:
-    """``<ns>/<name>`` of the Module a DaemonSet or pod was made for."""
+    """``<ns>/<name>`` of the Module a DaemonSet or pod was made for; None
+    for a preflight pod (made for a validation: the Module's reconcile
+    neither sees it nor hears of it)."""
     found = _labels(obj)
+    if found.get(labels.ROLE) == _PREFLIGHT_ROLE:
+        return None
     namespace, name = found.get(labels.MODULE_NAMESPACE), found.get(labels.MODULE_NAME)
     return f"{namespace}/{name}" if namespace and name else None
 
@@ -209,3 +231,39 @@ def modules_of_device_class(
     if owner is not None:
         found.add(owner)
     return sorted(found)
+
+
+def preflight_index(obj: stores.RawObject) -> Iterable[str]:
+    """A preflight pod's ``labels.PREFLIGHT`` value (its validation's)."""
+    found = _labels(obj)
+    if found.get(labels.ROLE) != _PREFLIGHT_ROLE:
+        return ()
+    value = found.get(labels.PREFLIGHT)
+    return (value,) if value else ()
+
+
+def validations_of_pod(pod: Mapping[str, Any]) -> list[str]:
+    """The PreflightValidation a preflight pod answers: its controller owner."""
+    if _labels(pod).get(labels.ROLE) != _PREFLIGHT_ROLE:
+        return []
+    return [
+        ref["name"]
+        for ref in (pod.get("metadata") or {}).get("ownerReferences") or ()
+        if ref.get("kind") == preflight.KIND
+        and str(ref.get("apiVersion", "")).startswith(f"{preflight.GROUP}/")
+        and isinstance(ref.get("name"), str)
+    ]
+
+
+def validations_of_module_change(
+    old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+) -> bool:
+    """Whether a Module event can change a validation's verdicts: a Module
+    added or deleted, its spec changed (``generation``) or its deletion
+    begun. Status writes (the Module reconciler's) are not."""
+    if old is None or new is None:
+        return True
+    before, after = old.get("metadata") or {}, new.get("metadata") or {}
+    return before.get("generation") != after.get("generation") or bool(
+        before.get("deletionTimestamp")
+    ) != bool(after.get("deletionTimestamp"))

@@ -29,6 +29,8 @@ from kmm.kube import client, listwatch, objects, reflecting, resources
 from kmm.operator import writing
 from kmm.operator.upgrade import planner as upgrade_planner
 
+_PREFLIGHT_ROLE: Final = "preflight"
+
 __all__ = [
     "STUCK_REASONS",
     "ImageState",
@@ -187,7 +189,9 @@ def states(
         "dra_ready": labels.dra_ready(namespace, name),
         "version_ready": labels.version_ready(namespace, name),
     }
-    pods = list(pods)
+    # A PreflightValidation's pods carry the Module's labels but run for no
+    # node's kernel: neither a step nor a problem of the node's.
+    pods = [p for p in pods if objects.labels(p).get(labels.ROLE) != _PREFLIGHT_ROLE]
     by_kernel: dict[str, list[ImageState]] = collections.defaultdict(list)
     for image in images(module):
         by_kernel[image.kernel].append(image)
@@ -246,7 +250,9 @@ def _pods_of(module: Mapping[str, Any]) -> tuple[resources.Resource, str, str]:
     return (
         resources.PODS,
         namespace,
-        f"{labels.MODULE_NAME}={name},{labels.MODULE_NAMESPACE}={namespace}",
+        # Preflight pods are left out (``states``) before they are fetched.
+        f"{labels.MODULE_NAME}={name},{labels.MODULE_NAMESPACE}={namespace},"
+        f"{labels.ROLE}!={_PREFLIGHT_ROLE}",
     )
 
 

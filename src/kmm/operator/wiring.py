@@ -9,6 +9,14 @@ HTTP endpoints and the process lifecycle around it.
 
 A second, small controller keeps ``kernel-version.full`` true on nodes
 that carry it (``nodekernels``), keyed by node name, on the same caches.
+A third, ``preflight``, answers PreflightValidations (``preflight``), keyed
+by the validation's name: its own informer, every validation requeued by a
+Module added, deleted or whose spec changed, a preflight pod's events
+requeueing its validation (the pods informer already lists them: they carry
+the role label), and the build concern's existence checker, reader and
+settings shared. It runs only where the API server serves
+preflightvalidations (``run`` asks, as for DRA), so an operator installed
+without that CRD keeps working.
 
 ``run`` first asks the API server whether it serves resource.k8s.io/v1
 (DeviceClasses and ResourceClaims). Only then are those two informers
@@ -37,12 +45,13 @@ from pathlib import Path
 from typing import Any
 
 from kmm.aio import backoff
-from kmm.api import modules
+from kmm.api import modules, preflight
 from kmm.kube import client, errors, listwatch, objects, resources
 from kmm.operator import caches, nodekernels, reconciler, writing
 from kmm.operator.build import concern as build_concern
 from kmm.operator.build import existence
 from kmm.operator.build import planner as build_planner
+from kmm.operator.preflight import reconciler as preflight_reconciler
 from kmm.runtime import (
     controllers,
     handlers,
@@ -59,6 +68,7 @@ __all__ = [
     "Election",
     "HandlerWrapper",
     "Operator",
+    "serves_preflight",
     "serves_resource_api",
 ]
 
@@ -128,27 +138,35 @@ def _pem(files: tuple[Path, ...]) -> str:
 _DRA_RESOURCES = frozenset({resources.DEVICE_CLASSES.plural, resources.RESOURCE_CLAIMS.plural})
 
 
-async def serves_resource_api(api: client.Client, stop: asyncio.Event) -> bool:
-    """Whether the cluster serves resource.k8s.io/v1 DeviceClasses and
-    ResourceClaims (discovery). Retried until it answers or ``stop`` is set."""
+async def _served(api: client.Client, api_version: str, stop: asyncio.Event) -> set[str]:
+    """The resources the cluster serves in ``api_version`` (discovery; none
+    when it serves no such version). Retried until it answers or ``stop`` is set."""
     delay = backoff.Backoff(initial=0.5, maximum=10.0)
     while not stop.is_set():
         try:
-            found = await api.request(
-                "GET", resources.base_path(resources.DEVICE_CLASSES.api_version)
-            )
+            found = await api.request("GET", resources.base_path(api_version))
         except errors.NotFound:
-            return False
+            return set()
         except errors.ApiError as err:
             if not err.retriable and err.status != 0:
                 raise
-            _log.warning("discovery of resource.k8s.io/v1 failed, retrying: %s", err)
+            _log.warning("discovery of %s failed, retrying: %s", api_version, err)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay.next())
             continue
-        served = {r.get("name") for r in (found or {}).get("resources") or ()}
-        return served >= _DRA_RESOURCES
-    return False
+        return {str(r.get("name")) for r in (found or {}).get("resources") or ()}
+    return set()
+
+
+async def serves_resource_api(api: client.Client, stop: asyncio.Event) -> bool:
+    """Whether the cluster serves resource.k8s.io/v1 DeviceClasses and
+    ResourceClaims (discovery). Retried until it answers or ``stop`` is set."""
+    return await _served(api, resources.DEVICE_CLASSES.api_version, stop) >= _DRA_RESOURCES
+
+
+async def serves_preflight(api: client.Client, stop: asyncio.Event) -> bool:
+    """Whether the cluster serves PreflightValidations (its CRD installed)."""
+    return preflight.PLURAL in await _served(api, preflight.API_VERSION, stop)
 
 
 class Operator:
@@ -193,7 +211,10 @@ class Operator:
             handler_errors=handler_errors,
             label_selector=caches.OWNED_SELECTOR,
             projection=caches.project_pod,
-            indexers={caches.MODULE_INDEX: caches.object_module_index},
+            indexers={
+                caches.MODULE_INDEX: caches.object_module_index,
+                caches.PREFLIGHT_INDEX: caches.preflight_index,
+            },
             page_size=LIST_PAGE,
         )
         self.nodes = informers.Informer(
@@ -231,11 +252,9 @@ class Operator:
         # Image existence for build and sign: its facts live as long as the
         # process (a restarted operator asks each registry once).
         self.checker = existence.Checker(ca_files=registry_ca_files, endpoints=registry_endpoints)
-        self.build = build_concern.BuildConcern(
-            self.checker,
-            writing.ApiReader(api),
-            build or build_planner.Settings(registry_ca=_pem(registry_ca_files)),
-        )
+        build_settings = build or build_planner.Settings(registry_ca=_pem(registry_ca_files))
+        reader = writing.ApiReader(api)
+        self.build = build_concern.BuildConcern(self.checker, reader, build_settings)
         self.reconciler = reconciler.ModuleReconciler(
             self.caches, self.writer, instance=instance, build=self.build
         )
@@ -296,6 +315,54 @@ class Operator:
             "resync/modules", modules_store.list_keys, enqueue, period=resync_period
         )
 
+        # PreflightValidations (``preflight``), on the same caches.
+        self.validations = informers.Informer(
+            "preflightvalidations",
+            listwatch.ApiListWatch(api, writing.PREFLIGHTS, kind=preflight.KIND),
+            handler_errors=handler_errors,
+        )
+        self.preflight = Counting(
+            preflight_reconciler.PreflightReconciler(
+                self.validations.store,
+                modules_store,
+                self.pods.store,
+                self.writer,
+                checker=self.checker,
+                reader=reader,
+                settings=build_settings,
+            )
+        )
+        self.preflight_controller = controllers.Controller(
+            "preflight", self.preflight, workers=workers, metrics=metrics
+        )
+        validate = self.preflight_controller.enqueue
+        validations_store = self.validations.store
+
+        def every_validation(old: stores.RawObject | None, new: stores.RawObject | None) -> None:
+            if caches.validations_of_module_change(old, new):
+                for name in validations_store.list_keys():
+                    validate(name)
+
+        self.validations.add_handler(_seen(self.pending, writing.preflight_key))
+        requeueing(self.validations, handlers.enqueue_object(validate))
+        requeueing(
+            self.modules,
+            informers.FuncHandler(
+                add=lambda obj: every_validation(None, obj),
+                update=every_validation,
+                delete=lambda obj: every_validation(obj, None),
+            ),
+        )
+        requeueing(self.pods, handlers.enqueue_mapped(validate, caches.validations_of_pod))
+        # Until ``run`` found the resource served.
+        self.validating = False
+        self.preflight_resyncer = resyncing.Resync(
+            "resync/preflightvalidations",
+            validations_store.list_keys,
+            validate,
+            period=resync_period,
+        )
+
         self.elector: leaderelection.LeaderElector | None = None
         if election is not None:
             self.elector = leaderelection.LeaderElector(
@@ -331,6 +398,8 @@ class Operator:
         )
         if self.caches.resource_api:
             found += (self.device_classes, self.claims)
+        if self.validating:
+            found += (self.validations,)
         return found
 
     def cached(self) -> dict[str, int]:
@@ -356,15 +425,19 @@ class Operator:
             for controller, count in (
                 (self.controller, self.counting),
                 (self.kernel_controller, self.kernel_labels),
+                (self.preflight_controller, self.preflight),
             )
         )
 
     def resync(self) -> None:
-        """Enqueue every Module now: one round of the periodic resync."""
+        """Enqueue every Module and every PreflightValidation now: one round
+        of the periodic resyncs."""
         self.resyncer.resync()
+        self.preflight_resyncer.resync()
 
     async def run(self, stop: asyncio.Event) -> None:
         served = await serves_resource_api(self.api, stop)
+        validating = await serves_preflight(self.api, stop)
         if stop.is_set():
             return
         if served:
@@ -372,6 +445,16 @@ class Operator:
             self.manager.add_informer(self.claims)
         else:
             _log.warning("the cluster does not serve resource.k8s.io/v1: DRA Modules stay Degraded")
+        if validating:
+            self.manager.add_informer(self.validations)
+            self.manager.add_controller(self.preflight_controller)
+            self.manager.add(self.preflight_resyncer, leader_only=True)
+        else:
+            _log.warning(
+                "the cluster does not serve %s: PreflightValidations are not answered",
+                writing.PREFLIGHTS.plural,
+            )
+        self.validating = validating
         self.caches = dataclasses.replace(self.caches, resource_api=served)
         self.reconciler.caches = self.caches
         await self.manager.run(stop)
@@ -381,5 +464,6 @@ class Operator:
             "cached": self.cached(),
             "leading": self.leading(),
             "reconciles": self.counting.done,
+            "preflight_reconciles": self.preflight.done,
             "resyncs": self.resyncer.resyncs,
         }

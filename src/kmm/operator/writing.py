@@ -36,10 +36,20 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from kmm.api import modules
+from kmm.api import modules, preflight
 from kmm.kube import client, errors, objects, resources
 
-__all__ = ["FIELD_MANAGER", "MODULES", "ApiReader", "Pending", "Writer", "class_key", "pod_key"]
+__all__ = [
+    "FIELD_MANAGER",
+    "MODULES",
+    "PREFLIGHTS",
+    "ApiReader",
+    "Pending",
+    "Writer",
+    "class_key",
+    "pod_key",
+    "preflight_key",
+]
 
 FIELD_MANAGER: Final = "kmm"
 
@@ -47,6 +57,9 @@ _log = logging.getLogger(__name__)
 
 RawObject = dict[str, Any]
 MODULES: Final = resources.Resource(modules.GROUP, modules.VERSION, modules.PLURAL)
+PREFLIGHTS: Final = resources.Resource(
+    preflight.GROUP, preflight.VERSION, preflight.PLURAL, namespaced=False
+)
 
 
 class Pending:
@@ -154,6 +167,12 @@ def _caught_up(version: str | None, result: str | None) -> bool:
 def class_key(name: str) -> str:
     """The ``Pending`` key of a DeviceClass."""
     return f"deviceclass:{name}"
+
+
+def preflight_key(name: str) -> str:
+    """The ``Pending`` key of a PreflightValidation, apart from Nodes' (both
+    are cluster-scoped names)."""
+    return f"preflightvalidation:{name}"
 
 
 def pod_key(key: str) -> str:
@@ -369,6 +388,18 @@ class Writer:
         return await self._patch_module(
             module, "status", patch, subresource="status", same=_timeless(patch)
         )
+
+    async def patch_preflight_status(self, found: RawObject, patch: RawObject) -> bool:
+        """Merge-patch a PreflightValidation's status subresource; False when
+        skipped as already in flight (transition times apart, as for Modules)."""
+        name = found["metadata"]["name"]
+        key = preflight_key(name)
+        same = _timeless(patch)
+        if self.pending.in_flight(key, "status", objects.resource_version(found), same):
+            return False
+        path = PREFLIGHTS.path(name=name, subresource="status")
+        await self._merge(key, "status", path, patch, same)
+        return True
 
     async def set_finalizers(self, module: RawObject, finalizers: list[str]) -> None:
         """Replace the finalizer list, guarded by the observed resourceVersion (409 on a race)."""

@@ -168,6 +168,18 @@ def test_a_pod_that_cannot_run_is_the_nodes_problem(
         assert state.problem.startswith(f"pod m-dp-x7k2p: {expected}"), state.problem
 
 
+def test_a_preflight_pod_is_no_problem_of_the_node_it_runs_on() -> None:
+    """A PreflightValidation's pod carries the Module's labels, but builds for
+    a kernel the node does not run: whatever its state, it is not the node's."""
+    stuck = pod(None, container("build", waiting("ImagePullBackOff", "Back-off")))
+    stuck["metadata"]["labels"][labels.ROLE] = "preflight"
+    [state] = inspecting.states(MODULE, [NODE], [stuck])
+    assert state.problem is None
+    stuck["metadata"]["labels"][labels.ROLE] = "device-plugin"
+    [state] = inspecting.states(MODULE, [NODE], [stuck])
+    assert state.problem is not None
+
+
 IMAGES = [
     {"kernel": "6.8.0-45-generic", "image": "r:5000/ns/m:6.8.0-45-generic", "state": "Exists"},
     {

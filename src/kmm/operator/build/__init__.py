@@ -5,8 +5,8 @@ missing from the registry, kmm builds it with buildah in a pod from the
 Module's Dockerfile and/or signs its modules with the kernel's ``sign-file``
 in another, pushing only a signed image under the final name.
 
-- :mod:`.pods`: the build and sign pods, pure builders (no I/O), with the
-  scripts they run;
+- :mod:`.pods`: the build, sign and preflight pods, pure builders (no I/O);
+- :mod:`.scripts`: the shell scripts those pods run, and what they report;
 - :mod:`.existence`: asks registries whether an image exists, remembers it;
 - :mod:`.hashing`: the digest of a pod's inputs (``last-hash``);
 - :mod:`.planner`: which pods to create or delete and which kernels wait for

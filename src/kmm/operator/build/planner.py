@@ -59,6 +59,7 @@ __all__ = [
     "intermediate_wanted",
     "keys_of",
     "module_builds",
+    "module_keys",
     "plan",
     "pushed_by_succeeded",
     "unsigned_awaited",
@@ -165,8 +166,17 @@ def keys_of(view: views.ModuleView, target: kernels.Target) -> tuple[existence.K
     """The existence keys of the final image and of the one a sign pod
     signs: the build's intermediate image, or without build ``unsignedImage``
     (asked with ``unsignedImageRegistryTLS``)."""
-    secret = view.module.spec.image_repo_secret
-    who = f"{view.namespace}/{secret.name}" if secret is not None else ""
+    return module_keys(view.module, target)
+
+
+def module_keys(
+    module: modules.Module, target: kernels.Target
+) -> tuple[existence.Key, existence.Key]:
+    """``keys_of`` for a Module without a view (``kmm.operator.preflight``
+    asks with the same keys, so both share the checker's facts)."""
+    secret = module.spec.image_repo_secret
+    namespace = module.metadata.namespace or ""
+    who = f"{namespace}/{secret.name}" if secret is not None else ""
     tls = existence.Tls.of(target.registry_tls)
     final = existence.Key(target.image, tls, who)
     sign = target.sign

@@ -1,12 +1,25 @@
-"""Build and sign pods (pure): the Pod objects that make one kernel's image.
+"""Build, sign and preflight pods (pure): the Pod objects that make one kernel's image.
 
 A *build pod* runs ``buildah build`` on the Module's Dockerfile (a ConfigMap
 key, never templated) with KMM's build arguments over the user's, then
 ``buildah push``; a *sign pod* pulls an unsigned image, runs the kernel's
 ``sign-file sha256`` on every file ``filesToSign`` matches and pushes the
 result. Both run the builder image (``DEFAULT_BUILDER_IMAGE``, made by
-``make image``: scripts/build_builder_image.sh) and the POSIX shell scripts
-below, which say what failed on one ``kmm-build:``/``kmm-sign:`` line.
+``make image``: scripts/build_builder_image.sh) and the shell scripts of
+:mod:`.scripts`, which say what failed on one ``kmm-build:``/``kmm-sign:``
+line and, on success, write one JSON line (described there) as the
+termination message.
+
+A *preflight pod* (``preflight_pod``) answers a PreflightValidation for one
+Module: the same containers in one pod, so that nothing but the final image
+ever reaches a registry. Build only: container ``build``; sign only:
+container ``sign`` pulling ``unsignedImage``; both: init container ``build``
+tagging ``LOCAL_UNSIGNED_IMAGE`` in the pod's buildah storage (an emptyDir
+both containers mount), then container ``sign`` reading it with
+``--pull=never``. ``PodInputs.push`` false (``pushBuiltImage: false``) pushes
+nothing at all; true pushes the final image only. Such pods are owned by the
+validation, not the Module, and kept while it exists (the build concern's
+``retention`` does not apply to them).
 
 Facts from KMM kept here: pod names ``<module>-build-<kernel>`` and
 ``<module>-sign-<kernel>``; labels module.name, resource-type
@@ -18,16 +31,15 @@ RUN steps (buildah ``--volume``) so Dockerfiles written for KMM's kaniko
 work unchanged; the signing key and certificate are the Secrets' keys
 ``key`` and ``cert``.
 
-What a pod reports: on success one JSON line in its termination message
-(build: ``{"image": ..., "digest": "sha256:..."}``; sign: ``{"image": ...,
-"digest": ..., "signed": [paths in the image], "unmatched": [patterns]}``);
-on failure nothing, so the kubelet puts the log's tail there instead
-(``FallbackToLogsOnError``) and the operator reads why without ``pods/log``.
+A failed container writes no summary, so the kubelet puts the log's tail in
+its termination message instead (``FallbackToLogsOnError``, on every
+container) and the operator reads why without ``pods/log``; for a preflight
+pod's failed build that is ``status.initContainerStatuses[]``.
 
 TLS comes from ``PodInputs`` only: ``pull_tls`` for what a pod pulls (base
 images, the unsigned image), ``push_tls`` for its push; the caller picks
 them from the Module (registryTLS, baseImageRegistryTLS,
-unsignedImageRegistryTLS). Not here: the hash annotation (the planner's) and
+unsignedImageRegistryTLS). Not here: the hash annotation (the planners') and
 whether a pod should exist.
 """
 
@@ -40,15 +52,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 from kmm.api import kernels, labels, modules
+from kmm.operator.build import scripts
 
 __all__ = [
     "BUILDER_CAPABILITIES",
-    "BUILD_SCRIPT",
     "DEFAULT_BUILDER_IMAGE",
     "DOCKERFILE_KEY",
     "HOST_MODULES",
+    "LOCAL_UNSIGNED_IMAGE",
+    "PREFLIGHT_RESOURCE_TYPE",
+    "PREFLIGHT_ROLE",
     "RESOURCE_TYPES",
-    "SIGN_SCRIPT",
     "STORAGE",
     "PodInputs",
     "PodRole",
@@ -56,6 +70,8 @@ __all__ = [
     "build_pod",
     "intermediate_image",
     "pod_name",
+    "preflight_pod",
+    "preflight_pod_name",
     "secret_path",
     "sign_pod",
 ]
@@ -70,6 +86,14 @@ DEFAULT_BUILDER_IMAGE: Final = "ghcr.io/kmm/kmm-builder:0.1.0"
 
 DOCKERFILE_KEY: Final = "dockerfile"
 RESOURCE_TYPES: Final[Mapping[PodRole, str]] = {"build": "BuildImage", "sign": "SignImage"}
+PREFLIGHT_ROLE: Final = "preflight"
+PREFLIGHT_RESOURCE_TYPE: Final = "PreflightImage"
+
+# Where a preflight pod's build init container leaves the unsigned image for
+# its sign container: a name in the pod's own buildah storage, never pushed
+# (no registry answers to "localhost"), the same in every pod (each has its
+# own storage).
+LOCAL_UNSIGNED_IMAGE: Final = "localhost/kmm-preflight/unsigned:latest"
 
 # What buildah needs beyond a root container's default capabilities
 # (measured on the sandbox's container nodes, README "Build and sign pods"):
@@ -100,15 +124,18 @@ _KMM_ARGS: Final = ("KERNEL_VERSION", "KERNEL_FULL_VERSION", "MOD_NAME", "MOD_NA
 
 @dataclasses.dataclass(frozen=True)
 class PodInputs:
-    """What build and sign pods of one (Module, kernel) share.
+    """What build, sign and preflight pods of one (Module, kernel) share.
 
     ``kernel`` is the trimmed kernel (no trailing ``+``); ``image`` the
-    reference the pod pushes; ``owner`` the Module's controller reference
-    (``objects.controller_reference``); ``repo_secret`` the Module's
-    ``imageRepoSecret`` (a ``.dockerconfigjson`` Secret: the builder's
-    authfile for pulls and the push, and the pod's imagePullSecrets);
-    ``registry_ca`` PEM certificates the builder trusts besides Debian's
-    (may be ""); ``node_selector`` where the pod may run.
+    reference the pod pushes (a preflight pod's: the Module's final image);
+    ``owner`` the Module's controller reference
+    (``objects.controller_reference``; ``preflight_pod`` takes its own);
+    ``repo_secret`` the Module's ``imageRepoSecret`` (a ``.dockerconfigjson``
+    Secret: the builder's authfile for pulls and the push, and the pod's
+    imagePullSecrets); ``registry_ca`` PEM certificates the builder trusts
+    besides Debian's (may be ""); ``node_selector`` where the pod may run;
+    ``push`` false keeps the image in the pod and pushes nothing (a
+    PreflightValidation's ``pushBuiltImage: false``).
     """
 
     module: str
@@ -122,6 +149,7 @@ class PodInputs:
     push_tls: modules.RegistryTLS | None = None
     pull_tls: modules.RegistryTLS | None = None
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    push: bool = True
 
 
 def _digest(text: str, length: int) -> str:
@@ -130,6 +158,7 @@ def _digest(text: str, length: int) -> str:
 
 _UNSAFE_NAME = re.compile(r"[^a-z0-9.-]")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def pod_name(module: str, role: PodRole, kernel: str) -> str:
@@ -148,6 +177,24 @@ def pod_name(module: str, role: PodRole, kernel: str) -> str:
     head = name[: _MAX_NAME - len(digest) - 1]
     # Each dot-separated part must end alphanumeric: cut back to one that does.
     head = re.sub(r"[^a-z0-9]+$", "", re.sub(r"[-.]{2,}", "-", head))
+    return f"{head}-{digest}" if head else digest
+
+
+def preflight_pod_name(validation: str, module: str) -> str:
+    """``<validation>-<module>`` as a DNS label of at most 63 characters.
+
+    When that is too long or not a DNS label (a dot in either name), the
+    dots become ``-``, the name is cut and ends in a digest of (validation,
+    module), so distinct pairs keep distinct pods. Two short pairs that join
+    into the same text (``a`` + ``b-c``, ``a-b`` + ``c``) share a name: the
+    ``labels.PREFLIGHT`` label says whose pod it is.
+    """
+    name = f"{validation}-{module}"
+    if len(name) <= _MAX_NAME and _DNS_LABEL.match(name):
+        return name
+    digest = _digest("\x00".join((validation, module)), 10)
+    head = re.sub(r"[^a-z0-9-]", "-", name.lower())[: _MAX_NAME - len(digest) - 1]
+    head = re.sub(r"-{2,}", "-", head).strip("-")
     return f"{head}-{digest}" if head else digest
 
 
@@ -190,28 +237,36 @@ def _tls_verify(tls: modules.RegistryTLS | None) -> str:
     return "false" if _insecure(tls) else "true"
 
 
+def _labels(inputs: PodInputs, role: str, resource_type: str) -> dict[str, str]:
+    return {
+        labels.MODULE_NAME: inputs.module,
+        labels.MODULE_NAMESPACE: inputs.namespace,
+        labels.ROLE: role,
+        labels.RESOURCE_TYPE: resource_type,
+        labels.TARGET_KERNEL: labels.kernel_value(inputs.kernel),
+    }
+
+
 def _metadata(inputs: PodInputs, role: PodRole) -> RawObject:
     return {
         "name": pod_name(inputs.module, role, inputs.kernel),
         "namespace": inputs.namespace,
-        "labels": {
-            labels.MODULE_NAME: inputs.module,
-            labels.MODULE_NAMESPACE: inputs.namespace,
-            labels.ROLE: role,
-            labels.RESOURCE_TYPE: RESOURCE_TYPES[role],
-            labels.TARGET_KERNEL: labels.kernel_value(inputs.kernel),
-        },
+        "labels": _labels(inputs, role, RESOURCE_TYPES[role]),
         "ownerReferences": [dict(inputs.owner)],
     }
 
 
-def _env(inputs: PodInputs) -> list[RawObject]:
+def _env(inputs: PodInputs, image: str, push: bool) -> list[RawObject]:
     env = [
-        {"name": "KMM_IMAGE", "value": inputs.image},
+        {"name": "KMM_IMAGE", "value": image},
         {"name": "KMM_PUSH_TLS_VERIFY", "value": _tls_verify(inputs.push_tls)},
         {"name": "KMM_PULL_TLS_VERIFY", "value": _tls_verify(inputs.pull_tls)},
         {"name": "BUILDAH_ISOLATION", "value": "chroot"},
     ]
+    if not push:
+        # Only when not pushing: the scripts push by default, and a Module's
+        # own pods render as they did before preflight pods existed.
+        env.append({"name": "KMM_PUSH", "value": "false"})
     if inputs.registry_ca:
         env.append({"name": "KMM_REGISTRY_CA", "value": inputs.registry_ca})
     if inputs.repo_secret is not None:
@@ -219,33 +274,28 @@ def _env(inputs: PodInputs) -> list[RawObject]:
     return env
 
 
-def _pod(
-    inputs: PodInputs,
-    role: PodRole,
-    script: str,
-    args: Sequence[str],
-    env: Sequence[RawObject],
-    mounts: Sequence[RawObject],
-    volumes: Sequence[RawObject],
-) -> RawObject:
-    shared_mounts: list[RawObject] = [{"name": "storage", "mountPath": STORAGE}]
-    shared_volumes: list[RawObject] = [{"name": "storage", "emptyDir": {}}]
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """One container's script, arguments, extra environment, mounts and the
+    volumes those mounts need."""
+
+    role: PodRole
+    script: str
+    args: Sequence[str]
+    env: Sequence[RawObject]
+    mounts: Sequence[RawObject]
+    volumes: Sequence[RawObject]
+
+
+def _container(inputs: PodInputs, part: _Part, *, image: str, push: bool) -> RawObject:
+    mounts: list[RawObject] = [{"name": "storage", "mountPath": STORAGE}]
     if inputs.repo_secret is not None:
-        shared_mounts.append({"name": "repo-auth", "mountPath": _AUTH_DIR, "readOnly": True})
-        shared_volumes.append(
-            {
-                "name": "repo-auth",
-                "secret": {
-                    "secretName": inputs.repo_secret,
-                    "items": [{"key": ".dockerconfigjson", "path": ".dockerconfigjson"}],
-                },
-            }
-        )
-    container: RawObject = {
-        "name": role,
+        mounts.append({"name": "repo-auth", "mountPath": _AUTH_DIR, "readOnly": True})
+    return {
+        "name": part.role,
         "image": inputs.builder_image,
-        "command": ["/bin/sh", "-c", script, f"kmm-{role}", *args],
-        "env": [*_env(inputs), *env],
+        "command": ["/bin/sh", "-c", part.script, f"kmm-{part.role}", *part.args],
+        "env": [*_env(inputs, image, push), *part.env],
         "securityContext": {
             "runAsUser": 0,
             "capabilities": {"add": list(BUILDER_CAPABILITIES)},
@@ -254,19 +304,36 @@ def _pod(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [*shared_mounts, *mounts],
+        "volumeMounts": [*mounts, *part.mounts],
     }
-    spec: RawObject = {
-        "restartPolicy": "Never",
-        "containers": [container],
-        "volumes": [*shared_volumes, *volumes],
-    }
+
+
+def _spec(inputs: PodInputs, containers: Sequence[RawObject], parts: Sequence[_Part]) -> RawObject:
+    """restartPolicy Never, ``containers`` (the last is the main one, any
+    before it init containers) and the volumes of the storage, the repo
+    secret and ``parts``."""
+    volumes: list[RawObject] = [{"name": "storage", "emptyDir": {}}]
+    if inputs.repo_secret is not None:
+        volumes.append(
+            {
+                "name": "repo-auth",
+                "secret": {
+                    "secretName": inputs.repo_secret,
+                    "items": [{"key": ".dockerconfigjson", "path": ".dockerconfigjson"}],
+                },
+            }
+        )
+    spec: RawObject = {"restartPolicy": "Never"}
+    if containers[:-1]:
+        spec["initContainers"] = list(containers[:-1])
+    spec["containers"] = [containers[-1]]
+    spec["volumes"] = [*volumes, *(v for part in parts for v in part.volumes)]
     if inputs.node_selector:
         spec["nodeSelector"] = dict(inputs.node_selector)
     if inputs.repo_secret is not None:
         # The builder image may live in the Module's registry too.
         spec["imagePullSecrets"] = [{"name": inputs.repo_secret}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": _metadata(inputs, role), "spec": spec}
+    return spec
 
 
 def build_args(inputs: PodInputs, build: kernels.BuildTarget) -> list[tuple[str, str]]:
@@ -280,10 +347,7 @@ def build_args(inputs: PodInputs, build: kernels.BuildTarget) -> list[tuple[str,
     return [(k, v) for k, v in build.build_args if k not in ours] + list(ours.items())
 
 
-def build_pod(
-    inputs: PodInputs, build: kernels.BuildTarget, *, dockerfile_key: str = DOCKERFILE_KEY
-) -> RawObject:
-    """The pod that builds ``inputs.image`` from ``build``'s Dockerfile and pushes it."""
+def _build_part(inputs: PodInputs, build: kernels.BuildTarget, dockerfile_key: str) -> _Part:
     args = [f"--build-arg={k}={v}" for k, v in build_args(inputs, build)]
     mounts: list[RawObject] = [
         {"name": "dockerfile", "mountPath": _DOCKERFILE_DIR, "readOnly": True},
@@ -305,18 +369,12 @@ def build_pod(
         mounts.append({"name": f"secret-{index}", "mountPath": path, "readOnly": True})
         volumes.append({"name": f"secret-{index}", "secret": {"secretName": secret}})
         args.append(f"--volume={path}:{path}:ro")
-    return _pod(inputs, "build", BUILD_SCRIPT, args, [], mounts, volumes)
+    return _Part("build", scripts.BUILD, args, (), mounts, volumes)
 
 
-def sign_pod(
-    inputs: PodInputs, sign: kernels.SignTarget, *, unsigned_image: str, dir_name: str
-) -> RawObject:
-    """The pod that signs ``unsigned_image``'s modules and pushes ``inputs.image``.
-
-    Every ``filesToSign`` pattern (a shell glob, already expanded for the
-    kernel) must lie under ``dir_name`` (``modprobe.dirName``, as admission
-    checks); the script refuses one that does not.
-    """
+def _sign_part(
+    sign: kernels.SignTarget, *, unsigned_image: str, dir_name: str, local: bool
+) -> _Part:
     mounts = [
         {"name": "signing-key", "mountPath": _KEY_DIR, "readOnly": True},
         {"name": "signing-cert", "mountPath": _CERT_DIR, "readOnly": True},
@@ -331,111 +389,106 @@ def sign_pod(
         {"name": "KMM_KEY_SECRET", "value": sign.key_secret},
         {"name": "KMM_CERT_SECRET", "value": sign.cert_secret},
     ]
-    return _pod(inputs, "sign", SIGN_SCRIPT, sign.files_to_sign, env, mounts, volumes)
+    if local:
+        env.append({"name": "KMM_UNSIGNED_LOCAL", "value": "true"})
+    return _Part("sign", scripts.SIGN, sign.files_to_sign, env, mounts, volumes)
 
 
-# Shared by both scripts: error lines, the registry CA, JSON strings.
-_COMMON: Final = r"""set -eu
-fail() { echo "$0: error: $*" >&2; exit 1; }
-say() { echo "$0: $*" >&2; }
-# A PEM bundle the operator was given: trusted besides Debian's CAs, for
-# every registry (containers/image reads the system bundle).
-if [ -n "${KMM_REGISTRY_CA:-}" ]; then
-    printf '%s\n' "$KMM_REGISTRY_CA" >>/etc/ssl/certs/ca-certificates.crt
-fi
-if [ -n "${REGISTRY_AUTH_FILE:-}" ] && [ ! -s "$REGISTRY_AUTH_FILE" ]; then
-    fail "imageRepoSecret has no .dockerconfigjson"
-fi
-json() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g')"; }
-"""
+def _module_pod(inputs: PodInputs, part: _Part) -> RawObject:
+    container = _container(inputs, part, image=inputs.image, push=inputs.push)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(inputs, part.role),
+        "spec": _spec(inputs, [container], [part]),
+    }
 
-BUILD_SCRIPT: Final = (
-    _COMMON
-    + r"""
-# "$@": buildah build's arguments (--build-arg, --volume for build secrets).
-[ -s /run/kmm/dockerfile/Dockerfile ] || fail "the Dockerfile ConfigMap key is missing or empty"
-if [ -n "$(ls -A /host/lib/modules 2>/dev/null)" ]; then
-    set -- "$@" --volume=/host/lib/modules:/host/lib/modules:ro
-fi
-mkdir -p /tmp/context
-say "building $KMM_IMAGE"
-# RUN steps keep the pod's limits: buildah would raise them to 1048576 as
-# root, which needs CAP_SYS_RESOURCE.
-buildah build --tls-verify="$KMM_PULL_TLS_VERIFY" --file /run/kmm/dockerfile/Dockerfile \
-    --ulimit "nofile=$(ulimit -Sn):$(ulimit -Hn)" --ulimit "nproc=$(ulimit -Sp):$(ulimit -Hp)" \
-    --tag "$KMM_IMAGE" "$@" /tmp/context || fail "buildah build failed (see the lines above)"
-say "pushing $KMM_IMAGE"
-buildah push --tls-verify="$KMM_PUSH_TLS_VERIFY" --digestfile /tmp/digest "$KMM_IMAGE" ||
-    fail "pushing $KMM_IMAGE failed"
-printf '{"image": %s, "digest": %s}\n' "$(json "$KMM_IMAGE")" "$(json "$(cat /tmp/digest)")" \
-    >/dev/termination-log
-say "pushed $KMM_IMAGE@$(cat /tmp/digest)"
-"""
-)
 
-SIGN_SCRIPT: Final = (
-    _COMMON
-    + r"""
-# "$@": the filesToSign patterns, shell globs of paths in the image.
-[ "$#" -gt 0 ] || fail "no filesToSign"
-key=/run/kmm/signing/key/key
-cert=/run/kmm/signing/cert/cert
-[ -s "$key" ] || fail "Secret $KMM_KEY_SECRET has no key 'key'"
-[ -s "$cert" ] || fail "Secret $KMM_CERT_SECRET has no key 'cert'"
-# sign-file reads a PEM key only: convert a DER one.
-if openssl pkey -in "$key" -inform PEM -out /tmp/key.pem 2>/dev/null ||
-    openssl pkey -in "$key" -inform DER -out /tmp/key.pem 2>/dev/null; then
-    key=/tmp/key.pem
-else
-    fail "key 'key' of Secret $KMM_KEY_SECRET is not a PEM or DER private key"
-fi
-openssl x509 -in "$cert" -inform PEM -noout 2>/dev/null ||
-    openssl x509 -in "$cert" -inform DER -noout 2>/dev/null ||
-    fail "key 'cert' of Secret $KMM_CERT_SECRET is not a PEM or DER certificate"
-# sign-file refuses a key that is not the certificate's too, but only after
-# the pull and in OpenSSL's words: refuse it first, naming both Secrets.
-certkey=$(openssl x509 -in "$cert" -inform PEM -pubkey -noout 2>/dev/null ||
-    openssl x509 -in "$cert" -inform DER -pubkey -noout)
-[ "$certkey" = "$(openssl pkey -in "$key" -pubout)" ] ||
-    fail "the key of Secret $KMM_KEY_SECRET does not match the certificate of Secret $KMM_CERT_SECRET"
-for pattern in "$@"; do
-    case $pattern in
-    "${KMM_DIR_NAME%/}"/*) ;;
-    *) fail "filesToSign pattern $pattern is not under $KMM_DIR_NAME" ;;
-    esac
-done
-say "pulling $KMM_UNSIGNED_IMAGE"
-container=$(buildah from --quiet --pull=always --tls-verify="$KMM_PULL_TLS_VERIFY" "$KMM_UNSIGNED_IMAGE") ||
-    fail "pulling $KMM_UNSIGNED_IMAGE failed"
-root=$(buildah mount "$container") || fail "mounting $KMM_UNSIGNED_IMAGE failed"
-signed=""
-unmatched=""
-count=0
-for pattern in "$@"; do
-    found=0
-    # Globs expand under the image's root; a pattern that matches nothing
-    # stays itself and is not a file there.
-    for file in "$root"$pattern; do
-        [ -f "$file" ] || continue
-        sign-file sha256 "$key" "$cert" "$file" || fail "sign-file failed on ${file#"$root"}"
-        say "signed ${file#"$root"}"
-        signed="$signed${signed:+, }$(json "${file#"$root"}")"
-        found=1
-        count=$((count + 1))
-    done
-    if [ "$found" = 0 ]; then
-        say "no file matches $pattern"
-        unmatched="$unmatched${unmatched:+, }$(json "$pattern")"
-    fi
-done
-[ "$count" -gt 0 ] || fail "no file in $KMM_UNSIGNED_IMAGE matches filesToSign: $*"
-buildah umount "$container" >/dev/null
-buildah commit --quiet "$container" "$KMM_IMAGE" >/dev/null || fail "committing the signed image failed"
-say "pushing $KMM_IMAGE"
-buildah push --tls-verify="$KMM_PUSH_TLS_VERIFY" --digestfile /tmp/digest "$KMM_IMAGE" ||
-    fail "pushing $KMM_IMAGE failed"
-printf '{"image": %s, "digest": %s, "signed": [%s], "unmatched": [%s]}\n' \
-    "$(json "$KMM_IMAGE")" "$(json "$(cat /tmp/digest)")" "$signed" "$unmatched" >/dev/termination-log
-say "pushed $KMM_IMAGE@$(cat /tmp/digest), $count files signed"
-"""
-)
+def build_pod(
+    inputs: PodInputs, build: kernels.BuildTarget, *, dockerfile_key: str = DOCKERFILE_KEY
+) -> RawObject:
+    """The pod that builds ``inputs.image`` from ``build``'s Dockerfile and
+    pushes it (unless ``inputs.push`` is false)."""
+    return _module_pod(inputs, _build_part(inputs, build, dockerfile_key))
+
+
+def sign_pod(
+    inputs: PodInputs, sign: kernels.SignTarget, *, unsigned_image: str, dir_name: str
+) -> RawObject:
+    """The pod that signs ``unsigned_image``'s modules and pushes ``inputs.image``
+    (unless ``inputs.push`` is false).
+
+    Every ``filesToSign`` pattern (a shell glob, already expanded for the
+    kernel) must lie under ``dir_name`` (``modprobe.dirName``, as admission
+    checks); the script refuses one that does not.
+    """
+    part = _sign_part(sign, unsigned_image=unsigned_image, dir_name=dir_name, local=False)
+    return _module_pod(inputs, part)
+
+
+def preflight_pod(
+    inputs: PodInputs,
+    *,
+    validation: str,
+    owner: Mapping[str, Any],
+    build: kernels.BuildTarget | None,
+    sign: kernels.SignTarget | None,
+    unsigned_image: str | None = None,
+    dir_name: str,
+    dockerfile_key: str = DOCKERFILE_KEY,
+) -> RawObject:
+    """The pod that makes ``inputs.image`` (the Module's final image) for
+    PreflightValidation ``validation``, pushing it only when ``inputs.push``.
+
+    ``owner`` is the validation's controller reference and the pod's only
+    owner (``inputs.owner``, the Module's, is not read: inputs can be made
+    as for the Module's own pods). ``build`` and ``sign`` are the kernel
+    mapping's (at least one). ``unsigned_image`` is what a sign without
+    build signs (default: ``sign.unsigned_image``); with a build there is
+    none to give, the sign reads the build's ``LOCAL_UNSIGNED_IMAGE``.
+    ``dir_name`` is ``modprobe.dirName`` (the sign's patterns lie under it).
+    """
+    if build is None and sign is None:
+        raise ValueError("a preflight pod needs a build or a sign")
+    parts: list[_Part] = []
+    containers: list[RawObject] = []
+    if build is not None:
+        part = _build_part(inputs, build, dockerfile_key)
+        if sign is None:
+            containers.append(_container(inputs, part, image=inputs.image, push=inputs.push))
+        else:
+            # The init container's image stays in the pod: only the signed
+            # one may reach a registry, under the final name.
+            containers.append(_container(inputs, part, image=LOCAL_UNSIGNED_IMAGE, push=False))
+        parts.append(part)
+    if sign is not None:
+        if build is not None:
+            if unsigned_image is not None:
+                raise ValueError(
+                    "with a build, the sign reads the build's image: no unsigned_image"
+                )
+            part = _sign_part(
+                sign, unsigned_image=LOCAL_UNSIGNED_IMAGE, dir_name=dir_name, local=True
+            )
+        else:
+            unsigned = unsigned_image if unsigned_image is not None else sign.unsigned_image
+            if unsigned is None:
+                raise ValueError("a sign without build needs an unsigned image")
+            part = _sign_part(sign, unsigned_image=unsigned, dir_name=dir_name, local=False)
+        containers.append(_container(inputs, part, image=inputs.image, push=inputs.push))
+        parts.append(part)
+    metadata: RawObject = {
+        "name": preflight_pod_name(validation, inputs.module),
+        "namespace": inputs.namespace,
+        "labels": {
+            **_labels(inputs, PREFLIGHT_ROLE, PREFLIGHT_RESOURCE_TYPE),
+            labels.PREFLIGHT: labels.preflight_value(validation),
+        },
+        "ownerReferences": [dict(owner)],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": _spec(inputs, containers, parts),
+    }

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kmm.api import formats, kernels, labels, modules
-from kmm.operator.build import pods
+from kmm.operator.build import pods, scripts
 
 _OWNER = {
     "apiVersion": modules.API_VERSION,
@@ -279,7 +279,7 @@ def test_sign_pod_mounts_key_and_cert_and_passes_the_patterns() -> None:
     assert "host-modules" not in volumes
 
 
-@pytest.mark.parametrize("script", [pods.BUILD_SCRIPT, pods.SIGN_SCRIPT])
+@pytest.mark.parametrize("script", [scripts.BUILD, scripts.SIGN])
 def test_scripts_are_posix_shell(script: str) -> None:
     # dash (Debian's sh, the builder image's /bin/sh) parses them.
     done = subprocess.run(["dash", "-n", "-c", script], capture_output=True, text=True, check=False)

@@ -1,0 +1,183 @@
+"""The PreflightValidation reconciler: one key (the validation's name), the
+I/O around the pure ``planner``.
+
+Level-based (``runtime.controllers.Reconciler``). For a live validation it:
+
+1. resolves every cached Module for the kernel (``verdicts.subjects``);
+2. for the Modules with a target, reads what the planner needs, and only
+   that: the ConfigMaps and Secrets a pod reads (GET on demand, no informer
+   on Secrets) when the Module has a preflight pod or its image is missing;
+   the registry's facts (``existence.Checker``, shared with the build
+   concern: remembered, so a converged validation asks no registry) when no
+   kept pod decides; ``unsignedImage``'s when a sign-only Module's image is
+   missing (asked again every poll while it is missing, as the build
+   concern does);
+3. deletes the pods the planner is done with, creates the ones it wants;
+4. writes the status subresource only when it differs from the cached one
+   (``status.differs``), so a converged validation costs no write.
+
+A validation gone needs nothing: its pods go with it (owner references).
+A validation being deleted is left alone. Requeues: a failed pod or missing
+inputs every ``Settings.poll`` (fixed inputs send no event), an
+unanswered registry after the checker's back-off.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Callable
+
+from kmm.api import labels, preflight
+from kmm.operator import caches, writing
+from kmm.operator.build import concern as build_concern
+from kmm.operator.build import existence, pods
+from kmm.operator.build import planner as build_planner
+from kmm.operator.preflight import planner, status, verdicts
+from kmm.runtime import controllers, stores
+
+__all__ = ["PreflightReconciler"]
+
+_log = logging.getLogger(__name__)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class PreflightReconciler:
+    def __init__(
+        self,
+        validations: stores.Store,
+        modules: stores.Store,
+        pod_store: stores.Store,
+        writer: writing.Writer,
+        *,
+        checker: existence.Checker,
+        reader: build_concern.Reader,
+        settings: build_planner.Settings,
+        now: Callable[[], str] = _now,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.validations = validations
+        self.modules = modules
+        self.pods = pod_store
+        self.writer = writer
+        self.checker = checker
+        self.reader = reader
+        self.settings = settings
+        self.now = now
+        self.monotonic = monotonic
+        # Per validation, the uids of succeeded pods whose pushed image the
+        # checker was told to forget (once per pod).
+        self._told: dict[str, set[str]] = {}
+
+    async def reconcile(self, key: str) -> controllers.Result:
+        raw = self.validations.get(key)
+        if raw is None:
+            self._told.pop(key, None)
+            return controllers.Result()
+        if (raw.get("metadata") or {}).get("deletionTimestamp"):
+            return controllers.Result()
+        try:
+            found = preflight.parse(raw)
+        except preflight.InvalidPreflightValidationError as err:
+            # Admission refuses these; one written around it is not judged.
+            _log.warning("PreflightValidation %s is invalid, not validated: %s", key, err)
+            return controllers.Result()
+        judged = verdicts.subjects(preflight.kernel(found), self.modules.objects())
+        observed = self.pods.by_index(
+            caches.PREFLIGHT_INDEX, labels.preflight_value(found.metadata.name)
+        )
+        facts, inputs, retry = await self._gather(found, judged, observed)
+        out = planner.plan(
+            found, judged, observed=observed, facts=facts, inputs=inputs, settings=self.settings
+        )
+        for at in retry:
+            out.requeue(at - self.monotonic())
+        self._forget(key, judged, facts, out)
+        for pod in out.delete:
+            await self.writer.delete_pod(pod)
+        for pod in out.create:
+            await self.writer.create_pod(pod)
+        wanted = status.compute(found, out.verdicts, now=self.now())
+        if status.differs(raw, wanted):
+            await self.writer.patch_preflight_status(raw, {"status": wanted})
+        return controllers.Result(requeue_after=out.requeue_after)
+
+    async def _gather(
+        self,
+        found: preflight.PreflightValidation,
+        judged: list[verdicts.Subject],
+        observed: list[stores.RawObject],
+    ) -> tuple[dict[str, build_planner.Facts], dict[str, build_planner.Inputs], list[float]]:
+        """Existence facts and inputs, by Module key, and when facts that
+        got no answer are due again."""
+        facts: dict[str, build_planner.Facts] = {}
+        inputs: dict[str, build_planner.Inputs] = {}
+        retry: list[float] = []
+        for subject in judged:
+            if subject.target is None or subject.module is None:
+                continue
+            read: build_planner.Inputs | None = None
+            if subject.makes and planner.observed_pod(found, subject, observed) is not None:
+                read = await self._inputs(subject)
+            if planner.asks_registry(found, subject, observed, read, self.settings):
+                final_key, unsigned_key = build_planner.module_keys(subject.module, subject.target)
+                final = await self.checker.fact(final_key, self._secret)
+                unsigned = None
+                if planner.unsigned_wanted(subject.target, final):
+                    unsigned = await self.checker.fact(unsigned_key, self._secret)
+                facts[subject.key] = build_planner.Facts(final, unsigned)
+                retry.extend(
+                    f.retry_at
+                    for f in (final, unsigned)
+                    if f is not None and f.state is existence.State.ERROR
+                )
+                if subject.makes and read is None and final.state is existence.State.MISSING:
+                    read = await self._inputs(subject)
+            if read is not None:
+                inputs[subject.key] = read
+        return facts, inputs, retry
+
+    def _forget(
+        self,
+        key: str,
+        judged: list[verdicts.Subject],
+        facts: dict[str, build_planner.Facts],
+        out: planner.Plan,
+    ) -> None:
+        """What the checker must ask again: an image a preflight pod pushed
+        (once per pod), an ``unsignedImage`` still missing (every poll)."""
+        told = self._told.get(key, set())
+        for uid, image in out.pushed.items():
+            if uid not in told:
+                self.checker.forget(image)
+        self._told[key] = set(out.pushed)
+        for subject in judged:
+            target, found = subject.target, facts.get(subject.key)
+            if target is None or found is None or target.sign is None:
+                continue
+            unsigned = found.intermediate
+            if unsigned is not None and unsigned.state is existence.State.MISSING:
+                self.checker.forget(target.sign.unsigned_image or "")
+
+    async def _secret(self, namespace: str, name: str) -> stores.RawObject | None:
+        return await self.reader.get("Secret", namespace, name)
+
+    async def _inputs(self, subject: verdicts.Subject) -> build_planner.Inputs:
+        versions: dict[str, str] = {}
+        dockerfiles: dict[str, str] = {}
+        for wanted in planner.inputs_wanted(subject):
+            kind, _, name = wanted.partition("/")
+            found = await self.reader.get(
+                "ConfigMap" if kind == "ConfigMap" else "Secret", subject.namespace, name
+            )
+            if found is None:
+                continue
+            versions[wanted] = str((found.get("metadata") or {}).get("resourceVersion") or "")
+            text = (found.get("data") or {}).get(pods.DOCKERFILE_KEY)
+            if kind == "ConfigMap" and isinstance(text, str):
+                dockerfiles[name] = text
+        return build_planner.Inputs(versions=versions, dockerfiles=dockerfiles)

@@ -1,0 +1,302 @@
+"""The preflight reconciler's I/O policy: what it asks registries and the
+API server, what it writes, and when nothing (a checker whose registry is a
+table, a writer that records and applies to the stores)."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import itertools
+import json
+from typing import Any
+
+import test_preflight_planner as cases
+
+from kmm.api import labels, preflight
+from kmm.operator import caches
+from kmm.operator.build import existence, pods
+from kmm.operator.preflight import reconciler
+from kmm.runtime import stores
+
+Obj = dict[str, Any]
+UNSIGNED = "r.io/unsigned:6.8.0-45-generic"
+
+
+class _Checker(existence.Checker):
+    def __init__(self, images: dict[str, existence.State]) -> None:
+        super().__init__()
+        self.images = images
+        self.asked: collections.Counter[str] = collections.Counter()
+
+    async def _ask(self, key: existence.Key, secret: Obj | None) -> existence.Fact:
+        self.asked[key.image] += 1
+        return existence.Fact(self.images.get(key.image, existence.State.MISSING))
+
+
+class _Reader:
+    def __init__(self) -> None:
+        self.gets: list[tuple[str, str, str]] = []
+        self.versions: dict[str, str] = {}
+
+    async def get(self, kind: str, namespace: str, name: str) -> Obj | None:
+        self.gets.append((kind, namespace, name))
+        data = {"dockerfile": "FROM scratch\n"} if kind == "ConfigMap" else {}
+        version = self.versions.get(f"{kind}/{name}", "1")
+        return {"metadata": {"name": name, "resourceVersion": version}, "data": data}
+
+
+class _Writer:
+    """The writer's calls the reconciler makes; each applied to the stores."""
+
+    def __init__(self, validations: stores.Store, pod_store: stores.Store) -> None:
+        self.validations = validations
+        self.pods = pod_store
+        self.calls: list[tuple[str, str]] = []
+        self._uids = itertools.count()
+
+    async def create_pod(self, desired: Obj) -> bool:
+        self.calls.append(("create", desired["metadata"]["name"]))
+        made = copy.deepcopy(desired)
+        made["metadata"]["uid"] = f"pod-{next(self._uids)}"
+        made["status"] = {"phase": "Pending"}
+        self.pods.put(made)
+        return True
+
+    async def delete_pod(self, observed: Obj) -> bool:
+        self.calls.append(("delete", observed["metadata"]["name"]))
+        self.pods.delete(stores.key_of(observed))
+        return True
+
+    async def patch_preflight_status(self, found: Obj, patch: Obj) -> bool:
+        self.calls.append(("status", found["metadata"]["name"]))
+        current = self.validations.get(found["metadata"]["name"])
+        assert current is not None
+        self.validations.put({**current, "status": copy.deepcopy(patch["status"])})
+        return True
+
+
+class World:
+    def __init__(self, images: dict[str, existence.State] | None = None) -> None:
+        self.validations = stores.Store()
+        self.modules = stores.Store()
+        self.pods = stores.Store(indexers={caches.PREFLIGHT_INDEX: caches.preflight_index})
+        self.writer = _Writer(self.validations, self.pods)
+        self.checker = _Checker(images or {})
+        self.reader = _Reader()
+        self.times = iter(f"2026-12-02T12:00:{s:02d}Z" for s in range(60))
+        self.reconciler = reconciler.PreflightReconciler(
+            self.validations,
+            self.modules,
+            self.pods,
+            self.writer,  # type: ignore[arg-type]
+            checker=self.checker,
+            reader=self.reader,
+            settings=cases.SETTINGS,
+            now=lambda: next(self.times),
+        )
+
+    async def reconcile(self, name: str = "pfv") -> Any:
+        return await self.reconciler.reconcile(name)
+
+    def status(self, name: str = "pfv") -> dict[str, Obj]:
+        found = self.validations.get(name) or {}
+        return {
+            f"{e['namespace']}/{e['name']}": e
+            for e in (found.get("status") or {}).get("modules") or ()
+        }
+
+    def finish(self, phase: str, message: str = "") -> None:
+        """Every preflight pod ends in ``phase``."""
+        code = 0 if phase == "Succeeded" else 1
+        ended = {"terminated": {"exitCode": code, "message": message}}
+        for pod in self.pods.objects():
+            found = copy.deepcopy(pod)
+            found["status"] = {"phase": phase, "containerStatuses": [{"name": "c", "state": ended}]}
+            self.pods.put(found)
+
+
+async def test_three_modules_then_a_converged_validation_asks_and_writes_nothing() -> None:
+    world = World({cases.IMAGE: existence.State.EXISTS})
+    world.modules.put(cases.module_raw("exists"))
+    world.modules.put(cases.module_raw("builds", "other", build=True, sign=True))
+    unmapped = cases.module_raw("unmapped")
+    unmapped["spec"]["moduleLoader"]["container"]["kernelMappings"][0]["literal"] = "1.2.3"
+    world.modules.put(unmapped)
+    world.checker.images["r.io/m:6.8.0-45-generic"] = existence.State.EXISTS
+    world.validations.put(cases.validation_raw())
+    await world.reconcile()
+    verdicts = world.status()
+    assert {k: v["verificationStatus"] for k, v in verdicts.items()} == {
+        "ns/exists": "Success",
+        "ns/unmapped": "Failure",
+        "other/builds": "Success",  # the same image name exists
+    }
+    assert verdicts["ns/unmapped"]["statusReason"] == preflight.REASON_MAPPING_NOT_FOUND
+    assert world.writer.calls == [("status", "pfv")]
+    asked = dict(world.checker.asked)
+    for _ in range(3):
+        await world.reconcile()
+    assert world.writer.calls == [("status", "pfv")]
+    assert world.checker.asked == asked
+    # The image existed: no ConfigMap was read, only the repo Secrets for the asks.
+    assert all(kind == "Secret" for kind, _, _ in world.reader.gets)
+
+
+async def test_a_build_runs_once_then_its_pod_is_the_verdict() -> None:
+    world = World()
+    world.modules.put(cases.module_raw(build=True))
+    world.validations.put(cases.validation_raw())
+    await world.reconcile()
+    name = pods.preflight_pod_name("pfv", "m")
+    assert world.writer.calls == [("create", name), ("status", "pfv")]
+    first = world.status()["ns/m"]
+    assert (first["verificationStatus"], first["pod"]) == ("InProgress", name)
+    await world.reconcile()
+    assert world.writer.calls == [("create", name), ("status", "pfv")]  # running: nothing new
+    world.finish("Succeeded", json.dumps({"pushed": False}))
+    await world.reconcile()
+    done = world.status()["ns/m"]
+    assert done["verificationStatus"] == "Success"
+    assert done["statusReason"].endswith("(pushBuiltImage is false)")
+    assert done["lastTransitionTime"] != first["lastTransitionTime"]
+    calls, asked = len(world.writer.calls), dict(world.checker.asked)
+    for _ in range(3):
+        result = await world.reconcile()
+        assert result.requeue_after is None
+    assert len(world.writer.calls) == calls
+    assert world.checker.asked == asked == {cases.IMAGE: 1}
+
+
+async def test_a_failed_build_is_kept_until_an_input_changes() -> None:
+    world = World()
+    world.modules.put(cases.module_raw(build=True))
+    world.validations.put(cases.validation_raw())
+    await world.reconcile()
+    world.finish("Failed", "kmm-build: error: buildah build failed")
+    result = await world.reconcile()
+    failed = world.status()["ns/m"]
+    assert failed["verificationStatus"] == "Failure"
+    assert "buildah build failed" in failed["statusReason"]
+    assert result.requeue_after == cases.SETTINGS.poll
+    creates = [c for c in world.writer.calls if c[0] == "create"]
+    for _ in range(3):
+        await world.reconcile()
+    assert [c for c in world.writer.calls if c[0] == "create"] == creates
+    world.reader.versions["ConfigMap/dockerfile"] = "2"  # the Dockerfile fixed
+    await world.reconcile()
+    assert world.writer.calls[-2:] == [("delete", "pfv-m"), ("status", "pfv")]
+    await world.reconcile()
+    assert world.writer.calls[-2:] == [("create", "pfv-m"), ("status", "pfv")]
+    assert world.status()["ns/m"]["verificationStatus"] == "InProgress"
+
+
+async def test_a_deleted_module_leaves_the_status_with_its_pod_and_a_new_one_joins() -> None:
+    world = World({cases.IMAGE: existence.State.EXISTS})
+    world.modules.put(cases.module_raw("gone", build=True))
+    world.checker.images.pop(cases.IMAGE)
+    world.validations.put(cases.validation_raw())
+    await world.reconcile()
+    assert set(world.status()) == {"ns/gone"}
+    world.modules.delete("ns/gone")
+    world.modules.put(cases.module_raw("new"))
+    await world.reconcile()
+    assert set(world.status()) == {"ns/new"}
+    assert ("delete", "pfv-gone") in world.writer.calls
+    assert world.pods.objects() == []
+
+
+async def test_a_pushed_image_is_forgotten_once_per_pod() -> None:
+    world = World()
+    world.modules.put(cases.module_raw(build=True))
+    world.validations.put(cases.validation_raw(push=True))
+    await world.reconcile()
+    world.finish("Succeeded", json.dumps({"pushed": True}))
+    key = existence.Key(cases.IMAGE, secret="ns/repo")
+    assert world.checker.known(key) is not None
+    await world.reconcile()
+    assert world.checker.known(key) is None  # the build concern asks again
+    await world.checker.fact(key, world.reconciler._secret)
+    await world.reconcile()
+    assert world.checker.known(key) is not None  # once
+
+
+async def test_a_missing_unsigned_image_is_asked_again_each_time() -> None:
+    world = World()
+    world.modules.put(cases.module_raw(sign=True))
+    world.validations.put(cases.validation_raw())
+    for _ in range(3):
+        result = await world.reconcile()
+        assert result.requeue_after == cases.SETTINGS.poll
+    assert world.checker.asked == {cases.IMAGE: 1, UNSIGNED: 3}
+    assert "sign.unsignedImage" in world.status()["ns/m"]["statusReason"]
+    world.checker.images[UNSIGNED] = existence.State.EXISTS
+    await world.reconcile()
+    assert world.writer.calls[-2][0] == "create"
+
+
+async def test_a_kernel_edit_starts_every_verdict_over() -> None:
+    world = World({cases.IMAGE: existence.State.EXISTS})
+    world.modules.put(cases.module_raw())
+    world.validations.put(cases.validation_raw())
+    await world.reconcile()
+    before = world.status()["ns/m"]["lastTransitionTime"]
+    current = world.validations.get("pfv")
+    assert current is not None
+    edited = copy.deepcopy(current)
+    edited["metadata"]["generation"] = 2
+    edited["spec"]["kernelVersion"] = cases.KERNEL + "+"  # the same kernel once trimmed
+    world.validations.put(edited)
+    await world.reconcile()
+    after = world.validations.get("pfv")
+    assert after is not None
+    assert after["status"]["observedGeneration"] == 2
+    assert world.status()["ns/m"]["lastTransitionTime"] != before
+    assert world.status()["ns/m"]["verificationStatus"] == "Success"
+
+
+async def test_a_validation_that_is_gone_or_going_is_left_alone() -> None:
+    world = World()
+    world.modules.put(cases.module_raw(build=True))
+    await world.reconcile()
+    going = cases.validation_raw()
+    going["metadata"]["deletionTimestamp"] = "2026-12-02T11:00:00Z"
+    world.validations.put(going)
+    await world.reconcile()
+    assert world.writer.calls == []
+    assert world.checker.asked == {}
+
+
+def test_preflight_pods_are_indexed_by_validation_and_not_as_the_modules() -> None:
+    found = cases.validation()
+    pod = cases.wanted_pod(found, cases.module_raw(build=True))
+    pod["spec"]["containers"][0]["env"] = [{"name": "SECRET", "value": "not kept"}]
+    pod["status"] = {"phase": "Failed", "initContainerStatuses": [{"name": "build"}]}
+    kept = caches.project_pod(pod)
+    assert kept["metadata"]["ownerReferences"] == pod["metadata"]["ownerReferences"]
+    assert kept["metadata"]["annotations"] == pod["metadata"]["annotations"]
+    assert kept["status"] == pod["status"]
+    assert "spec" not in kept or "containers" not in kept["spec"]
+    assert list(caches.preflight_index(kept)) == [labels.preflight_value("pfv")]
+    assert caches.module_of_object(kept) is None
+    assert list(caches.object_module_index(kept)) == []
+    assert caches.validations_of_pod(kept) == ["pfv"]
+    build_pod = {"metadata": {"name": "b", "labels": {labels.ROLE: "build", labels.MODULE_NAME: "m", labels.MODULE_NAMESPACE: "ns"}}}  # fmt: skip
+    assert caches.module_of_object(build_pod) == "ns/m"
+    assert caches.validations_of_pod(build_pod) == []
+    assert list(caches.preflight_index(build_pod)) == []
+
+
+def test_module_events_that_concern_validations() -> None:
+    raw = cases.module_raw()
+    status_only = copy.deepcopy(raw)
+    status_only["status"] = {"conditions": []}
+    status_only["metadata"]["resourceVersion"] = "11"
+    spec = copy.deepcopy(raw)
+    spec["metadata"]["generation"] = 2
+    going = copy.deepcopy(raw)
+    going["metadata"]["deletionTimestamp"] = "2026-12-02T11:00:00Z"
+    assert caches.validations_of_module_change(None, raw)
+    assert caches.validations_of_module_change(raw, None)
+    assert not caches.validations_of_module_change(raw, status_only)
+    assert caches.validations_of_module_change(raw, spec)
+    assert caches.validations_of_module_change(raw, going)
