@@ -27,16 +27,18 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import containersandbox
 import helm_support
+import ociarchives
 import pytest
 import test_operator_support as support
 
-from kmm.api import preflight
+from kmm.api import modules, preflight
 from kmm.cli import paths, preflighting
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
-from kmm.kube import objects
-from kmm.sandbox import cluster, components
+from kmm.kube import objects, resources
+from kmm.sandbox import cluster, components, pki, testing
 
 KERNEL = "6.12.9-100-amd64"
 _VALIDATIONS = preflighting.RESOURCE
@@ -81,18 +83,33 @@ class Command:
     async def created(self) -> str:
         """The name from its first line (``created PreflightValidation NAME``)."""
         assert self.process.stdout is not None
-        line = (await asyncio.wait_for(self.process.stdout.readline(), 120)).decode()
+        try:
+            line = (await asyncio.wait_for(self.process.stdout.readline(), 120)).decode()
+        except TimeoutError:
+            await self.kill()
+            raise
         self.lines.append(line.rstrip("\n"))
         prefix = "created PreflightValidation "
-        assert line.startswith(prefix), line
+        if not line.startswith(prefix):
+            code, out, err = await self.finished()
+            raise AssertionError(f"no validation created: exit {code}", out, err)
         self.name = line[len(prefix) :].strip()
         return self.name
 
     async def finished(self) -> tuple[int, list[str], str]:
-        """Exit code, stdout lines, stderr."""
-        out, err = await asyncio.wait_for(self.process.communicate(), 600)
+        """Exit code, stdout lines, stderr. The process is killed if it
+        outlives this (a failed test leaves no command behind)."""
+        try:
+            out, err = await asyncio.wait_for(self.process.communicate(), 600)
+        finally:
+            await self.kill()
         self.lines += out.decode().splitlines()
         return await self.process.wait(), self.lines, err.decode()
+
+    async def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
 
 
 async def start(kubeconfig: Path, *args: str, argv0: tuple[str, ...] = ()) -> Command:
@@ -283,3 +300,121 @@ async def test_kubectl_kmm_preflight_without_wait_prints_what_it_found(
     assert table_rows(out) == [list(preflighting.COLUMNS)]
     assert out[-1].endswith(f"kubectl delete preflightvalidation {name}")
     assert await api.request("GET", _VALIDATIONS.path(name=name))
+
+
+# -- end to end: the operator's verdicts -----------------------------------------------
+
+_MODULES = resources.Resource(modules.GROUP, modules.VERSION, modules.PLURAL)
+# No node carries it: the operator makes no loader DaemonSet for these Modules.
+_NOWHERE = {"kmm-test/preflight": "nowhere"}
+
+
+@pytest.fixture(scope="module")
+def present(record: cluster.state.SandboxState, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An image for ``KERNEL`` in the sandbox registry: its reference."""
+    made = ociarchives.write(
+        tmp_path_factory.mktemp("image") / "image.tar", [ociarchives.layer({"kmm_test.ko": b"1"})]
+    )
+    return containersandbox.push(record.directory, made.path, f"preflight/present:{KERNEL}")
+
+
+def _module(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": modules.API_VERSION,
+        "kind": modules.KIND,
+        "metadata": {"name": name},
+        "spec": {"selector": _NOWHERE, **spec},
+    }
+
+
+def _loader(*mappings: dict[str, Any]) -> dict[str, Any]:
+    return {"container": {"modprobe": {"moduleName": "kmm_test"}, "kernelMappings": list(mappings)}}
+
+
+@contextlib.asynccontextmanager
+async def _operator(record: cluster.state.SandboxState) -> AsyncIterator[support.InProcess]:
+    """The operator in this process, reaching the registry that references
+    name ``10.253.0.1:5000`` at its loopback port, trusting the sandbox CA."""
+    assert record.registry is not None
+    async with support.operator_in_process(
+        record.kubeconfig,
+        registry_ca_files=(pki.Pki(record.directory / "pki").ca_cert,),
+        registry_endpoints={record.registry.reference_host: record.registry.host},
+    ) as running:
+        yield running
+    # The operator's clients closed their TLS connections; the closing
+    # handshakes finish on this loop, which ends with the test.
+    await asyncio.sleep(0.2)
+
+
+async def test_preflight_exits_0_when_every_module_passes_and_1_naming_each_failure(
+    record: cluster.state.SandboxState, api: kube_client.Client, present: str
+) -> None:
+    namespace = "preflight-e2e"
+    await api.request("POST", resources.NAMESPACES.path(), body={"metadata": {"name": namespace}})
+    absent = present.replace("preflight/present:", "preflight/absent:")
+    passing = [
+        _module("present", moduleLoader=_loader({"literal": KERNEL, "containerImage": present})),
+        _module("in-tree", devicePlugin={"container": {"image": "example.com/plugin:1"}}),
+    ]
+    failing = [
+        _module(
+            "unmapped",
+            moduleLoader=_loader(
+                {"literal": "5.14.0-427.el9.x86_64", "containerImage": "example.com/u:1"}
+            ),
+        ),
+        # No build, no sign: a missing image is a verdict at once.
+        _module(
+            "absent",
+            moduleLoader=_loader({"regexp": r"^6\.12\.", "containerImage": absent}),
+        ),
+    ]
+    try:
+        async with _operator(record):
+            for body in passing:
+                await api.request("POST", _MODULES.path(namespace), body=body)
+            # The "+" is trimmed by the operator, as for node kernels.
+            command = await start(
+                record.kubeconfig, "--kernel", f"{KERNEL}+", "--wait", "--timeout", "300"
+            )
+            await command.created()
+            code, out, err = await command.finished()
+            assert code == preflighting.PASSED, (out, err)
+            assert table_rows(out)[1:] == [
+                [namespace, "in-tree", "-", "-", "Success", preflight.REASON_NO_IMAGE_NEEDED],
+                [namespace, "present", "yes", present, "Success", preflight.REASON_IMAGE_EXISTS],
+            ]
+            assert f"every Module has its image for kernel {KERNEL}+" in out
+
+            for body in failing:
+                await api.request("POST", _MODULES.path(namespace), body=body)
+            command = await start(
+                record.kubeconfig, "--kernel", KERNEL, "--wait", "--timeout", "300"
+            )
+            name = await command.created()
+            code, out, err = await command.finished()
+            assert code == preflighting.FAILED, (out, err)
+            assert table_rows(out)[1:] == [
+                [namespace, "absent", "yes", absent, "Failure", preflight.REASON_IMAGE_MISSING],
+                [namespace, "in-tree", "-", "-", "Success", preflight.REASON_NO_IMAGE_NEEDED],
+                [namespace, "present", "yes", present, "Success", preflight.REASON_IMAGE_EXISTS],
+                [namespace, "unmapped", "no", "-", "Failure", preflight.REASON_MAPPING_NOT_FOUND],
+            ]
+            assert f"failed: {namespace}/absent: {preflight.REASON_IMAGE_MISSING}" in out
+            assert f"failed: {namespace}/unmapped: {preflight.REASON_MAPPING_NOT_FOUND}" in out
+            assert out[-1].endswith(f"kubectl delete preflightvalidation {name}")
+            # Nothing needed a build: no preflight pod anywhere.
+            pods = await api.request("GET", resources.PODS.path(namespace))
+            assert pods["items"] == []
+
+            # Deleted while the operator runs, so their finalizers are released.
+            for body in passing + failing:
+                await api.request("DELETE", _MODULES.path(namespace, objects.name(body)))
+
+            async def gone() -> bool:
+                return not (await api.request("GET", _MODULES.path(namespace)))["items"]
+
+            await testing.eventually(gone, "Modules deleted")
+    finally:
+        await api.request("DELETE", resources.NAMESPACES.path(name=namespace))
