@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import io
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -263,6 +264,30 @@ async def test_follow_raises_what_the_source_cannot_follow() -> None:
     script.changed.set()
     with pytest.raises(preflighting.Gone):
         await following
+
+
+async def test_on_a_terminal_the_table_is_refreshed_in_place_until_final() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=200, color_system=None)
+    clock = clocks.FakeClock()
+    script = Script(validation(observed=None))
+    following = asyncio.ensure_future(
+        preflighting.displayed(script, timeout=60, clock=clock, console=console)
+    )
+    await turns(20)
+    script.move(validation(EXISTS, BUILDING))
+    await turns(20)
+    assert "verification is not finished yet (pod preflight-x7k2p-built)" in out.getvalue()
+    script.move(validation(EXISTS, BUILD_FAILED))
+    await following
+    drawn = out.getvalue()
+    # Each frame erases the last one (cursor up, clear line); the last frame stays,
+    # ended by a newline before the cursor is shown again.
+    last = drawn[drawn.rindex("\x1b[2K") :]
+    assert "[2/3] RUN make" in last
+    assert "1 Failure, 1 Success" in last
+    assert "InProgress" not in last
+    assert drawn.endswith("\n\x1b[?25h")
 
 
 # -- Watched: a reflector over a list-watch ------------------------------------------

@@ -64,6 +64,7 @@ __all__ = [
     "Source",
     "Watched",
     "body",
+    "displayed",
     "exit_code",
     "final",
     "follow",
@@ -280,6 +281,22 @@ async def follow(
         timer.cancel()
 
 
+async def displayed(
+    source: Source, *, timeout: float, clock: clocks.Clock, console: Console | None
+) -> objects.RawObject:
+    """``follow`` with its table refreshed in place on ``console`` (a
+    terminal), or shown nowhere (None: the caller prints the end state)."""
+    if console is None:
+        return await follow(source, timeout=timeout, clock=clock, show=lambda _: None)
+    with Live(table(source.current()), console=console, auto_refresh=False) as display:
+        return await follow(
+            source,
+            timeout=timeout,
+            clock=clock,
+            show=lambda latest: display.update(table(latest), refresh=True),
+        )
+
+
 class Watched:
     """``Source`` of one validation, kept current by a reflector on its name
     over ``source`` (``listwatch.ApiListWatch`` of ``RESOURCE``; tests give
@@ -380,17 +397,10 @@ async def _run(
         )
         created.name = objects.name(found)
         console.print(f"created PreflightValidation {created.name}", highlight=False)
-        clock = clocks.LoopClock()
         async with Watched(listwatch.ApiListWatch(api, RESOURCE), found) as source:
-            if not live:
-                return await follow(source, timeout=timeout, clock=clock, show=lambda _: None)
-            with Live(table(found), console=console, auto_refresh=False) as display:
-                return await follow(
-                    source,
-                    timeout=timeout,
-                    clock=clock,
-                    show=lambda latest: display.update(table(latest), refresh=True),
-                )
+            return await displayed(
+                source, timeout=timeout, clock=clocks.LoopClock(), console=console if live else None
+            )
 
 
 def _left_in_place(name: str) -> str:
