@@ -26,11 +26,13 @@ do and every verdict is Success or Failure.
 - The cluster refusing the validation (a ``kernelVersion`` admission
   refuses: its message names the field), or an API error while following
   it, or the validation deleted meanwhile: its message on stderr, exit
-  ``ERROR`` (3), no traceback. A usage error is click's exit 2.
+  ``ERROR`` (3), no traceback. A usage error is click's exit 2; Ctrl-C
+  exits 130. Whenever the validation was created, its name and how to
+  delete it are said.
 
-The pure parts (``rows``, ``final``, ``exit_code``, ``follow`` with an
-injected clock and source) are what the unit tests drive; ``Watched`` is the
-source the command follows a real validation with.
+The pure parts (``rows``, ``final``, ``exit_code``, ``follow`` and
+``displayed`` with an injected clock and source) are what the unit tests
+drive; ``Watched`` is the source the command follows a real validation with.
 """
 
 from __future__ import annotations
@@ -437,7 +439,10 @@ def preflight_command(
     ] = False,
     timeout: Annotated[
         float,
-        typer.Option(min=0, help="Seconds --wait waits at most."),
+        typer.Option(
+            min=0,
+            help="Seconds --wait waits at most (without --wait: the first look, at most 5 s).",
+        ),
     ] = DEFAULT_TIMEOUT,
     kubeconfig: clients.KubeconfigOption = None,
     context: clients.ContextOption = None,
