@@ -27,6 +27,7 @@ _REGISTRARS = {
     "claims": "kmm.cli.claiming",
     "upgrade": "kmm.cli.upgrading",
     "status": "kmm.cli.upgrading",
+    "preflight": "kmm.cli.preflighting",
     "driver": "kmm.cli.driving",
     "kubelet": "kmm.cli.emulating",
     "manifests": "kmm.cli.manifesting",
