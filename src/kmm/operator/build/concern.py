@@ -27,14 +27,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, Protocol
 
 from kmm.api import kernels
 from kmm.operator import views
 from kmm.operator.build import existence, planner, pods
 
-__all__ = ["BuildConcern", "Reader"]
+__all__ = ["BuildConcern", "Reader", "read_inputs"]
 
 RawObject = dict[str, Any]
 Kind = Literal["ConfigMap", "Secret"]
@@ -126,21 +126,8 @@ class BuildConcern:
     async def _inputs(
         self, view: views.ModuleView, targets: Mapping[str, kernels.Target]
     ) -> planner.Inputs:
-        versions: dict[str, str] = {}
-        dockerfiles: dict[str, str] = {}
-        for wanted in sorted(planner.inputs_wanted(view, targets)):
-            kind, _, name = wanted.partition("/")
-            assert kind in ("ConfigMap", "Secret")
-            found = await self.reader.get(
-                "ConfigMap" if kind == "ConfigMap" else "Secret", view.namespace, name
-            )
-            if found is None:
-                continue
-            versions[wanted] = str((found.get("metadata") or {}).get("resourceVersion") or "")
-            text = (found.get("data") or {}).get(pods.DOCKERFILE_KEY)
-            if kind == "ConfigMap" and isinstance(text, str):
-                dockerfiles[name] = text
-        return planner.Inputs(versions=versions, dockerfiles=dockerfiles)
+        wanted = sorted(planner.inputs_wanted(view, targets))
+        return await read_inputs(self.reader, view.namespace, wanted)
 
     def done(self, view: views.ModuleView, plan: planner.BuildPlan) -> None:
         """Remember what ``plan`` told (its events were sent)."""
@@ -157,3 +144,20 @@ class BuildConcern:
         if wanted is not None and plan.all_exist() and not plan.create:
             return wanted
         return done
+
+
+async def read_inputs(reader: Reader, namespace: str, wanted: Iterable[str]) -> planner.Inputs:
+    """GET each ``Kind/name`` of ``wanted`` in ``namespace``: the
+    resourceVersions of those that exist and each ConfigMap's Dockerfile."""
+    versions: dict[str, str] = {}
+    dockerfiles: dict[str, str] = {}
+    for each in wanted:
+        kind, _, name = each.partition("/")
+        found = await reader.get("ConfigMap" if kind == "ConfigMap" else "Secret", namespace, name)
+        if found is None:
+            continue
+        versions[each] = str((found.get("metadata") or {}).get("resourceVersion") or "")
+        text = (found.get("data") or {}).get(pods.DOCKERFILE_KEY)
+        if kind == "ConfigMap" and isinstance(text, str):
+            dockerfiles[name] = text
+    return planner.Inputs(versions=versions, dockerfiles=dockerfiles)

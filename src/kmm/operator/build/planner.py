@@ -62,6 +62,7 @@ __all__ = [
     "module_keys",
     "plan",
     "pushed_by_succeeded",
+    "target_inputs",
     "unsigned_awaited",
 ]
 
@@ -205,19 +206,24 @@ def unsigned_awaited(target: kernels.Target, facts: Facts) -> str | None:
     return sign.unsigned_image
 
 
+def target_inputs(module: modules.Module, target: kernels.Target) -> list[str]:
+    """``Kind/name`` of every ConfigMap and Secret the pods of one kernel's
+    ``target`` read (in the Module's namespace), each once, in a stable order."""
+    wanted: list[str] = []
+    secret = module.spec.image_repo_secret
+    if secret is not None:
+        wanted.append(f"Secret/{secret.name}")
+    if target.build is not None:
+        wanted.append(f"ConfigMap/{target.build.dockerfile_config_map}")
+        wanted.extend(f"Secret/{name}" for name in target.build.secrets)
+    if target.sign is not None:
+        wanted.extend((f"Secret/{target.sign.key_secret}", f"Secret/{target.sign.cert_secret}"))
+    return list(dict.fromkeys(wanted))
+
+
 def inputs_wanted(view: views.ModuleView, targets: Mapping[str, kernels.Target]) -> set[str]:
     """``Kind/name`` of every ConfigMap and Secret the pods of ``targets`` read."""
-    found: set[str] = set()
-    secret = view.module.spec.image_repo_secret
-    for target in targets.values():
-        if secret is not None:
-            found.add(f"Secret/{secret.name}")
-        if target.build is not None:
-            found.add(f"ConfigMap/{target.build.dockerfile_config_map}")
-            found.update(f"Secret/{name}" for name in target.build.secrets)
-        if target.sign is not None:
-            found.update({f"Secret/{target.sign.key_secret}", f"Secret/{target.sign.cert_secret}"})
-    return found
+    return {w for target in targets.values() for w in target_inputs(view.module, target)}
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -76,16 +76,7 @@ def inputs_wanted(subject: verdicts.Subject) -> list[str]:
     target, module = subject.target, subject.module
     if target is None or module is None or not subject.makes:
         return []
-    wanted: list[str] = []
-    secret = module.spec.image_repo_secret
-    if secret is not None:
-        wanted.append(f"Secret/{secret.name}")
-    if target.build is not None:
-        wanted.append(f"ConfigMap/{target.build.dockerfile_config_map}")
-        wanted.extend(f"Secret/{name}" for name in target.build.secrets)
-    if target.sign is not None:
-        wanted.extend((f"Secret/{target.sign.key_secret}", f"Secret/{target.sign.cert_secret}"))
-    return list(dict.fromkeys(wanted))
+    return build_planner.target_inputs(module, target)
 
 
 def desired(

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from kmm.api import labels, preflight
 from kmm.operator import caches, writing
 from kmm.operator.build import concern as build_concern
-from kmm.operator.build import existence, pods
+from kmm.operator.build import existence
 from kmm.operator.build import planner as build_planner
 from kmm.operator.preflight import planner, status, verdicts
 from kmm.runtime import controllers, stores
@@ -167,17 +167,5 @@ class PreflightReconciler:
         return await self.reader.get("Secret", namespace, name)
 
     async def _inputs(self, subject: verdicts.Subject) -> build_planner.Inputs:
-        versions: dict[str, str] = {}
-        dockerfiles: dict[str, str] = {}
-        for wanted in planner.inputs_wanted(subject):
-            kind, _, name = wanted.partition("/")
-            found = await self.reader.get(
-                "ConfigMap" if kind == "ConfigMap" else "Secret", subject.namespace, name
-            )
-            if found is None:
-                continue
-            versions[wanted] = str((found.get("metadata") or {}).get("resourceVersion") or "")
-            text = (found.get("data") or {}).get(pods.DOCKERFILE_KEY)
-            if kind == "ConfigMap" and isinstance(text, str):
-                dockerfiles[name] = text
-        return build_planner.Inputs(versions=versions, dockerfiles=dockerfiles)
+        wanted = planner.inputs_wanted(subject)
+        return await build_concern.read_inputs(self.reader, subject.namespace, wanted)
