@@ -6,7 +6,12 @@ planner needs for the kernels whose mapping builds or signs:
 
 1. ``spec.imageRebuildTriggerGeneration`` moved past the status's (and not
    yet acted on by this process): every image of the Module is forgotten,
-   so each is asked again and the missing ones built once;
+   so each is asked again and the missing ones built once. Until a build
+   of the pass succeeded for a kernel that builds and signs, the
+   intermediate image an earlier build left is stale (``_rebuilding``):
+   the planner builds again rather than sign it. The pass is this
+   process's memory: after a restart, a build running or succeeded counts,
+   and a kernel whose build was already gone is built once more;
 2. a build or sign pod that succeeded since the last reconcile: the image it
    pushed is forgotten (``planner.pushed_by_succeeded``);
 3. existence facts (``existence.Checker``; remembered, so a converged Module
@@ -59,10 +64,14 @@ class BuildConcern:
     monotonic: Callable[[], float] = time.monotonic
     _noticed: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     _rebuilt: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Per Module in a trigger pass: (its generation, kernel -> whether the
+    # pass's build succeeded: False while it runs).
+    _passes: dict[str, tuple[int, dict[str, bool]]] = dataclasses.field(default_factory=dict)
 
     def forget_module(self, key: str) -> None:
         self._noticed.pop(key, None)
         self._rebuilt.pop(key, None)
+        self._passes.pop(key, None)
 
     async def _secret(self, namespace: str, name: str) -> RawObject | None:
         return await self.reader.get("Secret", namespace, name)
@@ -80,6 +89,43 @@ class BuildConcern:
                 self.checker.forget(pods.intermediate_image(target.image))
         self._rebuilt[key] = wanted
 
+    def _rebuilding(
+        self, view: views.ModuleView, targets: Mapping[str, kernels.Target]
+    ) -> frozenset[str]:
+        """The kernels that build and sign whose intermediate image is stale:
+        a trigger pass is pending and no build of it has succeeded yet."""
+        key = f"{view.namespace}/{view.name}"
+        wanted = view.module.spec.image_rebuild_trigger_generation
+        status = view.module.status
+        done = status.image_rebuild_trigger_generation if status is not None else None
+        if wanted is None or wanted == done:
+            self._passes.pop(key, None)
+            return frozenset()
+        generation, built = self._passes.get(key, (wanted, {}))
+        if generation != wanted:
+            built = {}  # bumped again: a new pass
+        both = [k for k, t in targets.items() if t.build is not None and t.sign is not None]
+        for kernel in both:
+            phase = planner.build_pod_phase(view, kernel)
+            if phase == "Succeeded" and built.get(kernel) is False:
+                built[kernel] = True
+            elif phase is not None and phase not in ("Succeeded", "Failed"):
+                built.setdefault(kernel, False)  # running: it counts once it succeeds
+        self._passes[key] = (wanted, built)
+        return frozenset(k for k in both if built.get(k) is not True)
+
+    def _building(
+        self, view: views.ModuleView, rebuild: frozenset[str], plan: planner.BuildPlan
+    ) -> None:
+        """A build pod created for a kernel of the pass is the pass's build."""
+        found = self._passes.get(f"{view.namespace}/{view.name}")
+        if found is None:
+            return
+        created = {c.pod["metadata"]["name"] for c in plan.create}
+        for kernel in rebuild:
+            if pods.pod_name(view.name, "build", kernel) in created:
+                found[1][kernel] = False
+
     async def plan(
         self, view: views.ModuleView, targets: Mapping[str, kernels.Target]
     ) -> planner.BuildPlan:
@@ -89,6 +135,7 @@ class BuildConcern:
             self.forget_module(key)
             return planner.BuildPlan()
         self._trigger(view, wanted)
+        rebuild = self._rebuilding(view, wanted)
         noticed = self._noticed.get(key, set())
         for image in planner.pushed_by_succeeded(view, wanted, noticed):
             self.checker.forget(image)
@@ -98,7 +145,7 @@ class BuildConcern:
             final_key, intermediate_key = planner.keys_of(view, target)
             final = await self.checker.fact(final_key, self._secret)
             intermediate = None
-            if planner.intermediate_wanted(target, final):
+            if planner.intermediate_wanted(target, final) and kernel not in rebuild:
                 intermediate = await self.checker.fact(intermediate_key, self._secret)
             facts[kernel] = planner.Facts(final, intermediate)
             retry.extend(
@@ -111,8 +158,10 @@ class BuildConcern:
         }
         inputs = await self._inputs(view, missing) if missing else planner.Inputs()
         found = planner.plan(
-            view, wanted, facts, inputs, noticed=noticed, settings=self.settings, now=self.now()
-        )
+            view, wanted, facts, inputs,
+            noticed=noticed, settings=self.settings, now=self.now(), rebuild=rebuild,
+        )  # fmt: skip
+        self._building(view, rebuild, found)
         for at in retry:
             found.requeue(at - self.monotonic())
         for kernel, target in wanted.items():

@@ -18,7 +18,11 @@ the build and sign pods the cache holds:
   sign pod signs it into the final image. Build and sign: the build pushes
   ``pods.intermediate_image(final)`` and, once that exists, a sign pod pushes
   the signed result under the final name, so only a signed image ever
-  carries it; a failed sign is retried as a sign, never by a rebuild.
+  carries it; a failed sign is retried as a sign, never by a rebuild. The
+  one exception is ``rebuild``: kernels the reconciler says must be built
+  again (an ``imageRebuildTriggerGeneration`` pass whose build has not yet
+  succeeded), whose existing intermediate image is stale: built again, then
+  signed.
 
 A pod's ``last-hash`` (``hashing``) digests the rendered pod and its inputs.
 A failed pod is kept (its termination message, the log tail under
@@ -54,6 +58,7 @@ __all__ = [
     "Facts",
     "Inputs",
     "Settings",
+    "build_pod_phase",
     "concerned",
     "inputs_wanted",
     "intermediate_wanted",
@@ -283,6 +288,15 @@ def _pod_named(view: views.ModuleView, role: Role, name: str) -> RawObject | Non
     return next((p for p in view.pods.get(role, ()) if _meta(p).get("name") == name), None)
 
 
+def build_pod_phase(view: views.ModuleView, kernel: str) -> str | None:
+    """The phase of the kernel's build pod ("" before the kubelet gave it
+    one); None when the cache shows none, or one being deleted."""
+    pod = _pod_named(view, "build", pods.pod_name(view.name, "build", kernel))
+    if pod is None or _meta(pod).get("deletionTimestamp"):
+        return None
+    return _phase(pod)
+
+
 def pushed_by_succeeded(
     view: views.ModuleView, targets: Mapping[str, kernels.Target], noticed: set[str]
 ) -> set[str]:
@@ -314,6 +328,7 @@ class _Kernel:
     noticed: set[str]
     now: datetime.datetime
     out: BuildPlan
+    rebuild: bool = False  # the intermediate image, if any, is stale
 
     def image(
         self, state: modules.ImageState, *, pod: str | None = None, message: str | None = None
@@ -518,7 +533,13 @@ class _Kernel:
         build, sign = self.target.build, self.target.sign
         if build is not None and sign is not None:
             sign_name = pods.pod_name(self.view.name, "sign", self.kernel)
-            if _pod_named(self.view, "sign", sign_name) is not None:
+            signing = _pod_named(self.view, "sign", sign_name)
+            if self.rebuild and (signing is None or _phase(signing) in ("Succeeded", "Failed")):
+                # A terminated sign pod signed the stale image: it goes.
+                self.finish_stale("sign")
+                self.run_pod("build")
+                return
+            if signing is not None:
                 self.run_pod("sign")
                 return
             intermediate = self.facts.intermediate
@@ -581,16 +602,18 @@ def plan(
     noticed: set[str],
     settings: Settings,
     now: datetime.datetime,
+    rebuild: frozenset[str] = frozenset(),
 ) -> BuildPlan:
     """The plan for the concerned kernels of ``targets`` (``facts`` given
     for each of them). Pods of kernels no longer targeted are deleted once
-    they ended."""
+    they ended. ``rebuild``: kernels that build and sign whose intermediate
+    image, if the registry has one, is not to be signed but built again."""
     out = BuildPlan()
     wanted = concerned(targets)
     names: set[str] = set()
     for kernel, target in wanted.items():
         names.update(pods.pod_name(view.name, role, kernel) for role in ROLES)
-        one = _Kernel(view, kernel, target, facts[kernel], inputs, settings, noticed, now, out)
+        one = _Kernel(view, kernel, target, facts[kernel], inputs, settings, noticed, now, out, kernel in rebuild)  # fmt: skip
         one.plan()
         if facts[kernel].final.state is existence.State.EXISTS:
             for role in ROLES:

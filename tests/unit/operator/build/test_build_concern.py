@@ -115,3 +115,61 @@ async def test_an_awaited_unsigned_image_is_asked_again_each_time_until_it_exist
     assert creation.pod["metadata"]["labels"]["kmm.node.kubernetes.io/role"] == "sign"
     await _plan(build, raw)
     assert checker.asked[unsigned] == 4
+
+
+def _role(pod: Obj) -> str:
+    return str(pod["metadata"]["labels"]["kmm.node.kubernetes.io/role"])
+
+
+async def test_a_moved_trigger_builds_again_rather_than_sign_the_stale_intermediate_image() -> None:
+    # The final image was deleted; the intermediate one an earlier build left is still there.
+    stale = pods.intermediate_image(cases.IMAGE1)
+    images = {cases.IMAGE2: existence.State.EXISTS, stale: existence.State.EXISTS}
+    raw = cases._raw()
+    # No trigger pass: the intermediate image is signed (an interrupted sign is never a rebuild).
+    (creation,) = (await _plan(concern.BuildConcern(_Checker(dict(images)), _Reader()), raw)).create
+    assert _role(creation.pod) == "sign"
+
+    bumped = copy.deepcopy(raw)
+    bumped["spec"]["imageRebuildTriggerGeneration"] = 2
+    bumped["status"] = {"imageRebuildTriggerGeneration": 1}
+    checker = _Checker(dict(images))
+    build = concern.BuildConcern(checker, _Reader())
+    (creation,) = (await _plan(build, bumped)).create
+    assert _role(creation.pod) == "build"
+    assert checker.asked[stale] == 0  # not asked: it is not signed either way
+    running = cases._running(creation.pod)
+    for _ in range(2):
+        found = await _plan(build, bumped, [running])
+        assert found.create == []
+        assert {i.kernel: i.state for i in found.images}[cases.K1] == "Building"
+    built = cases._ended(creation.pod, "Succeeded", "{}", uid="b1")
+    (signing,) = (await _plan(build, bumped, [built])).create
+    assert _role(signing.pod) == "sign"
+    assert checker.asked[stale] == 1  # what the pass's build pushed
+    # The new image's sign fails: retried as a sign once fixed, never rebuilt.
+    failed = cases._ended(signing.pod, "Failed", "kmm-sign: error: bad key", uid="s1", exit_code=1)
+    for _ in range(2):
+        found = await _plan(build, bumped, [failed])
+        assert found.create == []
+        assert {i.kernel: i.state for i in found.images}[cases.K1] == "SignFailed"
+
+
+async def test_a_moved_trigger_deletes_a_failed_sign_of_the_stale_image_and_builds() -> None:
+    stale = pods.intermediate_image(cases.IMAGE1)
+    checker = _Checker({cases.IMAGE2: existence.State.EXISTS, stale: existence.State.EXISTS})
+    build = concern.BuildConcern(checker, _Reader())
+    raw = cases._raw()
+    (signing,) = (await _plan(build, raw)).create
+    failed = cases._ended(signing.pod, "Failed", "kmm-sign: error: x", uid="s0", exit_code=1)
+    assert (await _plan(build, raw, [failed])).create == []
+    bumped = copy.deepcopy(raw)
+    bumped["spec"]["imageRebuildTriggerGeneration"] = 1
+    found = await _plan(build, bumped, [failed])
+    assert found.delete == [failed]
+    assert [_role(c.pod) for c in found.create] == ["build"]
+    # Once the status says the pass is done, nothing is remembered of it.
+    done = copy.deepcopy(bumped)
+    done["status"] = {"imageRebuildTriggerGeneration": 1}
+    await _plan(build, done, [failed])
+    assert build._passes == {}

@@ -350,3 +350,24 @@ def test_a_registry_that_does_not_answer_gates_the_kernel_and_builds_nothing() -
     assert found.problems == []
     image = {i.kernel: i for i in found.images}[K1]
     assert (image.state, image.message) == ("Checking", "no answer from r.io")
+
+
+def test_build_and_sign_pods_go_where_the_mappings_build_selector_says() -> None:
+    raw = _raw()
+    container = raw["spec"]["moduleLoader"]["container"]
+    # The mapping's selector wins over the container level's (KMM drops it).
+    container["build"]["selector"] = {"pool": "container-level"}
+    container["kernelMappings"][0]["build"] = {"selector": {"pool": "builders"}}
+    facts = {K1: planner.Facts(MISSING, MISSING), K2: planner.Facts(MISSING, EXISTS)}
+    found = _plan(_view(raw), facts)
+    by_name = {c.pod["metadata"]["name"]: c.pod for c in found.create}
+    assert by_name[pods.pod_name("m", "build", K1)]["spec"]["nodeSelector"] == {"pool": "builders"}
+    # The sign pod of a Module that builds goes where its build does.
+    signing = by_name[pods.pod_name("m", "sign", K2)]
+    assert signing["spec"]["nodeSelector"] == {"pool": "container-level"}
+    # Without a selector a pod names no node and tolerates nothing (in the
+    # sandbox: container nodes only, KWOK's carry a taint).
+    plain = _plan(_view(_raw()), {K1: planner.Facts(MISSING, MISSING), K2: planner.Facts(EXISTS)})
+    (creation,) = plain.create
+    assert "nodeSelector" not in creation.pod["spec"]
+    assert "tolerations" not in creation.pod["spec"]

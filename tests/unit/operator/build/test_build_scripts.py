@@ -198,3 +198,60 @@ def test_an_unknown_push_setting_is_refused_before_any_work(
     assert f"kmm-{role}: error: KMM_PUSH must be true or false, not no" in ran.stderr
     assert ran.calls == []
     assert ran.summary is None
+
+
+def _der(sandbox: Path, kind: str) -> None:
+    """Rewrite the sandbox's key or certificate in DER."""
+    path = sandbox / f"run/kmm/signing/{kind}/{kind}"
+    command = ["openssl", "pkey"] if kind == "key" else ["openssl", "x509"]
+    der = subprocess.run(
+        [*command, "-in", str(path), "-outform", "DER"], check=True, capture_output=True
+    ).stdout
+    path.write_bytes(der)
+
+
+def test_a_der_key_is_converted_and_a_der_certificate_taken(sandbox: Path) -> None:
+    _der(sandbox, "key")
+    _der(sandbox, "cert")
+    ran = _run(sandbox, scripts.SIGN, "sign", ["/opt/lib/modules/k/*.ko"])
+    assert ran.returncode == 0, ran.stderr
+    [call] = [c for c in ran.calls if c.startswith("sign-file ")]
+    # sign-file gets the PEM conversion, the certificate as given.
+    assert call.split()[2:4] == [f"{sandbox}/tmp/key.pem", f"{sandbox}/run/kmm/signing/cert/cert"]
+    assert (sandbox / "tmp/key.pem").read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----")
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("key", "key 'key' of Secret k is not a PEM or DER private key"),
+        ("cert", "key 'cert' of Secret c is not a PEM or DER certificate"),
+    ],
+)
+def test_a_key_or_certificate_that_is_neither_pem_nor_der_is_refused_naming_its_secret(
+    sandbox: Path, kind: str, message: str
+) -> None:
+    (sandbox / f"run/kmm/signing/{kind}/{kind}").write_bytes(b"not a key\n")
+    ran = _run(sandbox, scripts.SIGN, "sign", ["/opt/lib/modules/k/*.ko"])
+    assert ran.returncode == 1
+    assert f"kmm-sign: error: {message}" in ran.stderr
+    assert not any(c.startswith("sign-file ") for c in ran.calls)
+    assert ran.summary is None
+
+
+def test_a_key_that_is_not_the_certificates_is_refused_naming_both_secrets(
+    sandbox: Path,
+) -> None:
+    other = subprocess.run(
+        ["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    (sandbox / "run/kmm/signing/key/key").write_bytes(other)
+    ran = _run(sandbox, scripts.SIGN, "sign", ["/opt/lib/modules/k/*.ko"])
+    assert ran.returncode == 1
+    assert (
+        "kmm-sign: error: the key of Secret k does not match the certificate of Secret c"
+        in ran.stderr
+    )
+    assert not any(c.startswith("sign-file ") for c in ran.calls)
