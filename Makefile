@@ -125,8 +125,19 @@ deploy: venv
 	$(BIN)/python scripts/render_deploy.py
 
 # Every image a test reads is made here, before pytest: no test downloads or builds one.
-test: lint typecheck layers sandbox-binaries image image-again test-images
-	$(BIN)/pytest
+# Two lanes side by side once the Debian packages are in (apt holds one lock):
+# the Go builds, which keep both cores busy, and the static checks then the
+# images, mostly downloads and disk, one after another. Then pytest on two
+# workers (tests/conftest.py says which tests share one: those that start
+# kubelet nodes change host-wide settings and run one after another).
+test: venv sandbox-build-deps image-tools
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-builds test-checks-and-images
+	$(BIN)/pytest -n 2 --dist loadscope
+
+test-builds: sandbox-binaries
+
+test-checks-and-images:
+	$(MAKE) --no-print-directory -j1 lint typecheck layers image image-again test-images
 
 protos: venv
 	$(BIN)/python scripts/gen_protos.py

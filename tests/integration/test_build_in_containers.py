@@ -425,6 +425,28 @@ async def test_a_missing_image_is_built_and_signed_before_its_loader_runs(
             # kmm_ci_b.ko is not listed: only the listed one was signed, no warning.
             assert reasons["FilesToSignUnmatched"] == 0
             assert await _exists(sandbox, intermediate)
+
+            # The final image deleted and a rebuild asked for: the
+            # intermediate image the first build left is stale, so the
+            # kernel is built again, then signed; the loader is untouched.
+            loaders = await _loader_pods(api, name)
+            await _delete_image(sandbox, final)
+            await api.request(
+                "PATCH",
+                _MODULES.path(namespace=NAMESPACE, name=name),
+                body={"spec": {"imageRebuildTriggerGeneration": 1}},
+                content_type=kube_client.MERGE_PATCH,
+            )
+            await _until(
+                api, name,
+                lambda m: (m.get("status") or {}).get("imageRebuildTriggerGeneration") == 1,
+                "status.imageRebuildTriggerGeneration",
+            )  # fmt: skip
+            assert await _exists(sandbox, final)
+            reasons = await _events(api, name)
+            assert (reasons["BuildCreated"], reasons["SignCreated"]) == (2, 2), reasons
+            assert (reasons["BuildSucceeded"], reasons["SignSucceeded"]) == (2, 2), reasons
+            assert await _loader_pods(api, name) == loaders
         finally:
             await _delete_module(api, name)
 

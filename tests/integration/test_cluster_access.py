@@ -168,7 +168,8 @@ async def test_exec_credential_plugin(
 
 
 def test_no_access_names_every_place_tried(tmp_path: pathlib.Path) -> None:
-    result = run(tmp_path)
+    # Wide enough that no path is wrapped inside (xdist's tmp_path is longer).
+    result = run(tmp_path, COLUMNS="400")
     assert result.returncode == 2
     # Rich may draw the message in a box, wrapped: read it without the frame.
     error = " ".join(result.stderr.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())

@@ -12,11 +12,13 @@ import copy
 import json
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import build_sign_cases
 import pytest
 import regexp_cases as cases
+import yaml
 from kubernetes_asyncio import client
 
 from kmm.api import admission, crd, examples, labels, modules, regexps, validation
@@ -315,6 +317,31 @@ async def test_kmm_build_and_sign_manifest_is_stored_unchanged_warning_of_kaniko
     [ignored] = await create_with_warnings(api_client, namespace, raw, dry_run=True)
     assert "spec.moduleLoader.container.modprobe.parameters" in ignored, ignored
     assert "have no effect with rawArgs" in ignored, ignored
+
+
+async def test_upstreams_dra_module_is_stored_unchanged_warning_of_kaniko_only(
+    api_client: client.ApiClient, namespace: str
+) -> None:
+    """Upstream KMM's only DRA example (v1beta1, a build with kanikoParams,
+    a DRA driver and its DeviceClass) applies as its CI applies it; the
+    one warning names kanikoParams."""
+    await install(api_client)
+    [obj] = yaml.safe_load_all((Path(__file__).parent / "upstream" / "module-kmm-ci-dra.yaml").read_text())  # fmt: skip
+    obj["metadata"]["name"] += f"-{uuid.uuid4().hex[:6]}"
+    await _warnings_flow(api_client, namespace, obj)
+    found = await create_with_warnings(api_client, namespace, obj)
+    assert [w.split("': ", 1)[1].rstrip('"') for w in found] == [
+        "spec.moduleLoader.container.kernelMappings[].build.kanikoParams has no effect in kmm: "
+        "kmm builds with buildah, not kaniko",
+    ], found
+    stored = await client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, obj["metadata"]["name"]
+    )
+    assert stored["spec"]["moduleLoader"]["container"]["modprobe"].pop("dirName") == "/opt"
+    assert stored["spec"] == obj["spec"]
+    parsed = validation.parse_module(stored)
+    assert parsed.spec.dra is not None
+    assert parsed.spec.dra.driver_name == "gpu.example.com"
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in build_sign_cases.CASES])
