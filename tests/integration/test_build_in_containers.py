@@ -281,6 +281,22 @@ async def _delete_image(sandbox: Sandbox, image: str) -> None:
         await client.delete_manifest(parsed.name, found.digest)
 
 
+async def _rebuild(api: kube_client.Client, name: str, generation: int) -> None:
+    """Ask for a rebuild (``imageRebuildTriggerGeneration``) and wait until
+    the status says every image exists for it."""
+    await api.request(
+        "PATCH",
+        _MODULES.path(namespace=NAMESPACE, name=name),
+        body={"spec": {"imageRebuildTriggerGeneration": generation}},
+        content_type=kube_client.MERGE_PATCH,
+    )
+    await _until(
+        api, name,
+        lambda m: (m.get("status") or {}).get("imageRebuildTriggerGeneration") == generation,
+        "status.imageRebuildTriggerGeneration",
+    )  # fmt: skip
+
+
 async def _delete_module(api: kube_client.Client, name: str) -> None:
     """Delete the Module and wait until it is gone: call it while the
     operator runs (it removes the finalizer once the loader pods are gone)."""
@@ -431,17 +447,7 @@ async def test_a_missing_image_is_built_and_signed_before_its_loader_runs(
             # kernel is built again, then signed; the loader is untouched.
             loaders = await _loader_pods(api, name)
             await _delete_image(sandbox, final)
-            await api.request(
-                "PATCH",
-                _MODULES.path(namespace=NAMESPACE, name=name),
-                body={"spec": {"imageRebuildTriggerGeneration": 1}},
-                content_type=kube_client.MERGE_PATCH,
-            )
-            await _until(
-                api, name,
-                lambda m: (m.get("status") or {}).get("imageRebuildTriggerGeneration") == 1,
-                "status.imageRebuildTriggerGeneration",
-            )  # fmt: skip
+            await _rebuild(api, name, 1)
             assert await _exists(sandbox, final)
             reasons = await _events(api, name)
             assert (reasons["BuildCreated"], reasons["SignCreated"]) == (2, 2), reasons
@@ -529,17 +535,7 @@ async def test_a_bumped_trigger_rebuilds_a_deleted_image_once(
         built = (await _events(api, name))["BuildCreated"]
         await _delete_image(sandbox, final)
         assert not await _exists(sandbox, final)
-        await api.request(
-            "PATCH",
-            _MODULES.path(namespace=NAMESPACE, name=name),
-            body={"spec": {"imageRebuildTriggerGeneration": 1}},
-            content_type=kube_client.MERGE_PATCH,
-        )
-        await _until(
-            api, name,
-            lambda m: (m.get("status") or {}).get("imageRebuildTriggerGeneration") == 1,
-            "status.imageRebuildTriggerGeneration",
-        )  # fmt: skip
+        await _rebuild(api, name, 1)
         assert await _exists(sandbox, final)
         assert (await _events(api, name))["BuildCreated"] == built + 1
         assert await _loader_pods(api, name) == before  # not disturbed

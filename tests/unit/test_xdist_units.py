@@ -1,0 +1,35 @@
+"""make test's two pytest workers: every integration module that starts
+kubelet nodes or network namespaces is in the one unit run in order
+(tests/conftest.py), so no two such sandboxes run at once."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+TESTS = Path(__file__).parents[1]
+# How a module starts them: a sandbox with kubelet nodes (directly or through
+# containersandbox.started), or the fabric's namespaces.
+STARTS = re.compile(r"kubelet_nodes=|containersandbox\.started\(|fabric\.create\(")
+
+
+def _listed() -> set[str]:
+    tree = ast.parse((TESTS / "conftest.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            if any(isinstance(t, ast.Name) and t.id == "KUBELET_NODE_MODULES" for t in targets):
+                assert node.value is not None
+                return {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)}  # fmt: skip
+    raise AssertionError("tests/conftest.py has no KUBELET_NODE_MODULES")
+
+
+def test_every_module_that_starts_kubelet_nodes_runs_in_the_ordered_unit() -> None:
+    starting = {
+        path.stem
+        for path in (TESTS / "integration").glob("test_*.py")
+        if STARTS.search(path.read_text())
+    }
+    assert starting  # the pattern still finds them
+    assert starting == _listed()
