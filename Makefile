@@ -127,11 +127,13 @@ deploy: venv
 # Every image a test reads is made here, before pytest: no test downloads or builds one.
 # Two lanes side by side once the Debian packages are in (apt holds one lock):
 # the Go builds, which keep both cores busy, and the static checks then the
-# images, mostly downloads and disk, one after another. Then pytest on two
-# workers (tests/conftest.py says which tests share one: those that start
-# kubelet nodes change host-wide settings and run one after another).
+# images (mostly downloads and disk), one after another. Their lines
+# interleave as they come: an output sync would hold the builds' progress
+# until each command ends. Then pytest on two workers (tests/conftest.py says
+# which tests share one: those that start kubelet nodes change host-wide
+# settings and run one after another).
 test: venv sandbox-build-deps image-tools
-	$(MAKE) --no-print-directory -j2 --output-sync=line test-builds test-checks-and-images
+	$(MAKE) --no-print-directory -j2 test-builds test-checks-and-images
 	$(BIN)/pytest -n 2 --dist loadscope
 
 test-builds: sandbox-binaries
