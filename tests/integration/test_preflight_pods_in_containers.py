@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -248,9 +249,10 @@ def _modules_dir(run: Run) -> str:
 
 
 def test_pods_are_named_after_the_validation_and_the_module(run: Run) -> None:
-    assert run.quiet["metadata"]["name"] == "preflight-quiet-kmm-ci"
-    assert run.broken["metadata"]["name"] == "preflight-quiet-kmm-ci-broken"
-    assert run.pushed["metadata"]["name"] == "preflight-pushed-kmm-ci"
+    digest = "-[0-9a-f]{10}"
+    assert re.fullmatch("preflight-quiet-kmm-ci" + digest, run.quiet["metadata"]["name"])
+    assert re.fullmatch("preflight-quiet-kmm-ci-broken" + digest, run.broken["metadata"]["name"])
+    assert re.fullmatch("preflight-pushed-kmm-ci" + digest, run.pushed["metadata"]["name"])
 
 
 def test_without_push_the_registry_receives_no_write(run: Run) -> None:

@@ -158,7 +158,6 @@ def _digest(text: str, length: int) -> str:
 
 _UNSAFE_NAME = re.compile(r"[^a-z0-9.-]")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def pod_name(module: str, role: PodRole, kernel: str) -> str:
@@ -181,18 +180,15 @@ def pod_name(module: str, role: PodRole, kernel: str) -> str:
 
 
 def preflight_pod_name(validation: str, module: str) -> str:
-    """``<validation>-<module>`` as a DNS label of at most 63 characters.
+    """``<validation>-<module>-<digest>`` as a DNS label of at most 63 characters.
 
-    When that is too long or not a DNS label (a dot in either name), the
-    dots become ``-``, the name is cut and ends in a digest of (validation,
-    module), so distinct pairs keep distinct pods. Two short pairs that join
-    into the same text (``a`` + ``b-c``, ``a-b`` + ``c``) share a name: the
-    ``labels.PREFLIGHT`` label says whose pod it is.
+    The digest of (validation, module) is always there: the joined text alone
+    is ambiguous (``a`` + ``b-c`` and ``a-b`` + ``c`` both read ``a-b-c``, and
+    two validations' pods for Modules of one namespace would then fight over
+    one name). Dots become ``-`` and the text is cut to leave room for it.
     """
-    name = f"{validation}-{module}"
-    if len(name) <= _MAX_NAME and _DNS_LABEL.match(name):
-        return name
     digest = _digest("\x00".join((validation, module)), 10)
+    name = f"{validation}-{module}"
     head = re.sub(r"[^a-z0-9-]", "-", name.lower())[: _MAX_NAME - len(digest) - 1]
     head = re.sub(r"-{2,}", "-", head).strip("-")
     return f"{head}-{digest}" if head else digest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -113,8 +114,13 @@ def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
 # Names
 
 
-def test_the_name_is_the_validation_then_the_module() -> None:
-    assert pods.preflight_pod_name("preflight-x7k2q", "kmm-ci") == "preflight-x7k2q-kmm-ci"
+def test_the_name_is_the_validation_then_the_module_then_a_digest() -> None:
+    assert re.fullmatch(r"preflight-x7k2q-kmm-ci-[0-9a-f]{10}", pods.preflight_pod_name("preflight-x7k2q", "kmm-ci"))  # fmt: skip
+
+
+def test_pairs_that_join_into_the_same_text_keep_distinct_names() -> None:
+    # Two validations' pods for Modules of one namespace: "a-b-c" either way.
+    assert pods.preflight_pod_name("a", "b-c") != pods.preflight_pod_name("a-b", "c")
 
 
 @pytest.mark.parametrize(
@@ -139,7 +145,7 @@ def test_a_long_or_dotted_name_is_cut_and_ends_in_a_digest(validation: str, modu
 
 def test_pod_name_uses_the_name_of_the_module_from_inputs() -> None:
     pod = _pod(build=_build(), module="other")
-    assert pod["metadata"]["name"] == "pfv-other"
+    assert pod["metadata"]["name"] == pods.preflight_pod_name("pfv", "other")
 
 
 # Metadata
@@ -154,7 +160,7 @@ def test_labels_owner_and_restart_policy(
 ) -> None:
     pod = _pod(build=build, sign=sign)
     metadata = pod["metadata"]
-    assert metadata["name"] == "pfv-m"
+    assert metadata["name"] == pods.preflight_pod_name("pfv", "m")
     assert metadata["namespace"] == "ns"
     assert metadata["labels"] == {
         labels.MODULE_NAME: "m",

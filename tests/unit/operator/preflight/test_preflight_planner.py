@@ -420,8 +420,8 @@ def test_modules_of_one_name_in_two_namespaces_have_a_pod_each() -> None:
     raws = [module_raw("m", "a", build=True), module_raw("m", "b", build=True)]
     plan = run(found, raws, facts={"a/m": build_planner.Facts(MISSING), "b/m": build_planner.Facts(MISSING)})  # fmt: skip
     assert sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in plan.create) == [
-        ("a", "pfv-m"),
-        ("b", "pfv-m"),
+        ("a", pods.preflight_pod_name("pfv", "m")),
+        ("b", pods.preflight_pod_name("pfv", "m")),
     ]
     kept = [observed(p, "Running", uid=p["metadata"]["namespace"]) for p in plan.create]
     again = run(found, raws, pods_=kept)

@@ -184,9 +184,15 @@ async def test_a_failed_build_is_kept_until_an_input_changes() -> None:
     assert [c for c in world.writer.calls if c[0] == "create"] == creates
     world.reader.versions["ConfigMap/dockerfile"] = "2"  # the Dockerfile fixed
     await world.reconcile()
-    assert world.writer.calls[-2:] == [("delete", "pfv-m"), ("status", "pfv")]
+    assert world.writer.calls[-2:] == [
+        ("delete", pods.preflight_pod_name("pfv", "m")),
+        ("status", "pfv"),
+    ]
     await world.reconcile()
-    assert world.writer.calls[-2:] == [("create", "pfv-m"), ("status", "pfv")]
+    assert world.writer.calls[-2:] == [
+        ("create", pods.preflight_pod_name("pfv", "m")),
+        ("status", "pfv"),
+    ]
     assert world.status()["ns/m"]["verificationStatus"] == "InProgress"
 
 
@@ -201,7 +207,7 @@ async def test_a_deleted_module_leaves_the_status_with_its_pod_and_a_new_one_joi
     world.modules.put(cases.module_raw("new"))
     await world.reconcile()
     assert set(world.status()) == {"ns/new"}
-    assert ("delete", "pfv-gone") in world.writer.calls
+    assert ("delete", pods.preflight_pod_name("pfv", "gone")) in world.writer.calls
     assert world.pods.objects() == []
 
 
