@@ -297,12 +297,7 @@ async def test_kmm_build_and_sign_manifest_is_stored_unchanged_warning_of_kaniko
         "spec.moduleLoader.container.kernelMappings[].build.kanikoParams has no effect in kmm: "
         "kmm builds with buildah, not kaniko",
     ], found
-    stored = await client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, obj["metadata"]["name"]
-    )
-    # Nothing pruned, nothing defaulted but modprobe.dirName.
-    assert stored["spec"]["moduleLoader"]["container"]["modprobe"].pop("dirName") == "/opt"
-    assert stored["spec"] == obj["spec"]
+    stored = await _stored_as_sent(api_client, namespace, obj)
     # The operator's own validation (DESIGN §3: it repeats admission) takes it too.
     validation.parse_module(stored)
     # KMM ignores unsignedImage beside build; kmm does too, and says so.
@@ -334,11 +329,7 @@ async def test_upstreams_dra_module_is_stored_unchanged_warning_of_kaniko_only(
         "spec.moduleLoader.container.kernelMappings[].build.kanikoParams has no effect in kmm: "
         "kmm builds with buildah, not kaniko",
     ], found
-    stored = await client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, obj["metadata"]["name"]
-    )
-    assert stored["spec"]["moduleLoader"]["container"]["modprobe"].pop("dirName") == "/opt"
-    assert stored["spec"] == obj["spec"]
+    stored = await _stored_as_sent(api_client, namespace, obj)
     parsed = validation.parse_module(stored)
     assert parsed.spec.dra is not None
     assert parsed.spec.dra.driver_name == "gpu.example.com"
@@ -504,3 +495,14 @@ async def test_whitespace_in_a_module_name_is_refused(
         validation.parse_module(obj)
     # moduleName is also modulesLoadingOrder[0]: both are named then.
     assert path in [v.path for v in refused.value.violations]
+
+
+async def _stored_as_sent(api_client: client.ApiClient, namespace: str, obj: Obj) -> Obj:
+    """The stored Module, checked to be ``obj`` as sent: nothing pruned,
+    nothing defaulted but ``modprobe.dirName``."""
+    stored: Obj = await client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        modules.GROUP, modules.VERSION, namespace, modules.PLURAL, obj["metadata"]["name"]
+    )
+    assert stored["spec"]["moduleLoader"]["container"]["modprobe"].pop("dirName") == "/opt"
+    assert stored["spec"] == obj["spec"]
+    return stored
