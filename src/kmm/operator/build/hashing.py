@@ -2,10 +2,12 @@
 
 A failed pod is kept, and made again only when what it was made from
 changed: the rendered pod (image, builder, build args, mounts ...), the
-Dockerfile's text, and the resourceVersion of every Secret and ConfigMap it
-reads. A resourceVersion moves with any change of the object, so a key fixed
-inside the same Secret retries the pod although its name did not change.
-Secret contents never enter the digest (only their versions).
+Dockerfile's text, the resourceVersion of every Secret and ConfigMap it
+reads, and the Module's ``imageRebuildTriggerGeneration`` (moving it asks
+for a build again, so a failed pod is retried too). A resourceVersion moves
+with any change of the object, so a key fixed inside the same Secret retries
+the pod although its name did not change. Secret contents never enter the
+digest (only their versions).
 
 Pure; ``planner`` compares the digest of the desired pod with the
 annotation of the pod it finds.
@@ -25,9 +27,13 @@ LAST_HASH: Final = "kmm.node.kubernetes.io/last-hash"
 RawObject = dict[str, Any]
 
 
-def digest(pod: RawObject, *, dockerfile: str = "", versions: Mapping[str, str]) -> str:
+def digest(
+    pod: RawObject, *, dockerfile: str = "", versions: Mapping[str, str], trigger: int | None = None
+) -> str:
     """The digest of ``pod`` (its own hash annotation left out), the
-    Dockerfile text and ``versions`` (``Kind/name`` -> resourceVersion)."""
+    Dockerfile text, ``versions`` (``Kind/name`` -> resourceVersion) and the
+    ``trigger`` generation (left out when None, so a Module without one, and
+    a preflight pod, keeps the digest it had)."""
     metadata = dict(pod.get("metadata") or {})
     annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k != LAST_HASH}
     metadata["annotations"] = annotations
@@ -35,6 +41,7 @@ def digest(pod: RawObject, *, dockerfile: str = "", versions: Mapping[str, str])
         "pod": {**pod, "metadata": metadata},
         "dockerfile": dockerfile,
         "versions": dict(sorted(versions.items())),
+        **({} if trigger is None else {"trigger": trigger}),
     }
     text = json.dumps(document, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -427,7 +427,8 @@ class _Kernel:
             loader = module.spec.module_loader
             dir_name = loader.container.modprobe.dir_name if loader is not None else "/opt"
             pod = pods.sign_pod(inputs, sign, unsigned_image=unsigned, dir_name=dir_name)
-        digest = hashing.digest(pod, dockerfile=dockerfile, versions=versions)
+        trigger = module.spec.image_rebuild_trigger_generation
+        digest = hashing.digest(pod, dockerfile=dockerfile, versions=versions, trigger=trigger)
         return hashing.stamped(pod, digest), []
 
     def finish_succeeded(self, role: Role, pod: RawObject) -> None:

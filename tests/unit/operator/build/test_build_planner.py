@@ -232,6 +232,22 @@ def test_a_failed_pod_whose_inputs_changed_is_deleted_to_be_made_again(
     assert found.problems == []
 
 
+def test_a_moved_trigger_retries_a_failed_pod_whose_inputs_did_not_change() -> None:
+    raw = _raw(sign=False)
+    failed = _failed_build(raw)
+    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+    assert _plan(_view(raw, [failed]), facts).delete == []
+    bumped = copy.deepcopy(raw)
+    bumped["spec"]["imageRebuildTriggerGeneration"] = 1
+    found = _plan(_view(bumped, [failed]), facts)
+    assert found.delete == [failed]
+    assert found.problems == []
+    # The pod made for the pass is kept once it failed: the trigger asked once.
+    (creation,) = _plan(_view(bumped), facts).create
+    again = _ended(creation.pod, "Failed", "kmm-build: RUN make failed", exit_code=1)
+    assert _plan(_view(bumped, [again]), facts).delete == []
+
+
 def test_a_failed_sign_is_retried_as_a_sign_never_by_a_rebuild() -> None:
     raw = _raw()
     facts = {K1: planner.Facts(MISSING, EXISTS), K2: planner.Facts(EXISTS)}
