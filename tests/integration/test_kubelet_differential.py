@@ -111,6 +111,13 @@ def _roles(
     return roles
 
 
+def _source(event: dict[str, Any]) -> str:
+    """The component that reported a core/v1 Event."""
+    return str(
+        (event.get("source") or {}).get("component") or event.get("reportingComponent") or ""
+    )
+
+
 async def _scenario(
     api: kube_client.Client, node: Any, driver: real.Driver
 ) -> tuple[list[Any], dict[str, str], list[str], list[tuple[str, str]]]:
@@ -145,14 +152,19 @@ async def _scenario(
     listing = await api.request(
         "GET", resources.EVENTS.path(NAMESPACE), query={"fieldSelector": "type=Warning"}
     )
-    # FailedMount is the real kubelet's volume manager, not DRA: right after
-    # its start the kube-root-ca.crt ConfigMap of the token volume may not be
-    # in its cache yet (a transient Warning); the emulator mounts nothing.
+    # The kubelets' own Warnings only: the scheduler's (FailedScheduling while
+    # its cache has not yet seen the driver's ResourceSlice) are another
+    # component's timing, the same for both nodes. FailedMount is the real
+    # kubelet's volume manager, not DRA: right after its start the
+    # kube-root-ca.crt ConfigMap of the token volume may not be in its cache
+    # yet (a transient Warning); the emulator mounts nothing.
     reasons = sorted(
         {
             e["reason"]
             for e in listing["items"]
-            if e["involvedObject"]["name"] in pods and e["reason"] != "FailedMount"
+            if e["involvedObject"]["name"] in pods
+            and _source(e) == "kubelet"
+            and e["reason"] != "FailedMount"
         }
     )
     await api.request("DELETE", resources.RESOURCE_CLAIMS.path(NAMESPACE, shared))
