@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images deploy test lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images deploy test test-builds test-checks-and-images lint typecheck layers unit integration protos clean
 
 all: test
 
