@@ -39,3 +39,43 @@ def test_automount_service_account_token_reaches_the_pod(
     spec = build(**fields)
     assert spec.get("automountServiceAccountToken") == expected
     assert ("automountServiceAccountToken" in spec) is (expected is not None)
+
+
+_PRESET_DRIVER = {"name": "DRIVER_NAME", "value": "gpu.example.com"}
+
+
+def test_a_preset_variable_the_user_sets_too_is_set_once_with_the_users_value() -> None:
+    """Upstream KMM's CI Module sets DRIVER_NAME, which kmm presets: a
+    server-side apply refuses an env list with a name twice (500,
+    "duplicate entries for key"), so the DaemonSet was never made."""
+    spec = _dra_pod(
+        container={
+            "image": "r.io/driver:1",
+            "env": [{"name": "LOG", "value": "debug"}, {"name": "DRIVER_NAME", "value": "mine"}],
+        }
+    )
+    env = spec["containers"][0]["env"]
+    names = [e["name"] for e in env]
+    assert names.count("DRIVER_NAME") == 1
+    assert {"name": "DRIVER_NAME", "value": "mine"} in env
+    # The presets first, then the user's list in its own order.
+    assert names[-2:] == ["LOG", "DRIVER_NAME"]
+    assert names[:2] == ["NODE_NAME", "POD_UID"]
+
+
+@pytest.mark.parametrize("build", [_device_plugin_pod, _dra_pod], ids=["device-plugin", "dra"])
+def test_a_name_repeated_in_the_users_env_is_set_once_the_last_value_winning(build: Any) -> None:
+    """The kubelet takes the last of a repeated name; server-side apply
+    refuses the list, so every container kmm builds keeps the last one."""
+    repeated = {
+        "image": "r.io/x:1",
+        "env": [
+            {"name": "A", "value": "1"},
+            {"name": "B", "value": "2"},
+            {"name": "A", "value": "3"},
+        ],
+    }
+    spec = build(container=repeated, initContainer=repeated)
+    for container in (*spec["containers"], *spec["initContainers"]):
+        mine = [e for e in container["env"] if e["name"] in ("A", "B")]
+        assert mine == [{"name": "B", "value": "2"}, {"name": "A", "value": "3"}]
