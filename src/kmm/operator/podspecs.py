@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from kmm.api import modules
 
-__all__ = ["ROOT", "base", "container", "environment", "volumes"]
+__all__ = ["ROOT", "base", "container", "environment", "mounts", "volumes"]
 
 RawObject = dict[str, Any]
 
@@ -62,6 +62,11 @@ def base(
 def volumes(declared: Sequence[modules.Volume] | None) -> list[RawObject]:
     """The Module's own volumes as pod-spec entries (admission limited their host paths)."""
     return [v.model_dump(by_alias=True, exclude_none=True) for v in declared or ()]
+
+
+def mounts(declared: Sequence[modules.VolumeMount] | None) -> list[RawObject]:
+    """The user's volume mounts as pod-spec entries (admission checked their volumes)."""
+    return [m.model_dump(by_alias=True, exclude_none=True) for m in declared or ()]
 
 
 def environment(*lists: Sequence[RawObject] | None) -> list[RawObject]:

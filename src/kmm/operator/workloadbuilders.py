@@ -71,7 +71,7 @@ def init_container(spec: modules.ContainerSpec, name: str) -> RawObject:
     # the pod nothing it did not have.
     init["securityContext"] = dict(podspecs.ROOT)
     if spec.volume_mounts:
-        init["volumeMounts"] = list(spec.volume_mounts)
+        init["volumeMounts"] = podspecs.mounts(spec.volume_mounts)
     return init
 
 

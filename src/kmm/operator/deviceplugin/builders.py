@@ -34,7 +34,7 @@ def daemonset(module: modules.Module) -> RawObject:
     container["securityContext"] = dict(podspecs.ROOT)
     container["volumeMounts"] = [
         {"name": _PLUGINS_VOLUME, "mountPath": _PLUGINS_DIR},
-        *(plugin.container.volume_mounts or ()),
+        *podspecs.mounts(plugin.container.volume_mounts),
     ]
     pod_spec: RawObject = {
         **podspecs.base(

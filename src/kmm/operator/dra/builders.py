@@ -94,7 +94,7 @@ def daemonset(module: modules.Module) -> RawObject:
         {"name": _PLUGINS_VOLUME, "mountPath": PLUGINS_DIR},
         {"name": _REGISTRY_VOLUME, "mountPath": REGISTRY_DIR},
         {"name": _CDI_VOLUME, "mountPath": CDI_DIR},
-        *(dra.container.volume_mounts or ()),
+        *podspecs.mounts(dra.container.volume_mounts),
     ]
     container["livenessProbe"] = {
         "grpc": {"port": HEALTHCHECK_PORT, "service": "liveness"},
