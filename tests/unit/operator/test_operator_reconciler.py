@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import operator_fixtures as fixtures
@@ -428,33 +427,6 @@ class RefusingWriter(RecordingWriter):
     async def apply_daemonset(self, desired: dict, observed: dict | None) -> bool:
         self.calls.append(("apply", desired["metadata"]["name"]))
         raise self.error
-
-
-@pytest.mark.parametrize(
-    "error",
-    [
-        errors.Invalid(422, "spec.template.spec.containers[0].volumeMounts[0].name: Not found"),
-        errors.Forbidden(403, "daemonsets.apps is forbidden"),
-    ],
-    ids=["invalid", "forbidden"],
-)
-async def test_an_object_the_api_server_refuses_degrades_the_module(
-    world: Any, error: errors.ApiError
-) -> None:
-    _, _, cached = world
-    writer = RefusingWriter(cached, error)
-    rec = reconciler.ModuleReconciler(cached, writer, now=lambda: "2026-01-01T00:00:00Z")  # type: ignore[arg-type]
-    cached.modules.put(fixtures.module_raw())
-    for _ in range(3):
-        with pytest.raises(failures.StepFailed, match=re.escape(error.message)):
-            await rec.reconcile("ns/m")
-    degraded = _condition(cached, conditions.DEGRADED)
-    assert degraded["status"] == "True"
-    assert degraded["message"].startswith("applying DaemonSet ")
-    assert degraded["message"].endswith(str(error))
-    assert _warnings(writer) == [("ReconcileFailed", degraded["message"])]
-    # Nothing says Ready while nothing could be made.
-    assert _condition(cached, conditions.READY)["status"] == "Unknown"
 
 
 @pytest.mark.parametrize(
