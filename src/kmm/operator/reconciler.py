@@ -547,18 +547,31 @@ class ModuleReconciler:
     async def _patch_labels(
         self, changes: nodelabels.LabelChanges, view: views.ModuleView | None
     ) -> None:
+        """One patch per node, ``_PARALLEL_WRITES`` at a time. Once one fails
+        transiently (no answer, throttled, fenced) no more are started: the
+        others would meet the same outage, and the key's backoff retries
+        them all, so an outage costs at most the patches already in flight
+        per retry, not one per node."""
         limit = asyncio.Semaphore(_PARALLEL_WRITES)
+        outage = asyncio.Event()
 
         async def one(node_name: str, change: dict[str, str | None]) -> None:
             async with limit:
+                if outage.is_set():
+                    return
                 # The view is as old as the reconcile; another reconcile's
                 # write may have landed since (DESIGN §5: no repeated writes).
                 node = self.caches.nodes.get(node_name)
                 if node is None:
                     return
                 change = nodelabels.still_needed(node, change)
-                with failures.step(f"patching the labels of node {node_name}"):
-                    sent = bool(change) and await self.writer.patch_node_labels(node, change)
+                try:
+                    with failures.step(f"patching the labels of node {node_name}"):
+                        sent = bool(change) and await self.writer.patch_node_labels(node, change)
+                except Exception as err:
+                    if failures.transient(err):
+                        outage.set()
+                    raise
                 if sent and view is not None:
                     await self._ready_event(view, node, change)
 

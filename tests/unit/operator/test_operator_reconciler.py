@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import operator_fixtures as fixtures
@@ -495,3 +496,39 @@ async def test_a_failing_module_is_retried_with_backoff_until_it_converges(
     assert queue.failures("ns/m") == 0  # success forgot the backoff
     assert _condition(cached, conditions.DEGRADED)["status"] == "False"
     assert len(_warnings(writer)) == 1
+
+
+class DownWriter(RecordingWriter):
+    """Node patches meet an API server that does not answer while ``down``
+    (each in flight until the loop turns, as a real request is)."""
+
+    def __init__(self, cached: reconciler.Caches) -> None:
+        super().__init__(cached)
+        self.down = True
+        self.patches = 0
+
+    async def patch_node_labels(self, node: dict, change: dict) -> bool:
+        self.patches += 1
+        await asyncio.sleep(0)
+        if self.down:
+            raise errors.Unavailable(0, "ClientConnectorError: connection refused")
+        return await super().patch_node_labels(node, change)
+
+
+async def test_an_outage_costs_the_patches_in_flight_not_one_per_node(world: Any) -> None:
+    _, _, cached = world
+    for index in range(100):
+        cached.nodes.put(fixtures.node(f"w{index:03}", K68))
+    writer = DownWriter(cached)
+    rec = reconciler.ModuleReconciler(cached, writer, now=lambda: "2026-01-01T00:00:00Z")  # type: ignore[arg-type]
+    cached.modules.put(fixtures.module_raw())
+    for retry in range(1, 4):
+        with pytest.raises(errors.Unavailable):
+            await rec.reconcile("ns/m")
+        # Each retry sends what was in flight when the first patch failed.
+        assert writer.patches == retry * reconciler._PARALLEL_WRITES
+    writer.down = False
+    await rec.reconcile("ns/m")
+    kernel = labels.KERNEL_VERSION_FULL
+    labelled = [n for n in cached.nodes.objects() if kernel in n["metadata"]["labels"]]
+    assert len(labelled) == 102  # every selected node (x is not)
