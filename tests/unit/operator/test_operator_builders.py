@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import operator_fixtures as fixtures
 import pytest
+from grpc import aio
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kmm.api import examples, validation
+from kmm.kubelet import probes
 from kmm.operator.deviceplugin import builders as deviceplugin_builders
 from kmm.operator.dra import builders as dra_builders
 
@@ -79,3 +84,34 @@ def test_a_name_repeated_in_the_users_env_is_set_once_the_last_value_winning(bui
     for container in (*spec["containers"], *spec["initContainers"]):
         mine = [e for e in container["env"] if e["name"] in ("A", "B")]
         assert mine == [{"name": "B", "value": "2"}, {"name": "A", "value": "3"}]
+
+
+async def _no_exec(argv: list[str], timeout: float) -> bool:
+    raise AssertionError("no exec probe here")
+
+
+@pytest.mark.parametrize("services", [(), ("liveness",)], ids=["default", "liveness-only"])
+async def test_a_driver_whose_health_server_knows_only_liveness_is_ready(
+    services: tuple[str, ...],
+) -> None:
+    """Drivers written for upstream KMM's DaemonSet serve gRPC health for
+    ``liveness`` only; gRPC's health servers answer the empty service (the
+    server as a whole) SERVING from their start, so the DRA DaemonSet's
+    readiness probe does not hold them unready (a probe of its own service
+    name would: NOT_FOUND)."""
+    health = health_aio.HealthServicer()
+    for service in services:
+        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    server = aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        container = _dra_pod()["containers"][0]
+        readiness = copy.deepcopy(container["readinessProbe"])
+        readiness["grpc"]["port"] = port
+        assert await probes.check(readiness, container, _no_exec)
+        own = {"grpc": {"port": port, "service": "readiness"}}
+        assert not await probes.check(own, container, _no_exec)
+    finally:
+        await server.stop(None)

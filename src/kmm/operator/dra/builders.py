@@ -7,7 +7,7 @@ and registration directories and the CDI directory from the host; in the
 environment ``NODE_NAME`` and ``POD_UID`` (downward API), ``DRIVER_NAME``,
 ``CDI_ROOT``, ``KUBELET_REGISTRAR_DIRECTORY_PATH``,
 ``KUBELET_PLUGINS_DIRECTORY_PATH`` and ``HEALTHCHECK_PORT`` (the gRPC
-liveness probe's), the user's ``env`` after them, a variable the user sets
+liveness and readiness probes'), the user's ``env`` after them, a variable the user sets
 replacing the preset one (``podspecs.environment``);
 privileged and root, whatever user the image names (a driver creates device
 nodes and sockets on the host). It runs
@@ -100,6 +100,18 @@ def daemonset(module: modules.Module) -> RawObject:
         "grpc": {"port": HEALTHCHECK_PORT, "service": "liveness"},
         "failureThreshold": 3,
         "periodSeconds": 10,
+    }
+    # Upstream KMM's DaemonSet has the liveness probe only, so a driver is
+    # Ready (and counted, and its node labelled) before the kubelet has
+    # registered it. The readiness probe asks the empty service, the server
+    # as a whole: kmm's driver serves it once the kubelet's registration
+    # status said registered (``kmm.driver.owning``); gRPC's own health
+    # servers and the dra-example-driver serve it as they serve liveness, so
+    # drivers written for upstream's layout are not held unready.
+    container["readinessProbe"] = {
+        "grpc": {"port": HEALTHCHECK_PORT},
+        "failureThreshold": 3,
+        "periodSeconds": 5,
     }
     pod_spec: RawObject = {
         **podspecs.base(

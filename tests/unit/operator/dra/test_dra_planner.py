@@ -187,6 +187,8 @@ def test_daemonset_carries_what_driver_images_expect() -> None:
     assert container["env"][2]["value"] == DRIVER
     assert container["securityContext"] == {"privileged": True, "runAsUser": 0}
     assert container["livenessProbe"]["grpc"] == {"port": 51515, "service": "liveness"}
+    # Readiness asks the server as a whole (gRPC's empty service name).
+    assert container["readinessProbe"]["grpc"] == {"port": 51515}
     host = {v["hostPath"]["path"]: v["hostPath"].get("type") for v in pod["volumes"]}
     assert host == {
         "/var/lib/kubelet/plugins": "DirectoryOrCreate",
