@@ -216,7 +216,8 @@ class ModuleReconciler:
             raw, key, [ds for plan in concerns for ds in plan.apply]
         )
         await self._delete_daemonsets(raw, [name for plan in concerns for name in plan.delete])
-        problems = await self._send_device_classes(raw, key, view, asked.driver)
+        problems, retried = await self._send_device_classes(raw, key, view, asked.driver)
+        refused += retried
         with failures.step("merging the node labels"):
             changes = nodelabels.merge(view.nodes(), concerns)
         await self._patch_labels(changes, view)
@@ -373,9 +374,12 @@ class ModuleReconciler:
 
     async def _send_device_classes(
         self, raw: RawObject, key: str, view: views.ModuleView, plan: dra_planner.DraPlan
-    ) -> list[status.Problem]:
-        """Create, update and delete the Module's DeviceClasses; what stands in the way."""
+    ) -> tuple[list[status.Problem], list[status.Problem]]:
+        """Create, update and delete the Module's DeviceClasses; what stands in
+        the way, and the refusals to retry with backoff (forbidden, or the
+        server's error: an invalid class is not sent again until it changes)."""
         problems: list[status.Problem] = []
+        retried: list[status.Problem] = []
         if plan.enabled and not view.resource_api:
             problems.append(
                 status.Problem(
@@ -384,7 +388,7 @@ class ModuleReconciler:
                     "can be made and no claim allocated; restart the operator once it does",
                 )
             )
-            return problems
+            return problems, retried
         refused = self._refused.setdefault(key, {})
         for name in plan.classes_delete:
             refused.pop(name, None)
@@ -408,24 +412,39 @@ class ModuleReconciler:
                 )
                 continue
             observed = view.device_classes.get(name)
-            # A refusal (Invalid) is this class's problem, kept and shown
-            # below; any other failure ends the reconcile.
-            with failures.step(f"sending DeviceClass {name}"):
-                try:
-                    if observed is None:
-                        if await self.writer.create_device_class(desired):
-                            await self._event(
-                                raw, "Normal", "DeviceClassCreated", f"created DeviceClass {name}"
-                            )
+            # A refusal is this class's problem, shown below: an invalid one
+            # is kept (not sent again until it changes), any other retried
+            # with backoff; any other failure ends the reconcile.
+            try:
+                with failures.step(f"sending DeviceClass {name}"):
+                    try:
+                        if observed is None:
+                            if await self.writer.create_device_class(desired):
+                                await self._event(
+                                    raw,
+                                    "Normal",
+                                    "DeviceClassCreated",
+                                    f"created DeviceClass {name}",
+                                )
+                        else:
+                            await self.writer.apply_device_class(desired, observed)
+                    except errors.Invalid as err:
+                        message = f"{_class_field(view, name)}: the API server refused DeviceClass {name}: {err.message}"
+                        refused[name] = (digest, message)
+                        problems.append(
+                            status.Problem(conditions.REASON_DEVICE_CLASS_REFUSED, message)
+                        )
+                        await self._event(raw, "Warning", "DeviceClassRefused", message)
                     else:
-                        await self.writer.apply_device_class(desired, observed)
-                except errors.Invalid as err:
-                    message = f"{_class_field(view, name)}: the API server refused DeviceClass {name}: {err.message}"
-                    refused[name] = (digest, message)
-                    problems.append(status.Problem(conditions.REASON_DEVICE_CLASS_REFUSED, message))
-                    await self._event(raw, "Warning", "DeviceClassRefused", message)
-                else:
-                    refused.pop(name, None)
+                        refused.pop(name, None)
+                        self._told.settled(key, f"DeviceClass/{name}")
+            except Exception as err:
+                if not failures.refused(err):
+                    raise
+                message = f"{_class_field(view, name)}: the API server refused DeviceClass {name}: {failures.refusal(err)}"
+                retried.append(status.Problem(conditions.REASON_DEVICE_CLASS_REFUSED, message))
+                reason = conditions.REASON_DEVICE_CLASS_REFUSED
+                await self._tell(raw, key, f"DeviceClass/{name}", reason, message)
         for name, why in sorted(plan.conflicts.items()):
             problems.append(
                 status.Problem(
@@ -434,7 +453,7 @@ class ModuleReconciler:
             )
         if not refused:
             self._refused.pop(key, None)
-        return problems
+        return problems, retried
 
     async def _remove_device_classes(self, key: str) -> None:
         for observed in self.caches.device_classes.by_index(caches.MODULE_INDEX, key):
