@@ -412,39 +412,35 @@ class ModuleReconciler:
                 )
                 continue
             observed = view.device_classes.get(name)
-            # A refusal is this class's problem, shown below: an invalid one
-            # is kept (not sent again until it changes), any other retried
-            # with backoff; any other failure ends the reconcile.
+            # A refusal is this class's problem: an invalid class is not
+            # sent again until it changes; any other refusal is retried with
+            # the key's backoff. Any other failure ends the reconcile.
             try:
                 with failures.step(f"sending DeviceClass {name}"):
-                    try:
-                        if observed is None:
-                            if await self.writer.create_device_class(desired):
-                                await self._event(
-                                    raw,
-                                    "Normal",
-                                    "DeviceClassCreated",
-                                    f"created DeviceClass {name}",
-                                )
-                        else:
-                            await self.writer.apply_device_class(desired, observed)
-                    except errors.Invalid as err:
-                        message = f"{_class_field(view, name)}: the API server refused DeviceClass {name}: {err.message}"
-                        refused[name] = (digest, message)
-                        problems.append(
-                            status.Problem(conditions.REASON_DEVICE_CLASS_REFUSED, message)
-                        )
-                        await self._event(raw, "Warning", "DeviceClassRefused", message)
+                    if observed is None:
+                        if await self.writer.create_device_class(desired):
+                            created = f"created DeviceClass {name}"
+                            await self._event(raw, "Normal", "DeviceClassCreated", created)
                     else:
-                        refused.pop(name, None)
-                        self._told.settled(key, f"DeviceClass/{name}")
+                        await self.writer.apply_device_class(desired, observed)
             except Exception as err:
                 if not failures.refused(err):
                     raise
-                message = f"{_class_field(view, name)}: the API server refused DeviceClass {name}: {failures.refusal(err)}"
-                retried.append(status.Problem(conditions.REASON_DEVICE_CLASS_REFUSED, message))
-                reason = conditions.REASON_DEVICE_CLASS_REFUSED
-                await self._tell(raw, key, f"DeviceClass/{name}", reason, message)
+                message = (
+                    f"{_class_field(view, name)}: the API server refused DeviceClass {name}: "
+                    f"{failures.refusal(err)}"
+                )
+                problem = status.Problem(conditions.REASON_DEVICE_CLASS_REFUSED, message)
+                cause = err.cause if isinstance(err, failures.StepFailed) else err
+                if isinstance(cause, errors.Invalid):
+                    refused[name] = (digest, message)
+                    problems.append(problem)
+                else:
+                    retried.append(problem)
+                await self._tell(raw, key, f"DeviceClass/{name}", problem.reason, message)
+                continue
+            refused.pop(name, None)
+            self._told.settled(key, f"DeviceClass/{name}")
         for name, why in sorted(plan.conflicts.items()):
             problems.append(
                 status.Problem(
