@@ -21,7 +21,7 @@ from kmm.cli import clients
 from kmm.kube import client
 from kmm.oci import trust
 from kmm.operator import jsonlogs, running, wiring
-from kmm.operator.build import existence, pods
+from kmm.operator.build import asking, pods
 from kmm.operator.build import planner as build_planner
 from kmm.runtime import leaderelection, manager
 
@@ -135,7 +135,7 @@ def operator(
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--registry-ca") from err
     try:
-        endpoints = existence.parse_endpoints(registry_endpoint or ())
+        endpoints = asking.parse_endpoints(registry_endpoint or ())
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--registry-endpoint") from err
     jsonlogs.configure()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -12,6 +13,8 @@ from kmm.aio import clocks
 from kmm.api import conditions, labels
 from kmm.kube import errors
 from kmm.operator import caches, failures, reconciler, views, writing
+from kmm.operator.build import asking, existence
+from kmm.operator.build import concern as build_concern
 from kmm.operator.loader import planner as loader_planner
 from kmm.runtime import controllers, stores, workqueue
 
@@ -523,3 +526,61 @@ async def test_a_failing_module_is_retried_with_backoff_until_it_converges(
     assert queue.failures("ns/m") == 0  # success forgot the backoff
     assert _condition(cached, conditions.DEGRADED)["status"] == "False"
     assert len(_warnings(writer)) == 1
+
+
+class _Inputs:
+    """GETs of the ConfigMaps and Secrets build pods read: all exist."""
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return {"metadata": {"name": name, "resourceVersion": "1"}, "data": {}}
+
+
+async def test_a_black_holed_registry_holds_no_module_reconcile(world: Any) -> None:
+    """A Module whose images point at a registry that accepts connections
+    and never answers: the reconcile returns at once with its kernels
+    Checking, no pod made, while the checks wait in the background (counted:
+    the black hole's connections, the reconciles that returned)."""
+    rec, writer, cached = world
+    connected = asyncio.Event()
+    connections: list[asyncio.StreamWriter] = []
+
+    async def swallow(_reader: asyncio.StreamReader, peer: asyncio.StreamWriter) -> None:
+        connections.append(peer)  # never answered
+        connected.set()
+
+    hole = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = hole.sockets[0].getsockname()[1]
+    asker = asking.Asker(endpoints={"black.hole:5000": f"127.0.0.1:{port}"}, timeout=300)
+    checker = existence.Checker(asker)
+    rec.build = build_concern.BuildConcern(checker, _Inputs())  # type: ignore[arg-type]
+    requeued: list[str] = []
+    rec.build.enqueue = requeued.append
+    raw = fixtures.module_raw()
+    container = raw["spec"]["moduleLoader"]["container"]
+    container["build"] = {"dockerfileConfigMap": {"name": "dockerfile"}}
+    for mapping in container["kernelMappings"]:
+        mapping["containerImage"] = "black.hole:5000/m:${KERNEL_XYZ}"
+    cached.modules.put(raw)
+    try:
+        reconciling = asyncio.ensure_future(rec.reconcile("ns/m"))
+        await connected.wait()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert reconciling.done(), "the reconcile waits for the registry"
+        result = reconciling.result()
+        assert result.requeue_after is not None  # a safety net, not a wait
+        status = cached.modules.get("ns/m")["status"]
+        assert {i["state"] for i in status["images"]} == {"Checking"}
+        assert "apply" not in writer.kinds()  # the gated kernels get no loader yet
+        assert checker.running() == 2
+        assert len(connections) >= 1
+        # Reconciled again meanwhile: nothing new is asked.
+        await rec.reconcile("ns/m")
+        assert checker.running() == 2
+        assert requeued == []
+    finally:
+        await checker.close()
+        for peer in connections:
+            peer.close()
+        hole.close()
+        await hole.wait_closed()
