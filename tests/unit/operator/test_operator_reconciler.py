@@ -584,3 +584,48 @@ async def test_a_black_holed_registry_holds_no_module_reconcile(world: Any) -> N
             peer.close()
         hole.close()
         await hole.wait_closed()
+
+
+class _Table:
+    """``existence.Ask``: every image exists; what was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def __call__(self, key: existence.Key, secret: dict[str, Any] | None) -> existence.Fact:
+        self.asked.append(key.image)
+        return existence.Fact(existence.State.EXISTS)
+
+
+async def test_an_image_only_one_kernel_expands_wrongly_is_that_kernels_status(
+    world: Any,
+) -> None:
+    """Admitted (its literal parts are a reference), the image expands for
+    one node's kernel to a name no registry takes ('+' in a path): that
+    kernel is the Module's KernelMappingFailed; the other kernel is checked
+    and gets its loader. Nothing raises out of the reconcile."""
+    rec, writer, cached = world
+    rec.status_interval = 0.0  # every status change written at once
+    cached.nodes.put(fixtures.node("n1", "6.1.0+rt-1"))  # KERNEL_Z = "0+rt"
+    table = _Table()
+    checker = existence.Checker(table)
+    rec.build = build_concern.BuildConcern(checker, _Inputs())  # type: ignore[arg-type]
+    raw = fixtures.module_raw()
+    container = raw["spec"]["moduleLoader"]["container"]
+    container["build"] = {"dockerfileConfigMap": {"name": "dockerfile"}}
+    container["kernelMappings"] = [{"regexp": "^.+$", "containerImage": "r.io/m-${KERNEL_Z}/x:v1"}]
+    cached.modules.put(raw)
+    try:
+        await rec.reconcile("ns/m")
+        await checker.settled()
+        await rec.reconcile("ns/m")
+    finally:
+        await checker.close()
+    assert table.asked == ["r.io/m-0/x:v1"]
+    status = cached.modules.get("ns/m")["status"]
+    assert [(i["kernel"], i["state"]) for i in status["images"]] == [(K68, "Exists")]
+    degraded = next(c for c in status["conditions"] if c["type"] == conditions.DEGRADED)
+    assert degraded["status"] == "True"
+    assert "6.1.0+rt-1" in degraded["message"]
+    assert "image reference" in degraded["message"]
+    assert writer.kinds().count("apply") == 1

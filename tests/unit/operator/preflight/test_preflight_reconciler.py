@@ -363,3 +363,22 @@ async def test_a_registry_that_never_answers_holds_no_validation() -> None:
         assert asked == [cases.IMAGE]
     finally:
         await checker.close()
+
+
+async def test_an_image_only_the_kernel_makes_invalid_fails_its_module_alone() -> None:
+    """Admitted (its literal parts are a reference), a Module's image
+    expands for the validation's kernel to a tag of 144 characters: that
+    Module's verdict is a Failure naming why; the other Module is judged."""
+    world = World({cases.IMAGE: existence.State.EXISTS})
+    world.modules.put(cases.module_raw("fine"))
+    long = cases.module_raw("long", build=True)
+    mapping = long["spec"]["moduleLoader"]["container"]["kernelMappings"][0]
+    mapping["containerImage"] = "r.io/m:" + "${KERNEL_FULL_VERSION}" * 9
+    world.modules.put(long)
+    world.validations.put(cases.validation_raw())
+    await world.reconcile()
+    verdicts = world.status()
+    assert verdicts["ns/fine"]["verificationStatus"] == "Success"
+    assert verdicts["ns/long"]["verificationStatus"] == "Failure"
+    assert "image reference" in verdicts["ns/long"]["statusReason"]
+    assert list(world.checker.asked) == [cases.IMAGE]
