@@ -104,7 +104,8 @@ def operator(
             metavar="HOST=ENDPOINT",
             help="Dial ENDPOINT (host:port) for registry HOST in the image existence checks "
             "(repeatable): an operator outside the network HOST is reached in. TLS still "
-            "checks HOST's name.",
+            "checks HOST's name. ENDPOINT is dialled even on loopback or link-local "
+            "addresses, which the checks refuse for any other host.",
             show_default=False,
         ),
     ] = None,

@@ -178,6 +178,7 @@ class Checker:
         self._waiters: dict[Key, set[Waiter]] = {}
         self._rechecks: dict[Key, float] = {}
         self._tasks = tasks.TaskSet("registry-checks")
+        self._closed = False
         self.checks: collections.Counter[str] = collections.Counter()
 
     def known(self, key: Key) -> Fact | None:
@@ -245,6 +246,8 @@ class Checker:
         )
 
     def _start(self, key: Key, read_secret: SecretReader, *, probe: bool) -> None:
+        if self._closed:
+            return  # stopping: a reconcile still finishing starts nothing that outlives it
         self._running[key] = self._tasks.spawn(
             self._check(key, read_secret, probe=probe), name=f"check/{key.image}"
         )
@@ -312,7 +315,8 @@ class Checker:
             await asyncio.wait(pending)
 
     async def close(self) -> None:
-        """Cancel the checks in flight."""
+        """Cancel the checks in flight; start none after."""
+        self._closed = True
         self._running.clear()
         await self._tasks.close()
 

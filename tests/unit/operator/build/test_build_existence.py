@@ -243,4 +243,8 @@ async def test_run_cancels_the_checks_in_flight_when_it_stops(stop: bool) -> Non
         with pytest.raises(asyncio.CancelledError):
             await running
     assert checker.running() == 0
+    # A reconcile still finishing starts nothing once stopped.
+    assert checker.fact(_key("r.io/late:1"), _Secrets()).pending
+    assert checker.running() == 0
     await checker.settled()
+    assert registry.asked["r.io/late:1"] == 0
