@@ -324,21 +324,22 @@ class Operator:
             listwatch.ApiListWatch(api, writing.PREFLIGHTS, kind=preflight.KIND),
             handler_errors=handler_errors,
         )
-        validator = preflight_reconciler.PreflightReconciler(
-            self.validations.store,
-            modules_store,
-            self.pods.store,
-            self.writer,
-            checker=self.checker,
-            reader=reader,
-            settings=build_settings,
+        self.preflight = Counting(
+            preflight_reconciler.PreflightReconciler(
+                self.validations.store,
+                modules_store,
+                self.pods.store,
+                self.writer,
+                checker=self.checker,
+                reader=reader,
+                settings=build_settings,
+                enqueue=lambda name: self.preflight_controller.enqueue(name),
+            )
         )
-        self.preflight = Counting(validator)
         self.preflight_controller = controllers.Controller(
             "preflight", self.preflight, workers=workers, metrics=metrics
         )
         validate = self.preflight_controller.enqueue
-        validator.enqueue = validate
         validations_store = self.validations.store
 
         def every_validation(old: stores.RawObject | None, new: stores.RawObject | None) -> None:
