@@ -7,7 +7,11 @@ in another, pushing only a signed image under the final name.
 
 - :mod:`.pods`: the build, sign and preflight pods, pure builders (no I/O);
 - :mod:`.scripts`: the shell scripts those pods run, and what they report;
-- :mod:`.existence`: asks registries whether an image exists, remembers it;
+- :mod:`.existence`: whether an image exists, remembered; checks run in the
+  background (never on a reconcile's path) and requeue whoever waits;
+- :mod:`.asking`: one check over the network: what it dials (the image's
+  host, its realm and redirects, never loopback or link-local unless
+  configured) and what a Module's author may read of the outcome;
 - :mod:`.hashing`: the digest of a pod's inputs (``last-hash``);
 - :mod:`.planner`: which pods to create or delete and which kernels wait for
   their image (pure); the reconciler runs it before the loader's planner,
