@@ -1,4 +1,5 @@
-"""What the operator caches, and how each cached object maps back to Modules.
+"""What the operator caches, how each cached object maps back to Modules,
+and which cached objects count as a Module's.
 
 Four informers (DESIGN §5, seed 000 step 7): Modules, the DaemonSets and pods
 kmm made (label ``role`` present), and Nodes; two more when the cluster
@@ -6,12 +7,49 @@ serves resource.k8s.io/v1 (seed 000 "DRA" point 5): every DeviceClass (a
 name a Module lists may be taken by someone else's) and every ResourceClaim
 (the API cannot filter claims by driver). Each keeps only the fields the
 reconciler reads (``stores.keep_fields``), so 5,000 Nodes cost a few MiB.
+DaemonSets and pods keep, of their ``ownerReferences``, only the uid of
+their controller (``CONTROLLER_UID``, a field of the projection's own:
+``controller_uid`` reads it); preflight pods keep their references whole.
+
+**An object is a Module's by its namespace and its owners, not by its
+labels.** Labels are anyone's to write: the informers list every object in
+the cluster that carries the role label, in any namespace, so a tenant can
+label a DaemonSet or pod of its own as another tenant's Module's. The
+labels only say where to look (``MODULE_INDEX``, and the event -> key
+mappings: a hostile object at worst enqueues a Module, whose reconcile
+then ignores it); ``owned`` decides what counts:
+
+- a DaemonSet in the Module's namespace whose controller is the Module
+  (its uid, so not an earlier Module of the same name either);
+- a loader, device-plugin or DRA pod in the Module's namespace whose
+  controller is one of those DaemonSets; or whose controller is no
+  DaemonSet the cache holds for that Module's labels there: its DaemonSet
+  was deleted and the garbage collector is deleting it (a Module's
+  deletion, an upgrade's old version), or the pod came before its
+  DaemonSet's event. Such a pod still counts (it may be unloading the
+  module in ``preStop``), found by its labels, in the Module's own
+  namespace only; a pod whose controller does not exist at all is the
+  garbage collector's to delete, and one with no controller never counts;
+- a build or sign pod in the Module's namespace whose controller is the
+  Module;
+- a DeviceClass (cluster-scoped: no owner reference can name a namespaced
+  Module) labelled with the Module's namespace, name and uid
+  (``labels.MODULE_UID``; ``class_owned``). One listed in ``spec.dra``
+  that carries the Module's labels but no uid, as kmm made them before it
+  stamped uids, is taken as the Module's to update (the update stamps it)
+  and never deleted unstamped (``class_adoptable``).
+
+Preflight pods answer a ``PreflightValidation`` (``kmm.operator.preflight``),
+not a Module: they count for no Module, and for a validation only when it
+(its uid) is their controller and they sit where its planner expects them.
+
 Indexes answer the reconciler's questions without scans:
 
-- DaemonSets and pods by ``MODULE_INDEX`` (``<ns>/<name>`` from their labels);
-  preflight pods are left out (they carry their Module's labels but answer a
-  ``PreflightValidation``: ``kmm.operator.preflight``), and indexed by
-  ``PREFLIGHT_INDEX`` instead (the ``labels.PREFLIGHT`` value);
+- DaemonSets and pods by ``MODULE_INDEX``: ``<ns>/<name>`` from their
+  labels, only when the ``module.namespace`` label is the object's own
+  namespace (an object elsewhere names no Module); preflight pods are left
+  out, and indexed by ``PREFLIGHT_INDEX`` instead (the ``labels.PREFLIGHT``
+  value);
 - Nodes by ``MODULE_INDEX`` too, from the per-module labels they carry
   (``<ns>.<name>.ready``, the version labels ...; parsed by
   ``kmm.api.labels.module_of_node_label``), so a Module finds the nodes it
@@ -25,12 +63,15 @@ Indexes answer the reconciler's questions without scans:
   ``DRIVER_INDEX`` (the drivers of their allocated devices).
 
 ``validations_of_pod`` maps a preflight pod's events to its validation (the
-controller owner's name). The ``*_keys`` functions are the event-to-key mappings the wiring hands to
+controller owner's name). The ``modules_of_*`` functions and
+``module_of_object`` are the event-to-key mappings the wiring hands to
 ``runtime.handlers.enqueue_mapped``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -41,6 +82,7 @@ __all__ = [
     "BUILD_POD_FIELDS",
     "CLAIM_FIELDS",
     "CLASS_INDEX",
+    "CONTROLLER_UID",
     "DAEMONSET_FIELDS",
     "DEVICE_CLASS_FIELDS",
     "DRIVER_INDEX",
@@ -51,8 +93,13 @@ __all__ = [
     "PREFLIGHT_INDEX",
     "PREFLIGHT_POD_FIELDS",
     "SELECTOR_INDEX",
+    "Owned",
     "claim_driver_index",
+    "class_adoptable",
+    "class_owned",
+    "controller_uid",
     "module_class_index",
+    "module_daemonsets",
     "module_driver_index",
     "module_of_object",
     "module_selector_index",
@@ -61,7 +108,9 @@ __all__ = [
     "modules_of_node",
     "node_module_index",
     "object_module_index",
+    "owned",
     "preflight_index",
+    "project_daemonset",
     "project_pod",
     "validations_of_module_change",
     "validations_of_pod",
@@ -117,22 +166,56 @@ BUILD_POD_FIELDS: Final = (
 )
 # Preflight pods: the same, and their owner (the validation, by uid).
 PREFLIGHT_POD_FIELDS: Final = (*BUILD_POD_FIELDS, "metadata.ownerReferences")
+# In the projected metadata of DaemonSets and pods: the uid of their
+# controller owner, in place of the whole ``ownerReferences`` (a pod's five
+# fields of it would cost more than the rest of what is kept of it).
+CONTROLLER_UID: Final = "controllerUid"
 _BUILD_ROLES: Final = frozenset({"build", "sign"})
+_WORKLOAD_ROLES: Final = frozenset({"module-loader", "device-plugin", "dra"})
 _PREFLIGHT_ROLE: Final = "preflight"
+_daemonset_fields = stores.keep_fields(*DAEMONSET_FIELDS)
 _pod_fields = stores.keep_fields(*POD_FIELDS)
 _build_pod_fields = stores.keep_fields(*BUILD_POD_FIELDS)
 _preflight_pod_fields = stores.keep_fields(*PREFLIGHT_POD_FIELDS)
 
 
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid of ``obj``'s controller owner: the projection's
+    ``CONTROLLER_UID``, or the ``controller`` entry of a whole object's
+    ``ownerReferences``; None when it has none."""
+    metadata = obj.get("metadata") or {}
+    kept = metadata.get(CONTROLLER_UID)
+    if isinstance(kept, str):
+        return kept
+    for ref in metadata.get("ownerReferences") or ():
+        if ref.get("controller") is True and isinstance(ref.get("uid"), str) and ref["uid"]:
+            found: str = ref["uid"]
+            return found
+    return None
+
+
+def _with_controller(obj: stores.RawObject, projected: stores.RawObject) -> stores.RawObject:
+    uid = controller_uid(obj)
+    if uid:
+        # Interned: a DaemonSet's pods (hundreds) share their owner's uid.
+        projected.setdefault("metadata", {})[CONTROLLER_UID] = sys.intern(uid)
+    return projected
+
+
+def project_daemonset(obj: stores.RawObject) -> stores.RawObject:
+    """The fields kept of a DaemonSet, with its controller's uid."""
+    return _with_controller(obj, _daemonset_fields(obj))
+
+
 def project_pod(obj: stores.RawObject) -> stores.RawObject:
-    """The fields kept of a pod: more of build, sign and preflight pods than
-    of the many others."""
+    """The fields kept of a pod, with its controller's uid: more of build,
+    sign and preflight pods than of the many others."""
     role = _labels(obj).get(labels.ROLE)
     if role in _BUILD_ROLES:
-        return _build_pod_fields(obj)
+        return _with_controller(obj, _build_pod_fields(obj))
     if role == _PREFLIGHT_ROLE:
-        return _preflight_pod_fields(obj)
-    return _pod_fields(obj)
+        return _with_controller(obj, _preflight_pod_fields(obj))
+    return _with_controller(obj, _pod_fields(obj))
 
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
@@ -140,15 +223,108 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return found
 
 
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    found: Mapping[str, Any] = obj.get("metadata") or {}
+    return found
+
+
 def module_of_object(obj: Mapping[str, Any]) -> str | None:
-    """``<ns>/<name>`` of the Module a DaemonSet or pod was made for; None
-    for a preflight pod (made for a validation: the Module's reconcile
-    neither sees it nor hears of it)."""
+    """``<ns>/<name>`` of the Module a DaemonSet, pod or DeviceClass is
+    labelled for; None for a preflight pod (made for a validation: the
+    Module's reconcile neither sees it nor hears of it), and None for a
+    namespaced object whose ``module.namespace`` label is not its own
+    namespace (a Module's objects live beside it: an object elsewhere names
+    no Module). Labels only: ``owned`` decides what counts."""
     found = _labels(obj)
     if found.get(labels.ROLE) == _PREFLIGHT_ROLE:
         return None
     namespace, name = found.get(labels.MODULE_NAMESPACE), found.get(labels.MODULE_NAME)
+    own = _meta(obj).get("namespace")
+    if own and own != namespace:
+        return None
     return f"{namespace}/{name}" if namespace and name else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Owned:
+    """What counts as one Module's among the cached DaemonSets and pods."""
+
+    daemonsets: list[stores.RawObject]
+    pods: list[stores.RawObject]
+
+
+def owned(module: Mapping[str, Any], *, daemonsets: stores.Store, pods: stores.Store) -> Owned:
+    """The Module's DaemonSets and pods, by the rules of this module's
+    docstring: the labels find the candidates in the Module's namespace
+    (``MODULE_INDEX``), the owners decide."""
+    metadata = _meta(module)
+    uid = metadata.get("uid")
+    if not uid:
+        return Owned([], [])  # never from the API server; nothing can be checked
+    key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+    labelled = daemonsets.by_index(MODULE_INDEX, key)
+    ours = _controlled(labelled, uid)
+    counted = {found for ds in ours if (found := _meta(ds).get("uid"))}
+    known = {found for ds in labelled if (found := _meta(ds).get("uid"))}
+    found_pods: list[stores.RawObject] = []
+    for pod in pods.by_index(MODULE_INDEX, key):
+        role, controller = _labels(pod).get(labels.ROLE), controller_uid(pod)
+        if controller is None:
+            continue
+        if role in _BUILD_ROLES:
+            counts = controller == uid
+        elif role in _WORKLOAD_ROLES:
+            # Its DaemonSet gone (deleted: the garbage collector follows), it
+            # still runs, maybe unloading the module: counted by its labels,
+            # which the index took from this namespace only.
+            counts = controller in counted or controller not in known
+        else:
+            counts = False
+        if counts:
+            found_pods.append(pod)
+    return Owned(ours, found_pods)
+
+
+def _controlled(found: Iterable[stores.RawObject], uid: str) -> list[stores.RawObject]:
+    return [obj for obj in found if controller_uid(obj) == uid]
+
+
+def module_daemonsets(
+    module: Mapping[str, Any], daemonsets: stores.Store
+) -> list[stores.RawObject]:
+    """The Module's DaemonSets: ``owned(...).daemonsets`` without the pods."""
+    metadata = _meta(module)
+    uid = metadata.get("uid")
+    if not uid:
+        return []
+    key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+    return _controlled(daemonsets.by_index(MODULE_INDEX, key), uid)
+
+
+def _names_module(obj: Mapping[str, Any], namespace: str, name: str) -> bool:
+    found = _labels(obj)
+    return found.get(labels.MODULE_NAMESPACE) == namespace and found.get(labels.MODULE_NAME) == name
+
+
+def class_owned(
+    device_class: Mapping[str, Any], *, namespace: str, name: str, uid: str | None
+) -> bool:
+    """Whether a DeviceClass is the Module's: labelled with its namespace,
+    name and uid (``labels.MODULE_UID``)."""
+    return (
+        bool(uid)
+        and _names_module(device_class, namespace, name)
+        and _labels(device_class).get(labels.MODULE_UID) == uid
+    )
+
+
+def class_adoptable(device_class: Mapping[str, Any], *, namespace: str, name: str) -> bool:
+    """Whether a DeviceClass carries the Module's labels and no uid at all,
+    as kmm made them before it stamped uids: the Module updates it (and so
+    stamps it) when it lists its name, and never deletes it unstamped."""
+    return _names_module(device_class, namespace, name) and labels.MODULE_UID not in _labels(
+        device_class
+    )
 
 
 def object_module_index(obj: stores.RawObject) -> Iterable[str]:
@@ -243,13 +419,16 @@ def preflight_index(obj: stores.RawObject) -> Iterable[str]:
 
 
 def validations_of_pod(pod: Mapping[str, Any]) -> list[str]:
-    """The PreflightValidation a preflight pod answers: its controller owner."""
+    """The PreflightValidation a preflight pod answers: its controller owner
+    (the event is only a key: the validation's planner reads the pods it
+    owns, by uid, where it expects them)."""
     if _labels(pod).get(labels.ROLE) != _PREFLIGHT_ROLE:
         return []
     return [
         ref["name"]
         for ref in (pod.get("metadata") or {}).get("ownerReferences") or ()
-        if ref.get("kind") == preflight.KIND
+        if ref.get("controller") is True
+        and ref.get("kind") == preflight.KIND
         and str(ref.get("apiVersion", "")).startswith(f"{preflight.GROUP}/")
         and isinstance(ref.get("name"), str)
     ]

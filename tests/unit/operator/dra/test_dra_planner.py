@@ -141,9 +141,8 @@ def test_device_classes_created_updated_and_never_taken_over() -> None:
     stale = copy.deepcopy(stale)
     stale["metadata"]["annotations"][labels.SPEC_HASH] = "old"
     foreign = {"metadata": {"name": "taken.example.com", "labels": {"team": "x"}}}
-    gone = {
-        "metadata": {"name": "old.example.com", "labels": labels.module_labels("ns", "m", "dra")}
-    }
+    stamped = {**labels.module_labels("ns", "m", "dra"), labels.MODULE_UID: "uid-1"}
+    gone = {"metadata": {"name": "old.example.com", "labels": stamped}}
     found = _plan(
         module,
         [fixtures.node("n0", K68)],
@@ -155,9 +154,40 @@ def test_device_classes_created_updated_and_never_taken_over() -> None:
     assert sent["gpu.example.com"]["spec"]["selectors"] == [
         {"cel": {"expression": f'device.driver == "{DRIVER}"'}}
     ]
-    assert sent["gpu.example.com"]["metadata"]["labels"] == labels.module_labels("ns", "m", "dra")
+    assert sent["gpu.example.com"]["metadata"]["labels"] == stamped
     assert found.classes_delete == ["old.example.com"]
     assert "not kmm" in found.conflicts["taken.example.com"]
+
+
+def test_a_device_class_is_the_modules_by_its_uid_not_its_name_labels() -> None:
+    """Labels naming the Module are not enough: a class with another uid (an
+    earlier Module of that name, or anyone's labelling) is never updated nor
+    deleted; one without any uid label (kmm before uids) is updated when
+    listed (which stamps it) and never deleted."""
+    module = _module(
+        deviceClasses=[{"name": "earlier.example.com"}, {"name": "legacy.example.com"}]
+    )
+    named = labels.module_labels("ns", "m", "dra")
+    earlier = {
+        "metadata": {"name": "earlier.example.com", "labels": {**named, labels.MODULE_UID: "uid-0"}}
+    }
+    legacy = {"metadata": {"name": "legacy.example.com", "labels": dict(named)}}
+    other = {
+        "metadata": {"name": "other.example.com", "labels": {**named, labels.MODULE_UID: "uid-0"}}
+    }
+    unlisted = {"metadata": {"name": "unlisted.example.com", "labels": dict(named)}}
+    found = _plan(
+        module,
+        [fixtures.node("n0", K68)],
+        classes={c["metadata"]["name"]: c for c in (earlier, legacy, other, unlisted)},
+    )
+    assert [c["metadata"]["name"] for c in found.classes_apply] == ["legacy.example.com"]
+    assert found.classes_apply[0]["metadata"]["labels"][labels.MODULE_UID] == "uid-1"
+    assert found.classes_delete == []
+    assert found.conflicts == {
+        "earlier.example.com": "DeviceClass earlier.example.com exists and belongs to another "
+        "Module ns/m (uid uid-0), not this one"
+    }
 
 
 def test_no_class_writes_without_the_resource_api() -> None:
@@ -261,15 +291,20 @@ class DraWriter(RecordingWriter):
         self.calls.append(("create-class", name))
         if name in self.refuse:
             raise errors.Invalid(422, f'DeviceClass.resource.k8s.io "{name}" is invalid: bad CEL')
-        self.cached.device_classes.put(copy.deepcopy(desired))
+        created = copy.deepcopy(desired)
+        created["metadata"]["uid"] = f"uid-class-{name}"
+        self.cached.device_classes.put(created)
         return True
 
     async def apply_device_class(self, desired: dict, observed: dict) -> bool:
         self.calls.append(("apply-class", desired["metadata"]["name"]))
-        self.cached.device_classes.put(copy.deepcopy(desired))
+        applied = copy.deepcopy(desired)
+        applied["metadata"]["uid"] = observed["metadata"]["uid"]
+        self.cached.device_classes.put(applied)
         return True
 
     async def delete_device_class(self, name: str, observed: dict) -> bool:
+        assert observed["metadata"]["uid"], "a delete is guarded by the observed uid"
         self.calls.append(("delete-class", name))
         self.cached.device_classes.delete(name)
         return True
