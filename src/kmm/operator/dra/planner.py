@@ -93,7 +93,12 @@ def _holder(observed: Mapping[str, Any], view: views.ModuleView) -> str:
         return "someone else (not kmm)"
     if (namespace, name) == (view.namespace, view.name):
         uid = found.get(labels.MODULE_UID)
-        return f"another Module {namespace}/{name} (uid {uid}), not this one"
+        # An earlier Module of this name (its finalizer removed by hand), or
+        # someone's labelling: never this one's to take or delete.
+        return (
+            f"another Module {namespace}/{name} (uid {uid}), not this one; "
+            "delete it if that Module is gone"
+        )
     return f"Module {namespace}/{name}"
 
 

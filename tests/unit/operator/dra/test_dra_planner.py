@@ -186,7 +186,7 @@ def test_a_device_class_is_the_modules_by_its_uid_not_its_name_labels() -> None:
     assert found.classes_delete == []
     assert found.conflicts == {
         "earlier.example.com": "DeviceClass earlier.example.com exists and belongs to another "
-        "Module ns/m (uid uid-0), not this one"
+        "Module ns/m (uid uid-0), not this one; delete it if that Module is gone"
     }
 
 
