@@ -380,6 +380,35 @@ async def test_dra_module_converges_then_writes_nothing_and_cleans_up(dra_world:
     assert not any(TARGET in n["metadata"]["labels"] for n in cached.nodes.objects())
 
 
+async def test_only_classes_stamped_with_the_modules_uid_are_deleted(dra_world: Any) -> None:
+    """Of the classes labelled ``ns/m``, the live Module deletes only its own
+    (its uid) it no longer lists; gone from the cache without its finalizer,
+    its key's stamped classes go, and an unstamped one (kmm before uids, or
+    anyone's) is never deleted."""
+    rec, writer, cached = dra_world
+    cached.modules.put(fixtures.module_raw(dra=_dra()))
+    await _converge(rec, cached)
+    named = labels.module_labels("ns", "m", "dra")
+    for name, uid in (("earlier", "uid-0"), ("legacy", None), ("unlisted", "uid-1")):
+        stamp = {labels.MODULE_UID: uid} if uid else {}
+        cached.device_classes.put({"metadata": {"name": f"{name}.example.com", "uid": f"u-{name}", "labels": {**named, **stamp}}})  # fmt: skip
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    assert [c for c in writer.calls if c[0] == "delete-class"] == [
+        ("delete-class", "unlisted.example.com")
+    ]
+    cached.modules.delete("ns/m")
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    assert sorted(c[1] for c in writer.calls if c[0] == "delete-class") == [
+        "earlier.example.com",
+        "gpu.example.com",
+    ]
+    assert [c["metadata"]["name"] for c in cached.device_classes.objects()] == [
+        "legacy.example.com"
+    ]
+
+
 async def test_a_refused_device_class_is_reported_once_and_not_resent(dra_world: Any) -> None:
     rec, writer, cached = dra_world
     writer.refuse.add("gpu.example.com")
