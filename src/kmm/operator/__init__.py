@@ -39,8 +39,10 @@ Shared, pure (no I/O, table-tested):
   ``SPEC_HASH`` stamp;
 - ``nodelabels``: merging wanted labels into patches; ``status``: status
   and conditions; ``events``: Event bodies (Module and Node);
-  ``caches``: projections, indexes, event -> key maps; ``failures``: a
-  failed reconcile step, shown on the Module.
+  ``caches``: projections, indexes, event -> key maps; ``ownership``:
+  which cached objects are a Module's (its namespace and owners, never
+  its labels alone); ``failures``: a failed reconcile step, shown on the
+  Module.
 
 Shared, with I/O:
 

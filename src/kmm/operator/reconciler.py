@@ -60,6 +60,7 @@ from kmm.operator import (
     failures,
     nodelabels,
     objects,
+    ownership,
     plans,
     status,
     views,
@@ -289,10 +290,10 @@ class ModuleReconciler:
             _log.warning("%s: event not written: %s", key, err)
 
     def _view(self, raw: RawObject, module: modules.Module, key: str) -> views.ModuleView:
-        """What counts as the Module's in the caches (``caches.owned``: by
+        """What counts as the Module's in the caches (``ownership.owned``: by
         namespace and owners, never by labels alone)."""
         cached = self.caches
-        ours = caches.owned(raw, daemonsets=cached.daemonsets, pods=cached.pods)
+        ours = ownership.owned(raw, daemonsets=cached.daemonsets, pods=cached.pods)
         classes: dict[str, RawObject] = {
             c["metadata"]["name"]: c for c in self._own_device_classes(raw, key)
         }
@@ -386,7 +387,7 @@ class ModuleReconciler:
         return [
             c
             for c in self.caches.device_classes.by_index(caches.MODULE_INDEX, key)
-            if caches.class_owned(
+            if ownership.class_owned(
                 c, namespace=metadata["namespace"], name=metadata["name"], uid=metadata.get("uid")
             )
         ]
@@ -423,12 +424,12 @@ class ModuleReconciler:
     async def _delete_daemonsets(self, raw: RawObject, names: list[str]) -> None:
         """Delete the Module's DaemonSets of ``names``, each guarded by its
         observed uid. A name that is no DaemonSet of the Module's in the
-        cache (``caches.owned``) is nothing to delete: never one of that
+        cache (``ownership.owned``) is nothing to delete: never one of that
         name someone else has in the Module's namespace."""
         namespace = raw["metadata"]["namespace"]
         ours = {
             ds["metadata"]["name"]: ds
-            for ds in caches.module_daemonsets(raw, self.caches.daemonsets)
+            for ds in ownership.module_daemonsets(raw, self.caches.daemonsets)
         }
         for ds_name in names:
             observed = ours.get(ds_name)
@@ -479,12 +480,12 @@ class ModuleReconciler:
         plugin still using the module. So ``.ready`` and the finalizer stay
         until the last pod of the Module is gone, as in an upgrade (a pod
         stuck on a node that is down holds the Module as it holds a move).
-        The pods are the Module's by ``caches.owned`` (its namespace, its
+        The pods are the Module's by ``ownership.owned`` (its namespace, its
         DaemonSets' uids, or, their DaemonSet deleted, its labels there): a
         pod labelled as the Module's in another namespace holds nothing.
         """
         for roles in (_WORKLOAD_ROLES, (_LOADER_ROLE,)):
-            ours = caches.owned(raw, daemonsets=self.caches.daemonsets, pods=self.caches.pods)
+            ours = ownership.owned(raw, daemonsets=self.caches.daemonsets, pods=self.caches.pods)
             stage = [
                 obj
                 for obj in ours.daemonsets

@@ -6,11 +6,11 @@ reconcile, so every planner (``loader``, ``deviceplugin``, ``dra``,
 dicts themselves: planners read them and never change them.
 
 Its DaemonSets and pods are the Module's by namespace and owners, never by
-labels alone (``caches.owned``: a tenant can label its own objects as
+labels alone (``ownership.owned``: a tenant can label its own objects as
 anyone's Module's): a planner may take every DaemonSet and pod of the view
 as the Module's, to count, wait for, or delete. Its DeviceClasses are the
 ones the Module labelled (with its uid) and the ones ``spec.dra`` names,
-whoever owns them: ``caches.class_owned`` tells which are the Module's, and
+whoever owns them: ``ownership.class_owned`` tells which are the Module's, and
 a listed name taken by another is a conflict.
 """
 
@@ -54,7 +54,7 @@ class ModuleView:
     pods: Mapping[str, Sequence[RawObject]]  # by role
     # DRA: whether the cluster serves resource.k8s.io/v1; the DeviceClasses
     # named in spec.dra (whoever owns them) or the Module's
-    # (``caches.class_owned``), by name; the ResourceClaims allocated with a
+    # (``ownership.class_owned``), by name; the ResourceClaims allocated with a
     # device of the Module's driver.
     resource_api: bool = True
     device_classes: Mapping[str, RawObject] = dataclasses.field(default_factory=dict)
@@ -116,7 +116,7 @@ def build(
     resource_api: bool = True,
 ) -> ModuleView:
     """The view of ``module`` from the caches (its own DaemonSets and pods,
-    as ``caches.owned`` counts them, its DeviceClasses and its driver's
+    as ``ownership.owned`` counts them, its DeviceClasses and its driver's
     claims given)."""
     selected = sorted(
         (

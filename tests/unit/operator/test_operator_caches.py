@@ -3,7 +3,7 @@
 A tenant can label objects of its own namespace as another namespace's
 Module's; these tests plant such objects beside the Module's own and check
 that the projections keep the controller's uid, the index ignores objects
-elsewhere, and ``caches.owned`` counts only what the Module owns.
+elsewhere, and ``ownership.owned`` counts only what the Module owns.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kmm.api import labels
-from kmm.operator import caches
+from kmm.operator import caches, ownership
 from kmm.runtime import stores
 
 Obj = dict[str, Any]
@@ -102,11 +102,11 @@ def test_daemonsets_count_by_namespace_and_controller_uid() -> None:
     earlier = _object("old", "module-loader", owners=(_ref("uid-earlier-m", "Module"),))
     unowned = _object("fluentd", "module-loader")
     daemonsets, pods = _stores([ours, planted, earlier, unowned], [])
-    found = caches.owned(_module(), daemonsets=daemonsets, pods=pods)
+    found = ownership.owned(_module(), daemonsets=daemonsets, pods=pods)
     assert _names(found.daemonsets) == ["ns/loader"]
-    assert _names(caches.module_daemonsets(_module(), daemonsets)) == ["ns/loader"]
+    assert _names(ownership.module_daemonsets(_module(), daemonsets)) == ["ns/loader"]
     # A Module without a uid (never one from the API server) owns nothing.
-    assert caches.owned(_module(uid=""), daemonsets=daemonsets, pods=pods).daemonsets == []
+    assert ownership.owned(_module(uid=""), daemonsets=daemonsets, pods=pods).daemonsets == []
 
 
 def test_pods_count_through_the_modules_daemonsets_or_the_module() -> None:
@@ -128,7 +128,7 @@ def test_pods_count_through_the_modules_daemonsets_or_the_module() -> None:
         _object("m-build-k", "build", namespace="tenant", owners=(_ref(MODULE_UID, "Module"),)),
     ]
     daemonsets, pod_store = _stores([ours, earlier], pods)
-    found = caches.owned(_module(), daemonsets=daemonsets, pods=pod_store)
+    found = ownership.owned(_module(), daemonsets=daemonsets, pods=pod_store)
     assert _names(found.pods) == ["ns/m-build-k", "ns/of-ours", "ns/orphan"]
 
 
@@ -138,12 +138,12 @@ def test_device_classes_are_the_modules_by_their_uid_label() -> None:
     earlier = {"metadata": {"name": "b", "labels": {**named, labels.MODULE_UID: "uid-earlier"}}}
     legacy = {"metadata": {"name": "c", "labels": dict(named)}}
     ids = {"namespace": "ns", "name": "m"}
-    assert caches.class_owned(stamped, **ids, uid=MODULE_UID)
-    assert not caches.class_owned(earlier, **ids, uid=MODULE_UID)
-    assert not caches.class_owned(legacy, **ids, uid=MODULE_UID)
-    assert not caches.class_owned(stamped, namespace="ns", name="other", uid=MODULE_UID)
-    assert not caches.class_owned(stamped, **ids, uid=None)
-    assert [caches.class_adoptable(c, **ids) for c in (stamped, earlier, legacy)] == [
+    assert ownership.class_owned(stamped, **ids, uid=MODULE_UID)
+    assert not ownership.class_owned(earlier, **ids, uid=MODULE_UID)
+    assert not ownership.class_owned(legacy, **ids, uid=MODULE_UID)
+    assert not ownership.class_owned(stamped, namespace="ns", name="other", uid=MODULE_UID)
+    assert not ownership.class_owned(stamped, **ids, uid=None)
+    assert [ownership.class_adoptable(c, **ids) for c in (stamped, earlier, legacy)] == [
         False,
         False,
         True,

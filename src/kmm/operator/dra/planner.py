@@ -15,7 +15,7 @@ For a Module with ``spec.dra`` it wants:
 - the DeviceClasses of ``spec.dra.deviceClasses``, created when missing and
   updated when their ``SPEC_HASH`` differs; the Module's classes no longer
   listed are deleted. A class is the Module's by its labels *with the
-  Module's uid* (``caches.class_owned``; one without any uid label, from a
+  Module's uid* (``ownership.class_owned``; one without any uid label, from a
   kmm before uids, is updated when listed, which stamps it, and never
   deleted). A listed name taken by a class that is not the Module's is a
   conflict: reported, never overwritten.
@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kmm.api import labels, scheduling
-from kmm.operator import caches, objects, views, workloads
+from kmm.operator import objects, ownership, views, workloads
 from kmm.operator.dra import builders as dra_builders
 from kmm.operator.loader import planner as loader_planner
 
@@ -113,7 +113,7 @@ def _classes(view: views.ModuleView, result: DraPlan) -> None:
     for class_name, cached in sorted(view.device_classes.items()):
         if (
             class_name not in desired
-            and caches.class_owned(cached, namespace=ns, name=name, uid=uid)
+            and ownership.class_owned(cached, namespace=ns, name=name, uid=uid)
             and not _meta(cached).get("deletionTimestamp")
         ):
             result.classes_delete.append(class_name)
@@ -122,8 +122,8 @@ def _classes(view: views.ModuleView, result: DraPlan) -> None:
         if observed is None:
             result.classes_apply.append(wanted)
         elif not (
-            caches.class_owned(observed, namespace=ns, name=name, uid=uid)
-            or caches.class_adoptable(observed, namespace=ns, name=name)
+            ownership.class_owned(observed, namespace=ns, name=name, uid=uid)
+            or ownership.class_adoptable(observed, namespace=ns, name=name)
         ):
             result.conflicts[class_name] = (
                 f"DeviceClass {class_name} exists and belongs to {_holder(observed, view)}"
