@@ -29,6 +29,7 @@ __all__ = [
     "MODULES_ORDER",
     "MODULE_NAME",
     "MODULE_NAMESPACE",
+    "MODULE_UID",
     "MODULE_VERSION",
     "PREFIX",
     "PREFLIGHT",
@@ -65,6 +66,11 @@ BETA_PREFIX: Final = "beta.kmm.node.kubernetes.io/"
 MODULE_NAME: Final = PREFIX + "module.name"
 MODULE_NAMESPACE: Final = PREFIX + "module.namespace"
 MODULE_VERSION: Final = PREFIX + "module.version"
+# On DeviceClasses (cluster-scoped, so no owner reference can name a
+# namespaced Module): the uid of the Module they were made for. A class
+# counts as a Module's only when it carries that Module's uid, not merely
+# its name and namespace (``kmm.operator.caches``).
+MODULE_UID: Final = PREFIX + "module.uid"
 ROLE: Final = PREFIX + "role"
 IMAGE_HASH: Final = PREFIX + "image-hash"
 # On nodes: the node's kernel (label_value of it), so loader DaemonSets can

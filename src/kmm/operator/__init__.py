@@ -39,9 +39,11 @@ Shared, pure (no I/O, table-tested):
   ``SPEC_HASH`` stamp;
 - ``nodelabels``: merging wanted labels into patches; ``status``: status
   and conditions; ``events``: Event bodies (Module and Node);
-  ``caches``: projections, indexes, event -> key maps; ``failures``: a
-  failed reconcile step, shown on the Module, and a refused write (one
-  object's, shown where it belongs while the rest goes ahead).
+  ``caches``: projections, indexes, event -> key maps; ``ownership``:
+  which cached objects are a Module's (its namespace and owners, never
+  its labels alone); ``failures``: a failed reconcile step, shown on the
+  Module, and a refused write (one object's, shown where it belongs while
+  the rest goes ahead).
 
 Shared, with I/O:
 

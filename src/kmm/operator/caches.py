@@ -6,12 +6,21 @@ serves resource.k8s.io/v1 (seed 000 "DRA" point 5): every DeviceClass (a
 name a Module lists may be taken by someone else's) and every ResourceClaim
 (the API cannot filter claims by driver). Each keeps only the fields the
 reconciler reads (``stores.keep_fields``), so 5,000 Nodes cost a few MiB.
+DaemonSets and pods keep, of their ``ownerReferences``, only the uid of
+their controller (``CONTROLLER_UID``, a field of the projection's own:
+``controller_uid`` reads it); preflight pods keep their references whole.
+
+Which cached objects count as a Module's is ``ownership``'s to say: the
+labels these indexes read are anyone's to write, so they only say where to
+look.
+
 Indexes answer the reconciler's questions without scans:
 
-- DaemonSets and pods by ``MODULE_INDEX`` (``<ns>/<name>`` from their labels);
-  preflight pods are left out (they carry their Module's labels but answer a
-  ``PreflightValidation``: ``kmm.operator.preflight``), and indexed by
-  ``PREFLIGHT_INDEX`` instead (the ``labels.PREFLIGHT`` value);
+- DaemonSets and pods by ``MODULE_INDEX``: ``<ns>/<name>`` from their
+  labels, only when the ``module.namespace`` label is the object's own
+  namespace (an object elsewhere names no Module); preflight pods are left
+  out, and indexed by ``PREFLIGHT_INDEX`` instead (the ``labels.PREFLIGHT``
+  value);
 - Nodes by ``MODULE_INDEX`` too, from the per-module labels they carry
   (``<ns>.<name>.ready``, the version labels ...; parsed by
   ``kmm.api.labels.module_of_node_label``), so a Module finds the nodes it
@@ -25,12 +34,14 @@ Indexes answer the reconciler's questions without scans:
   ``DRIVER_INDEX`` (the drivers of their allocated devices).
 
 ``validations_of_pod`` maps a preflight pod's events to its validation (the
-controller owner's name). The ``*_keys`` functions are the event-to-key mappings the wiring hands to
+controller owner's name). The ``modules_of_*`` functions and
+``module_of_object`` are the event-to-key mappings the wiring hands to
 ``runtime.handlers.enqueue_mapped``.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -41,6 +52,7 @@ __all__ = [
     "BUILD_POD_FIELDS",
     "CLAIM_FIELDS",
     "CLASS_INDEX",
+    "CONTROLLER_UID",
     "DAEMONSET_FIELDS",
     "DEVICE_CLASS_FIELDS",
     "DRIVER_INDEX",
@@ -52,6 +64,7 @@ __all__ = [
     "PREFLIGHT_POD_FIELDS",
     "SELECTOR_INDEX",
     "claim_driver_index",
+    "controller_uid",
     "module_class_index",
     "module_driver_index",
     "module_of_object",
@@ -62,6 +75,7 @@ __all__ = [
     "node_module_index",
     "object_module_index",
     "preflight_index",
+    "project_daemonset",
     "project_pod",
     "validations_of_module_change",
     "validations_of_pod",
@@ -118,22 +132,55 @@ BUILD_POD_FIELDS: Final = (
 )
 # Preflight pods: the same, and their owner (the validation, by uid).
 PREFLIGHT_POD_FIELDS: Final = (*BUILD_POD_FIELDS, "metadata.ownerReferences")
+# In the projected metadata of DaemonSets and pods: the uid of their
+# controller owner, in place of the whole ``ownerReferences`` (a pod's five
+# fields of it would cost more than the rest of what is kept of it).
+CONTROLLER_UID: Final = "controllerUid"
 _BUILD_ROLES: Final = frozenset({"build", "sign"})
 _PREFLIGHT_ROLE: Final = "preflight"
+_daemonset_fields = stores.keep_fields(*DAEMONSET_FIELDS)
 _pod_fields = stores.keep_fields(*POD_FIELDS)
 _build_pod_fields = stores.keep_fields(*BUILD_POD_FIELDS)
 _preflight_pod_fields = stores.keep_fields(*PREFLIGHT_POD_FIELDS)
 
 
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid of ``obj``'s controller owner: the projection's
+    ``CONTROLLER_UID``, or the ``controller`` entry of a whole object's
+    ``ownerReferences``; None when it has none."""
+    metadata = obj.get("metadata") or {}
+    kept = metadata.get(CONTROLLER_UID)
+    if isinstance(kept, str):
+        return kept
+    for ref in metadata.get("ownerReferences") or ():
+        if ref.get("controller") is True and isinstance(ref.get("uid"), str) and ref["uid"]:
+            found: str = ref["uid"]
+            return found
+    return None
+
+
+def _with_controller(obj: stores.RawObject, projected: stores.RawObject) -> stores.RawObject:
+    uid = controller_uid(obj)
+    if uid:
+        # Interned: a DaemonSet's pods (hundreds) share their owner's uid.
+        projected.setdefault("metadata", {})[CONTROLLER_UID] = sys.intern(uid)
+    return projected
+
+
+def project_daemonset(obj: stores.RawObject) -> stores.RawObject:
+    """The fields kept of a DaemonSet, with its controller's uid."""
+    return _with_controller(obj, _daemonset_fields(obj))
+
+
 def project_pod(obj: stores.RawObject) -> stores.RawObject:
-    """The fields kept of a pod: more of build, sign and preflight pods than
-    of the many others."""
+    """The fields kept of a pod, with its controller's uid: more of build,
+    sign and preflight pods than of the many others."""
     role = _labels(obj).get(labels.ROLE)
     if role in _BUILD_ROLES:
-        return _build_pod_fields(obj)
+        return _with_controller(obj, _build_pod_fields(obj))
     if role == _PREFLIGHT_ROLE:
-        return _preflight_pod_fields(obj)
-    return _pod_fields(obj)
+        return _with_controller(obj, _preflight_pod_fields(obj))
+    return _with_controller(obj, _pod_fields(obj))
 
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
@@ -141,14 +188,25 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return found
 
 
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    found: Mapping[str, Any] = obj.get("metadata") or {}
+    return found
+
+
 def module_of_object(obj: Mapping[str, Any]) -> str | None:
-    """``<ns>/<name>`` of the Module a DaemonSet or pod was made for; None
-    for a preflight pod (made for a validation: the Module's reconcile
-    neither sees it nor hears of it)."""
+    """``<ns>/<name>`` of the Module a DaemonSet, pod or DeviceClass is
+    labelled for; None for a preflight pod (made for a validation: the
+    Module's reconcile neither sees it nor hears of it), and None for a
+    namespaced object whose ``module.namespace`` label is not its own
+    namespace (a Module's objects live beside it: an object elsewhere names
+    no Module). Labels only: ``ownership.owned`` decides what counts."""
     found = _labels(obj)
     if found.get(labels.ROLE) == _PREFLIGHT_ROLE:
         return None
     namespace, name = found.get(labels.MODULE_NAMESPACE), found.get(labels.MODULE_NAME)
+    own = _meta(obj).get("namespace")
+    if own and own != namespace:
+        return None
     return f"{namespace}/{name}" if namespace and name else None
 
 
@@ -244,13 +302,16 @@ def preflight_index(obj: stores.RawObject) -> Iterable[str]:
 
 
 def validations_of_pod(pod: Mapping[str, Any]) -> list[str]:
-    """The PreflightValidation a preflight pod answers: its controller owner."""
+    """The PreflightValidation a preflight pod answers: its controller owner
+    (the event is only a key: the validation's planner reads the pods it
+    owns, by uid, where it expects them)."""
     if _labels(pod).get(labels.ROLE) != _PREFLIGHT_ROLE:
         return []
     return [
         ref["name"]
         for ref in (pod.get("metadata") or {}).get("ownerReferences") or ()
-        if ref.get("kind") == preflight.KIND
+        if ref.get("controller") is True
+        and ref.get("kind") == preflight.KIND
         and str(ref.get("apiVersion", "")).startswith(f"{preflight.GROUP}/")
         and isinstance(ref.get("name"), str)
     ]

@@ -67,6 +67,7 @@ from kmm.operator import (
     failures,
     nodelabels,
     objects,
+    ownership,
     plans,
     podadmission,
     status,
@@ -188,7 +189,7 @@ class ModuleReconciler:
                 self.build.forget_module(key)
             namespace, _, name = key.partition("/")
             await self._remove_labels(namespace, name)
-            await self._remove_device_classes(key)
+            await self._remove_device_classes(key, None)
             return controllers.Result()
         metadata = raw["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
@@ -348,10 +349,12 @@ class ModuleReconciler:
             _log.warning("%s: event not written: %s", key, err)
 
     def _view(self, raw: RawObject, module: modules.Module, key: str) -> views.ModuleView:
+        """What counts as the Module's in the caches (``ownership.owned``: by
+        namespace and owners, never by labels alone)."""
         cached = self.caches
+        ours = ownership.owned(raw, daemonsets=cached.daemonsets, pods=cached.pods)
         classes: dict[str, RawObject] = {
-            c["metadata"]["name"]: c
-            for c in cached.device_classes.by_index(caches.MODULE_INDEX, key)
+            c["metadata"]["name"]: c for c in self._own_device_classes(raw, key)
         }
         claims: list[RawObject] = []
         if module.spec.dra is not None:
@@ -364,8 +367,8 @@ class ModuleReconciler:
             raw,
             module,
             nodes=cached.nodes,
-            daemonsets=cached.daemonsets.by_index(caches.MODULE_INDEX, key),
-            pods=cached.pods.by_index(caches.MODULE_INDEX, key),
+            daemonsets=ours.daemonsets,
+            pods=ours.pods,
             labelled=cached.nodes.by_index(caches.MODULE_INDEX, key),
             device_classes=classes.values(),
             claims=claims,
@@ -392,10 +395,11 @@ class ModuleReconciler:
         refused = self._refused.setdefault(key, {})
         for name in plan.classes_delete:
             refused.pop(name, None)
+            observed = view.device_classes.get(name)
+            if observed is None:
+                continue  # never observed: nothing of ours to delete
             with failures.step(f"deleting DeviceClass {name}"):
-                deleted = await self.writer.delete_device_class(
-                    name, view.device_classes.get(name) or {}
-                )
+                deleted = await self.writer.delete_device_class(name, observed)
             if deleted:
                 await self._event(
                     raw, "Normal", "DeviceClassDeleted", f"deleted DeviceClass {name}"
@@ -451,8 +455,32 @@ class ModuleReconciler:
             self._refused.pop(key, None)
         return problems, retried
 
-    async def _remove_device_classes(self, key: str) -> None:
-        for observed in self.caches.device_classes.by_index(caches.MODULE_INDEX, key):
+    def _own_device_classes(self, raw: RawObject, key: str) -> list[RawObject]:
+        """The cached DeviceClasses that are the Module's (its labels and uid)."""
+        metadata = raw["metadata"]
+        return [
+            c
+            for c in self.caches.device_classes.by_index(caches.MODULE_INDEX, key)
+            if ownership.class_owned(
+                c, namespace=metadata["namespace"], name=metadata["name"], uid=metadata.get("uid")
+            )
+        ]
+
+    async def _remove_device_classes(self, key: str, raw: RawObject | None) -> None:
+        """Delete the Module's DeviceClasses, each guarded by its observed uid.
+        ``raw`` None: the Module is gone from the cache (its finalizer
+        removed by hand), its uid unknown: the classes labelled for it that
+        carry a uid label go (kmm stamped them; no live Module has that
+        key); unstamped ones are left, as they are never deleted."""
+        if raw is not None:
+            found = self._own_device_classes(raw, key)
+        else:
+            found = [
+                c
+                for c in self.caches.device_classes.by_index(caches.MODULE_INDEX, key)
+                if labels.MODULE_UID in (c["metadata"].get("labels") or {})
+            ]
+        for observed in found:
             name = observed["metadata"]["name"]
             with failures.step(f"deleting DeviceClass {name}"):
                 await self.writer.delete_device_class(name, observed)
@@ -483,11 +511,24 @@ class ModuleReconciler:
         return refused
 
     async def _delete_daemonsets(self, raw: RawObject, names: list[str]) -> None:
+        """Delete the Module's DaemonSets of ``names``, each guarded by its
+        observed uid. A name that is no DaemonSet of the Module's in the
+        cache (``ownership.owned``) is nothing to delete: never one of that
+        name someone else has in the Module's namespace."""
         namespace = raw["metadata"]["namespace"]
+        ours = {
+            ds["metadata"]["name"]: ds
+            for ds in ownership.module_daemonsets(raw, self.caches.daemonsets)
+        }
         for ds_name in names:
-            observed = self.caches.daemonsets.get(f"{namespace}/{ds_name}") or {}
+            observed = ours.get(ds_name)
+            if observed is None:
+                _log.warning(
+                    "%s: DaemonSet %s is not the Module's: not deleted", namespace, ds_name
+                )
+                continue
             with failures.step(f"deleting DaemonSet {ds_name}"):
-                deleted = await self.writer.delete_daemonset(namespace, ds_name, observed)
+                deleted = await self.writer.delete_daemonset(observed)
             if deleted:
                 await self._event(raw, "Normal", "DaemonSetDeleted", f"deleted DaemonSet {ds_name}")
 
@@ -507,14 +548,14 @@ class ModuleReconciler:
     ) -> None:
         if labels.FINALIZER not in finalizers:
             return
-        if await self._pods_still_going(raw, f"{namespace}/{name}"):
+        if await self._pods_still_going(raw):
             return  # their deletions requeue the Module
         await self._remove_labels(namespace, name)
-        await self._remove_device_classes(f"{namespace}/{name}")
+        await self._remove_device_classes(f"{namespace}/{name}", raw)
         with failures.step("removing the finalizer"):
             await self.writer.set_finalizers(raw, [f for f in finalizers if f != labels.FINALIZER])
 
-    async def _pods_still_going(self, raw: RawObject, key: str) -> bool:
+    async def _pods_still_going(self, raw: RawObject) -> bool:
         """Delete the Module's DaemonSets in seed 003's order, one stage at a
         time: the device plugin's and DRA driver's first (they use the module),
         then the loader's; True while a pod of the current stage is left.
@@ -528,17 +569,19 @@ class ModuleReconciler:
         plugin still using the module. So ``.ready`` and the finalizer stay
         until the last pod of the Module is gone, as in an upgrade (a pod
         stuck on a node that is down holds the Module as it holds a move).
+        The pods are the Module's by ``ownership.owned`` (its namespace, its
+        DaemonSets' uids, or, their DaemonSet deleted, its labels there): a
+        pod labelled as the Module's in another namespace holds nothing.
         """
         for roles in (_WORKLOAD_ROLES, (_LOADER_ROLE,)):
+            ours = ownership.owned(raw, daemonsets=self.caches.daemonsets, pods=self.caches.pods)
             stage = [
                 obj
-                for obj in self.caches.daemonsets.by_index(caches.MODULE_INDEX, key)
+                for obj in ours.daemonsets
                 if _role(obj) in roles and not obj["metadata"].get("deletionTimestamp")
             ]
             await self._delete_daemonsets(raw, sorted(obj["metadata"]["name"] for obj in stage))
-            if any(
-                _role(pod) in roles for pod in self.caches.pods.by_index(caches.MODULE_INDEX, key)
-            ):
+            if any(_role(pod) in roles for pod in ours.pods):
                 return True
         return False
 

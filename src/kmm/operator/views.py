@@ -2,8 +2,16 @@
 
 ``build`` takes it from the informer caches once, at the start of a
 reconcile, so every planner (``loader``, ``deviceplugin``, ``dra``,
-``upgrade``) judges the same moment. The view holds the cached dicts
-themselves: planners read them and never change them.
+``upgrade``, ``build``) judges the same moment. The view holds the cached
+dicts themselves: planners read them and never change them.
+
+Its DaemonSets and pods are the Module's by namespace and owners, never by
+labels alone (``ownership.owned``: a tenant can label its own objects as
+anyone's Module's): a planner may take every DaemonSet and pod of the view
+as the Module's, to count, wait for, or delete. Its DeviceClasses are the
+ones the Module labelled (with its uid) and the ones ``spec.dra`` names,
+whoever owns them: ``ownership.class_owned`` tells which are the Module's, and
+a listed name taken by another is a conflict.
 """
 
 from __future__ import annotations
@@ -45,8 +53,9 @@ class ModuleView:
     daemonsets: Mapping[str, Sequence[RawObject]]  # by role
     pods: Mapping[str, Sequence[RawObject]]  # by role
     # DRA: whether the cluster serves resource.k8s.io/v1; the DeviceClasses
-    # named in spec.dra or labelled as the Module's (whoever owns them), by
-    # name; the ResourceClaims allocated with a device of the Module's driver.
+    # named in spec.dra (whoever owns them) or the Module's
+    # (``ownership.class_owned``), by name; the ResourceClaims allocated with a
+    # device of the Module's driver.
     resource_api: bool = True
     device_classes: Mapping[str, RawObject] = dataclasses.field(default_factory=dict)
     claims: Sequence[RawObject] = ()
@@ -106,8 +115,9 @@ def build(
     claims: Iterable[RawObject] = (),
     resource_api: bool = True,
 ) -> ModuleView:
-    """The view of ``module`` from the caches (its own DaemonSets, pods,
-    DeviceClasses and its driver's claims given)."""
+    """The view of ``module`` from the caches (its own DaemonSets and pods,
+    as ``ownership.owned`` counts them, its DeviceClasses and its driver's
+    claims given)."""
     selected = sorted(
         (
             n

@@ -202,7 +202,7 @@ class Operator:
             listwatch.ApiListWatch(api, resources.DAEMONSETS, kind="DaemonSet"),
             handler_errors=handler_errors,
             label_selector=caches.OWNED_SELECTOR,
-            projection=stores.keep_fields(*caches.DAEMONSET_FIELDS),
+            projection=caches.project_daemonset,
             indexers={caches.MODULE_INDEX: caches.object_module_index},
         )
         self.pods = informers.Informer(

@@ -3,8 +3,10 @@
 Writes go as raw JSON (no model parsing): server-side apply of DaemonSets
 (field manager ``kmm``; a create and an update are one idempotent call, so a
 create repeated after a crash cannot duplicate), JSON merge patches of node
-labels, Module status and finalizers, deletes, Event creates, and pods
-created in a dry run (``podadmission``: nothing stored, nothing pending).
+labels, Module status and finalizers, deletes (each guarded by the uid of
+the object the cache showed: nothing is deleted that was never observed,
+nor another object that took its name), Event creates, and pods created in
+a dry run (``podadmission``: nothing stored, nothing pending).
 DeviceClasses are created with a plain create (a name someone else took
 must fail, not be taken over) and updated by server-side apply once they
 are known to be the Module's; their ``Pending`` keys are ``class_key(name)``,
@@ -18,7 +20,7 @@ the same write is skipped until it does.
 ``Pending`` holds an entry only while an event is still to come that clears
 it, so a leader that runs for weeks holds no more entries than it has writes
 whose events are on their way: a write that changed nothing (a delete or
-patch answered 404, a DeviceClass delete whose uid no longer matches) leaves
+patch answered 404, a delete whose uid no longer matches) leaves
 none, and events that arrive while a write is on the wire (``Pending.sending``)
 count against its result, so a DELETED event that beats the DELETE's own
 reply leaves nothing behind either.
@@ -196,6 +198,18 @@ def _deleting(observed: RawObject) -> str:
     return f"delete {uid}" if uid else "delete"
 
 
+def _delete_options(observed: RawObject, **options: object) -> RawObject:
+    """DeleteOptions guarded by the observed object's uid: a DELETE goes to
+    the object the cache showed, never to another that took its name since
+    (the API server answers 409), and never to one the cache did not show
+    at all. A caller without an observed uid has a bug: it raises."""
+    uid = (observed.get("metadata") or {}).get("uid")
+    if not isinstance(uid, str) or not uid:
+        name = (observed.get("metadata") or {}).get("name")
+        raise ValueError(f"refusing to delete {name!r} unobserved: no uid to guard the delete")
+    return {"apiVersion": "v1", "kind": "DeleteOptions", **options, "preconditions": {"uid": uid}}
+
+
 def _timeless(body: object) -> object:
     """``body`` without its condition transition times."""
     if isinstance(body, dict):
@@ -242,10 +256,16 @@ class Writer:
             self.pending.sent(key, "apply", desired, objects.resource_version(reply.body))
         return reply.status == 201
 
-    async def delete_daemonset(self, namespace: str, name: str, observed: RawObject) -> bool:
-        """Delete (background propagation: the garbage collector takes the pods)."""
+    async def delete_daemonset(self, observed: RawObject) -> bool:
+        """Delete the DaemonSet the cache showed, guarded by its uid (never
+        another of that name), background propagation (the garbage collector
+        takes the pods). False when in flight, gone, or replaced: nothing to
+        do."""
+        metadata = observed["metadata"]
+        namespace, name = metadata["namespace"], metadata["name"]
         key = f"{namespace}/{name}"
         part = _deleting(observed)
+        body = _delete_options(observed, propagationPolicy="Background")
         if self.pending.in_flight(key, part, objects.resource_version(observed), None):
             return False
         with self.pending.sending(key):
@@ -253,11 +273,11 @@ class Writer:
                 await self.api.request(
                     "DELETE",
                     resources.DAEMONSETS.path(namespace, name),
-                    query={"propagationPolicy": "Background"},
+                    body=body,
                     fence=self.fence,
                 )
-            except errors.NotFound:
-                return False  # gone already: nothing of ours is in flight
+            except (errors.NotFound, errors.Conflict):
+                return False  # gone already, or another object of that name now
             self.pending.sent(key, part, None, _GONE)
         return True
 
@@ -300,21 +320,15 @@ class Writer:
         """Delete, guarded by the observed uid (never someone's class of the same name)."""
         key = class_key(name)
         part = _deleting(observed)
+        body = _delete_options(observed)
         if self.pending.in_flight(key, part, objects.resource_version(observed), None):
             return False
-        uid = (observed.get("metadata") or {}).get("uid")
         with self.pending.sending(key):
             try:
                 await self.api.request(
                     "DELETE",
                     resources.DEVICE_CLASSES.path(name=name),
-                    body={
-                        "apiVersion": "v1",
-                        "kind": "DeleteOptions",
-                        "preconditions": {"uid": uid},
-                    }
-                    if uid
-                    else None,
+                    body=body,
                     fence=self.fence,
                 )
             except (errors.NotFound, errors.Conflict):
@@ -361,20 +375,15 @@ class Writer:
         namespace, name = metadata["namespace"], metadata["name"]
         key = pod_key(f"{namespace}/{name}")
         part = _deleting(observed)
+        body = _delete_options(observed, gracePeriodSeconds=0)
         if self.pending.in_flight(key, part, objects.resource_version(observed), None):
             return False
-        uid = metadata.get("uid")
         with self.pending.sending(key):
             try:
                 await self.api.request(
                     "DELETE",
                     resources.PODS.path(namespace, name),
-                    body={
-                        "apiVersion": "v1",
-                        "kind": "DeleteOptions",
-                        "gracePeriodSeconds": 0,
-                        **({"preconditions": {"uid": uid}} if uid else {}),
-                    },
+                    body=body,
                     fence=self.fence,
                 )
             except (errors.NotFound, errors.Conflict):

@@ -62,11 +62,24 @@ def node(
 
 
 def pod(ds: Obj, node_name: str, *, ready: bool = True) -> Obj:
+    """A pod of ``ds`` on ``node_name``, its controller ``ds`` (by uid, when
+    ``ds`` has one: a desired DaemonSet has none, a cached one has)."""
+    owner = ds["metadata"].get("uid") or f"uid-ds-{ds['metadata']['name']}"
     return {
         "metadata": {
             "name": f"{ds['metadata']['name']}-{node_name}",
             "namespace": ds["metadata"]["namespace"],
+            "uid": f"uid-pod-{ds['metadata']['name']}-{node_name}",
             "labels": dict(ds["spec"]["template"]["metadata"]["labels"]),
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "DaemonSet",
+                    "name": ds["metadata"]["name"],
+                    "uid": owner,
+                    "controller": True,
+                }
+            ],
         },
         "spec": {"nodeName": node_name},
         "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},

@@ -29,13 +29,18 @@ class RecordingWriter:
         self.pending = writing.Pending()
 
     async def apply_daemonset(self, desired: dict, observed: dict | None) -> bool:
-        self.calls.append(("apply", desired["metadata"]["name"]))
-        self.cached.daemonsets.put(desired)
+        name = desired["metadata"]["name"]
+        self.calls.append(("apply", name))
+        # As the API server: the object keeps its uid, a new one gets one.
+        uid = (observed or {}).get("metadata", {}).get("uid") or f"uid-ds-{name}"
+        self.cached.daemonsets.put({**desired, "metadata": {**desired["metadata"], "uid": uid}})
         return observed is None
 
-    async def delete_daemonset(self, namespace: str, name: str, observed: dict) -> bool:
-        self.calls.append(("delete", name))
-        self.cached.daemonsets.delete(f"{namespace}/{name}")
+    async def delete_daemonset(self, observed: dict) -> bool:
+        metadata = observed["metadata"]
+        assert metadata["uid"], "a delete is guarded by the observed uid"
+        self.calls.append(("delete", metadata["name"]))
+        self.cached.daemonsets.delete(f"{metadata['namespace']}/{metadata['name']}")
         return True
 
     async def patch_node_labels(self, node: dict, change: dict) -> bool:

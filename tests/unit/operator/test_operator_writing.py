@@ -58,11 +58,21 @@ async def test_apply_tells_a_create_and_delete_a_missing_daemonset(
     gone = {"kind": "Status", "code": 404, "reason": "NotFound", "message": "gone"}
     server.script((201, {"metadata": {"resourceVersion": "5"}}), (404, gone))
     assert await write.apply_daemonset(desired, None) is True
-    assert not await write.delete_daemonset("ns", "other", {})
+    other = {"metadata": {"name": "other", "namespace": "ns", "uid": "u-other"}}
+    assert not await write.delete_daemonset(other)
     apply, delete = server.seen
     assert apply.query == {"fieldManager": "kmm", "force": "true"}
     assert apply.headers["Content-Type"] == "application/apply-patch+yaml"
-    assert (delete.method, delete.query) == ("DELETE", {"propagationPolicy": "Background"})
+    assert (delete.method, delete.path) == (
+        "DELETE",
+        "/apis/apps/v1/namespaces/ns/daemonsets/other",
+    )
+    assert json.loads(delete.body) == {
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "propagationPolicy": "Background",
+        "preconditions": {"uid": "u-other"},
+    }
     # The same desired state while the cache still shows the old version: no second apply.
     server.script((200, {"metadata": {"resourceVersion": "9"}}))
     observed = {"metadata": {"name": "ds", "namespace": "ns", "resourceVersion": "8"}}
@@ -146,12 +156,12 @@ async def test_a_daemonset_deleted_again_after_being_made_again_is_deleted_again
     ok = {"kind": "Status", "status": "Success"}
     server.script((200, ok), (200, ok))
     first = {"metadata": {"name": "ds", "namespace": "ns", "uid": "u1", "resourceVersion": "5"}}
-    assert await write.delete_daemonset("ns", "ds", first)
+    assert await write.delete_daemonset(first)
     # While the cache still shows the object deleted, no second DELETE.
-    assert not await write.delete_daemonset("ns", "ds", first)
+    assert not await write.delete_daemonset(first)
     again = {"metadata": {"name": "ds", "namespace": "ns", "uid": "u2", "resourceVersion": "9"}}
     write.pending.seen("ns/ds", "9")  # its ADDED event
-    assert await write.delete_daemonset("ns", "ds", again)
+    assert await write.delete_daemonset(again)
     assert [s.method for s in server.seen] == ["DELETE", "DELETE"]
 
 
@@ -182,6 +192,7 @@ async def test_writes_answered_404_or_409_leave_nothing_in_flight(
     }
     server.script(
         (404, _not_found('daemonsets.apps "ds"')),
+        (409, conflict),
         (404, _not_found('deviceclasses.resource.k8s.io "dc"')),
         (409, conflict),
         (404, _not_found('nodes "n1"')),
@@ -191,15 +202,50 @@ async def test_writes_answered_404_or_409_leave_nothing_in_flight(
     ds = {"metadata": {"name": "ds", "namespace": "ns", "uid": "u1", "resourceVersion": "5"}}
     dc = {"metadata": {"name": "dc", "uid": "u1", "resourceVersion": "5"}}
     module = {"metadata": {"name": "m", "namespace": "ns", "resourceVersion": "3"}}
-    assert not await write.delete_daemonset("ns", "ds", ds)
+    assert not await write.delete_daemonset(ds)
+    # A stale cache: another DaemonSet took the name (the uid guard: 409).
+    taken = {"metadata": {"name": "ds2", "namespace": "ns", "uid": "u1", "resourceVersion": "6"}}
+    assert not await write.delete_daemonset(taken)
     assert not await write.delete_device_class("dc", dc)
     replaced = {"metadata": {"name": "dc2", "uid": "u1", "resourceVersion": "6"}}
     assert not await write.delete_device_class("dc2", replaced)
     await write.patch_node_labels(node("10"), {"ready": ""})
     await write.patch_module_status(module, {"status": {"observedGeneration": 1}})
     await write.set_finalizers(module, [])
-    assert len(server.seen) == 6
+    assert len(server.seen) == 7
     assert len(write.pending) == 0
+
+
+async def test_every_delete_is_guarded_by_the_observed_uid_and_none_goes_unobserved(
+    writer: tuple[writing.Writer, Server],
+) -> None:
+    """A DELETE goes only to the object the cache showed (its uid a
+    precondition: the API server answers 409 for another that took the
+    name), and a delete of something never observed (no uid) is a bug that
+    sends nothing."""
+    write, server = writer
+    ok = {"kind": "Status", "status": "Success"}
+    server.script((200, ok), (200, ok), (200, ok))
+    ds = {"metadata": {"name": "ds", "namespace": "ns", "uid": "u-ds"}}
+    dc = {"metadata": {"name": "dc", "uid": "u-dc"}}
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u-pod"}}
+    assert await write.delete_daemonset(ds)
+    assert await write.delete_device_class("dc", dc)
+    assert await write.delete_pod(pod)
+    assert [json.loads(s.body)["preconditions"] for s in server.seen] == [
+        {"uid": "u-ds"},
+        {"uid": "u-dc"},
+        {"uid": "u-pod"},
+    ]
+    for unobserved in (
+        write.delete_daemonset({"metadata": {"name": "fluentd", "namespace": "ns"}}),
+        write.delete_device_class("dc", {}),
+        write.delete_pod({"metadata": {"name": "p", "namespace": "ns"}}),
+    ):
+        with pytest.raises(ValueError, match="unobserved"):
+            await unobserved
+    assert len(server.seen) == 3
+    assert len(write.pending) == 3  # the three sent, until their events come
 
 
 class _EventBeforeReply(client.Client):
@@ -233,8 +279,9 @@ async def test_events_that_beat_the_reply_leave_nothing_in_flight() -> None:
             api.events = [("ns/ds", None), (writing.class_key("dc"), None)]
             api.events += [("ns/ds", "7"), ("n1", "12")]
             ds = {"metadata": {"name": "ds", "namespace": "ns", "uid": "u1"}}
-            assert await write.delete_daemonset("ns", "ds", ds)
-            assert await write.delete_device_class("dc", {"metadata": {"name": "dc"}})
+            assert await write.delete_daemonset(ds)
+            dc = {"metadata": {"name": "dc", "uid": "u2"}}
+            assert await write.delete_device_class("dc", dc)
             desired = {"metadata": {"name": "ds", "namespace": "ns"}, "spec": {}}
             assert await write.apply_daemonset(desired, None)
             assert await write.patch_node_labels(node("10"), {"ready": ""})

@@ -155,7 +155,10 @@ def device_class(module: modules.Module, declared: modules.DeviceClassSpec) -> R
             "kind": "DeviceClass",
             "metadata": {
                 "name": declared.name,
-                "labels": labels.module_labels(*_ids(module), _ROLE),
+                "labels": {
+                    **labels.module_labels(*_ids(module), _ROLE),
+                    labels.MODULE_UID: module.metadata.uid or "",
+                },
             },
             "spec": spec,
         }

@@ -14,8 +14,11 @@ For a Module with ``spec.dra`` it wants:
 - ``.dra-ready`` where the driver pod is Ready;
 - the DeviceClasses of ``spec.dra.deviceClasses``, created when missing and
   updated when their ``SPEC_HASH`` differs; the Module's classes no longer
-  listed are deleted. A listed name taken by a class that is not the
-  Module's is a conflict: reported, never overwritten.
+  listed are deleted. A class is the Module's by its labels *with the
+  Module's uid* (``ownership.class_owned``; one without any uid label, from a
+  kmm before uids, is updated when listed, which stamps it, and never
+  deleted). A listed name taken by a class that is not the Module's is a
+  conflict: reported, never overwritten.
 
 Without ``spec.dra`` every one of these goes: the DaemonSets, the Module's
 DeviceClasses, the target and ready labels (on every node carrying them).
@@ -32,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kmm.api import labels, scheduling
-from kmm.operator import objects, views, workloads
+from kmm.operator import objects, ownership, views, workloads
 from kmm.operator.dra import builders as dra_builders
 from kmm.operator.loader import planner as loader_planner
 
@@ -82,39 +85,48 @@ def holds(claim: Mapping[str, Any], driver: str, node: Mapping[str, Any]) -> boo
     return selector is not None and scheduling.matches_node_selector(node, selector)
 
 
-def _owned_by(obj: Mapping[str, Any], namespace: str, name: str) -> bool:
-    found = _labels(obj)
-    return found.get(labels.MODULE_NAMESPACE) == namespace and found.get(labels.MODULE_NAME) == name
+def _holder(observed: Mapping[str, Any], view: views.ModuleView) -> str:
+    """Whose a listed DeviceClass that is not the Module's is, as a message says it."""
+    found = _labels(observed)
+    namespace, name = found.get(labels.MODULE_NAMESPACE), found.get(labels.MODULE_NAME)
+    if not (namespace and name):
+        return "someone else (not kmm)"
+    if (namespace, name) == (view.namespace, view.name):
+        uid = found.get(labels.MODULE_UID)
+        # An earlier Module of this name (its finalizer removed by hand), or
+        # someone's labelling: never this one's to take or delete.
+        return (
+            f"another Module {namespace}/{name} (uid {uid}), not this one; "
+            "delete it if that Module is gone"
+        )
+    return f"Module {namespace}/{name}"
 
 
 def _classes(view: views.ModuleView, result: DraPlan) -> None:
-    ns, name = view.namespace, view.name
+    ns, name, uid = view.namespace, view.name, view.module.metadata.uid
     dra = view.module.spec.dra
     desired = (
         {c.name: dra_builders.device_class(view.module, c) for c in dra.device_classes or ()}
         if dra is not None
         else {}
     )
-    for class_name, owned in sorted(view.device_classes.items()):
+    for class_name, cached in sorted(view.device_classes.items()):
         if (
             class_name not in desired
-            and _owned_by(owned, ns, name)
-            and not _meta(owned).get("deletionTimestamp")
+            and ownership.class_owned(cached, namespace=ns, name=name, uid=uid)
+            and not _meta(cached).get("deletionTimestamp")
         ):
             result.classes_delete.append(class_name)
     for class_name, wanted in sorted(desired.items()):
         observed = view.device_classes.get(class_name)
         if observed is None:
             result.classes_apply.append(wanted)
-        elif not _owned_by(observed, ns, name):
-            owner = _labels(observed)
-            holder = (
-                f"Module {owner[labels.MODULE_NAMESPACE]}/{owner[labels.MODULE_NAME]}"
-                if labels.MODULE_NAME in owner and labels.MODULE_NAMESPACE in owner
-                else "someone else (not kmm)"
-            )
+        elif not (
+            ownership.class_owned(observed, namespace=ns, name=name, uid=uid)
+            or ownership.class_adoptable(observed, namespace=ns, name=name)
+        ):
             result.conflicts[class_name] = (
-                f"DeviceClass {class_name} exists and belongs to {holder}"
+                f"DeviceClass {class_name} exists and belongs to {_holder(observed, view)}"
             )
         elif not _meta(observed).get("deletionTimestamp") and objects.observed_hash(
             observed

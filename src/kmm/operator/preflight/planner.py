@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from kmm.api import kernels, labels, preflight
+from kmm.operator import caches
 from kmm.operator.build import existence, hashing, pods
 from kmm.operator.build import planner as build_planner
 from kmm.operator.preflight import verdicts
@@ -165,7 +166,8 @@ def _phase(pod: Mapping[str, Any]) -> str:
 
 
 def _owned(pod: Mapping[str, Any], uid: str) -> bool:
-    return any(ref.get("uid") == uid for ref in _meta(pod).get("ownerReferences") or ())
+    """Whether the validation (its uid) is the pod's controller; labels say nothing."""
+    return bool(uid) and caches.controller_uid(pod) == uid
 
 
 def _module_of(pod: Mapping[str, Any]) -> str:
@@ -229,9 +231,15 @@ def _pod_key(pod: Mapping[str, Any]) -> str:
 def _ours(
     found: preflight.PreflightValidation, observed: Sequence[RawObject]
 ) -> dict[str, RawObject]:
-    """The validation's own pods, by ``<namespace>/<name>``."""
+    """The validation's own pods, by ``<namespace>/<name>``: it is their
+    controller, and they sit beside the Module they are labelled for (a pod
+    elsewhere is a tenant's, whatever it claims: never read, never deleted)."""
     uid = found.metadata.uid or ""
-    return {_pod_key(p): p for p in observed if _owned(p, uid)}
+    return {
+        _pod_key(p): p
+        for p in observed
+        if _owned(p, uid) and _module_of(p).partition("/")[0] == _meta(p).get("namespace")
+    }
 
 
 def _pod_of(found: preflight.PreflightValidation, subject: verdicts.Subject) -> str:

@@ -141,9 +141,8 @@ def test_device_classes_created_updated_and_never_taken_over() -> None:
     stale = copy.deepcopy(stale)
     stale["metadata"]["annotations"][labels.SPEC_HASH] = "old"
     foreign = {"metadata": {"name": "taken.example.com", "labels": {"team": "x"}}}
-    gone = {
-        "metadata": {"name": "old.example.com", "labels": labels.module_labels("ns", "m", "dra")}
-    }
+    stamped = {**labels.module_labels("ns", "m", "dra"), labels.MODULE_UID: "uid-1"}
+    gone = {"metadata": {"name": "old.example.com", "labels": stamped}}
     found = _plan(
         module,
         [fixtures.node("n0", K68)],
@@ -155,9 +154,40 @@ def test_device_classes_created_updated_and_never_taken_over() -> None:
     assert sent["gpu.example.com"]["spec"]["selectors"] == [
         {"cel": {"expression": f'device.driver == "{DRIVER}"'}}
     ]
-    assert sent["gpu.example.com"]["metadata"]["labels"] == labels.module_labels("ns", "m", "dra")
+    assert sent["gpu.example.com"]["metadata"]["labels"] == stamped
     assert found.classes_delete == ["old.example.com"]
     assert "not kmm" in found.conflicts["taken.example.com"]
+
+
+def test_a_device_class_is_the_modules_by_its_uid_not_its_name_labels() -> None:
+    """Labels naming the Module are not enough: a class with another uid (an
+    earlier Module of that name, or anyone's labelling) is never updated nor
+    deleted; one without any uid label (kmm before uids) is updated when
+    listed (which stamps it) and never deleted."""
+    module = _module(
+        deviceClasses=[{"name": "earlier.example.com"}, {"name": "legacy.example.com"}]
+    )
+    named = labels.module_labels("ns", "m", "dra")
+    earlier = {
+        "metadata": {"name": "earlier.example.com", "labels": {**named, labels.MODULE_UID: "uid-0"}}
+    }
+    legacy = {"metadata": {"name": "legacy.example.com", "labels": dict(named)}}
+    other = {
+        "metadata": {"name": "other.example.com", "labels": {**named, labels.MODULE_UID: "uid-0"}}
+    }
+    unlisted = {"metadata": {"name": "unlisted.example.com", "labels": dict(named)}}
+    found = _plan(
+        module,
+        [fixtures.node("n0", K68)],
+        classes={c["metadata"]["name"]: c for c in (earlier, legacy, other, unlisted)},
+    )
+    assert [c["metadata"]["name"] for c in found.classes_apply] == ["legacy.example.com"]
+    assert found.classes_apply[0]["metadata"]["labels"][labels.MODULE_UID] == "uid-1"
+    assert found.classes_delete == []
+    assert found.conflicts == {
+        "earlier.example.com": "DeviceClass earlier.example.com exists and belongs to another "
+        "Module ns/m (uid uid-0), not this one; delete it if that Module is gone"
+    }
 
 
 def test_no_class_writes_without_the_resource_api() -> None:
@@ -268,15 +298,20 @@ class DraWriter(RecordingWriter):
             raise errors.Forbidden(
                 403, f'deviceclasses "{name}" is forbidden: denied by policy', reason="Forbidden"
             )
-        self.cached.device_classes.put(copy.deepcopy(desired))
+        created = copy.deepcopy(desired)
+        created["metadata"]["uid"] = f"uid-class-{name}"
+        self.cached.device_classes.put(created)
         return True
 
     async def apply_device_class(self, desired: dict, observed: dict) -> bool:
         self.calls.append(("apply-class", desired["metadata"]["name"]))
-        self.cached.device_classes.put(copy.deepcopy(desired))
+        applied = copy.deepcopy(desired)
+        applied["metadata"]["uid"] = observed["metadata"]["uid"]
+        self.cached.device_classes.put(applied)
         return True
 
     async def delete_device_class(self, name: str, observed: dict) -> bool:
+        assert observed["metadata"]["uid"], "a delete is guarded by the observed uid"
         self.calls.append(("delete-class", name))
         self.cached.device_classes.delete(name)
         return True
@@ -350,6 +385,35 @@ async def test_dra_module_converges_then_writes_nothing_and_cleans_up(dra_world:
     assert ("delete-class", "gpu.example.com") in writer.calls
     assert cached.device_classes.objects() == []
     assert not any(TARGET in n["metadata"]["labels"] for n in cached.nodes.objects())
+
+
+async def test_only_classes_stamped_with_the_modules_uid_are_deleted(dra_world: Any) -> None:
+    """Of the classes labelled ``ns/m``, the live Module deletes only its own
+    (its uid) it no longer lists; gone from the cache without its finalizer,
+    its key's stamped classes go, and an unstamped one (kmm before uids, or
+    anyone's) is never deleted."""
+    rec, writer, cached = dra_world
+    cached.modules.put(fixtures.module_raw(dra=_dra()))
+    await _converge(rec, cached)
+    named = labels.module_labels("ns", "m", "dra")
+    for name, uid in (("earlier", "uid-0"), ("legacy", None), ("unlisted", "uid-1")):
+        stamp = {labels.MODULE_UID: uid} if uid else {}
+        cached.device_classes.put({"metadata": {"name": f"{name}.example.com", "uid": f"u-{name}", "labels": {**named, **stamp}}})  # fmt: skip
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    assert [c for c in writer.calls if c[0] == "delete-class"] == [
+        ("delete-class", "unlisted.example.com")
+    ]
+    cached.modules.delete("ns/m")
+    writer.calls.clear()
+    await rec.reconcile("ns/m")
+    assert sorted(c[1] for c in writer.calls if c[0] == "delete-class") == [
+        "earlier.example.com",
+        "gpu.example.com",
+    ]
+    assert [c["metadata"]["name"] for c in cached.device_classes.objects()] == [
+        "legacy.example.com"
+    ]
 
 
 async def test_a_refused_device_class_is_reported_once_and_not_resent(dra_world: Any) -> None:

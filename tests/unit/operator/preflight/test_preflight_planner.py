@@ -415,6 +415,30 @@ def test_terminating_and_foreign_pods_are_waited_for_not_deleted() -> None:
         assert planner.asks_registry(found, subject(raw), [pod], INPUTS, SETTINGS)
 
 
+def test_a_pod_elsewhere_or_not_controlled_by_the_validation_is_not_its_record() -> None:
+    """A Succeeded pod labelled for the validation and the Module ``ns/m``,
+    in a tenant's namespace even with the validation as controller, or in
+    ``ns`` naming it only as a non-controlling owner: neither decides the
+    Module's verdict, and the one elsewhere neither blocks its own pod nor
+    is deleted as the validation's."""
+    found = validation()
+    raw = module_raw(build=True)
+    facts = {"ns/m": build_planner.Facts(MISSING)}
+    elsewhere = observed(wanted_pod(found, raw), "Succeeded", uid="tenant-pod")
+    elsewhere["metadata"]["namespace"] = "tenant"
+    not_controller = observed(wanted_pod(found, raw), "Succeeded", uid="loose")
+    not_controller["metadata"]["ownerReferences"][0]["controller"] = False
+    assert planner.observed_pod(found, subject(raw), [elsewhere]) is None
+    assert planner.observed_pod(found, subject(raw), [not_controller]) is None
+    plan = run(found, [raw], pods_=[elsewhere], facts=facts)
+    assert plan.verdicts["ns/m"].status == "InProgress"
+    assert [p["metadata"]["namespace"] for p in plan.create] == ["ns"]
+    assert plan.delete == []  # the tenant's: not the validation's to delete either
+    blocked = run(found, [raw], pods_=[not_controller], facts=facts)
+    assert (blocked.create, blocked.delete) == ([], [])  # its name is taken: waited for
+    assert blocked.verdicts["ns/m"].status == "InProgress"
+
+
 def test_modules_of_one_name_in_two_namespaces_have_a_pod_each() -> None:
     found = validation()
     raws = [module_raw("m", "a", build=True), module_raw("m", "b", build=True)]
