@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images deploy test test-builds test-checks-and-images lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images vm-tools vm-image vm-test-modules deploy test test-builds test-checks-and-images lint typecheck layers unit integration protos clean
 
 all: test
 
@@ -100,6 +100,24 @@ IMAGE_TOOLS := mmdebstrap buildah gcc kmod
 image-tools:
 	@for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+
+# What VM nodes boot and are built with (src/kmm/sandbox/vmnodes), from
+# Debian's packages: qemu (TCG; KVM where the host allows), OVMF's Secure Boot
+# firmware, mtools and dosfstools for the per-node ESP, e2fsprogs for the
+# root filesystem. shim and grub come from the guest's own archive when its
+# image is built, not from the host. As root, only when one is missing.
+VM_TOOLS := qemu-system-x86 qemu-utils ovmf mtools dosfstools e2fsprogs mmdebstrap
+vm-tools:
+	@for package in $(VM_TOOLS); do dpkg-query -W -f='$${Status}' $$package 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$package"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
+
+# The VM node image (kmm.sandbox.vmnodes.images), cached by content under
+# ~/.cache/kmm/vm: Debian bookworm with both kernel lines chosen the first
+# time (recorded in ~/.cache/kmm/vm/kernels.json, which keys the image; delete
+# it for newer kernels) and the pinned node binaries. A few minutes cold
+# (mostly downloads), a second or two warm.
+vm-image: venv vm-tools sandbox-build-deps
+	nice -n 10 $(BIN)/python scripts/build_vm_image.py
 
 # kmm's image as an OCI archive, build/kmm-image.tar (README "The image");
 # built again only when its inputs, name or commit change. And the builder
