@@ -119,6 +119,13 @@ vm-tools:
 vm-image: venv vm-tools sandbox-build-deps
 	nice -n 10 $(BIN)/python scripts/build_vm_image.py
 
+# The VM node test's module (tests/vm/kmm_vm_test), built for each node kernel
+# against its Debian headers in that kernel's toolkit (cached under
+# ~/.cache/kmm/vm like the image), into build/vm/modules/<kernel>/ with the
+# kbuild sign-file the test signs it with.
+vm-test-modules: vm-image
+	nice -n 10 $(BIN)/python scripts/build_vm_test_modules.py
+
 # kmm's image as an OCI archive, build/kmm-image.tar (README "The image");
 # built again only when its inputs, name or commit change. And the builder
 # image of build and sign pods, build/kmm-builder-image.tar (README "The

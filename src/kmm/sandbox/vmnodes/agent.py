@@ -138,10 +138,20 @@ class Agent:
         finally:
             await self.call("guest-file-close", {"handle": handle})
 
-    async def reboot(self) -> None:
-        """Ask the guest's OS to reboot (as ``systemctl reboot``); the agent
-        answers nothing when it works."""
+    async def reboot(self, *, answer_within: float = 5.0) -> None:
+        """Ask the guest's OS to reboot (the agent runs ``shutdown -r +0``).
+        The agent answers nothing when that works, and an error when it does
+        not: SandboxError when one comes within ``answer_within`` seconds."""
         await self._send("guest-shutdown", {"mode": "reboot"})
+        try:
+            async with asyncio.timeout(answer_within):
+                line = await self._reader.readline()
+        except (TimeoutError, OSError):
+            return
+        with contextlib.suppress(ValueError):
+            error = json.loads(line.lstrip(_DELIMITER) or b"{}").get("error")
+            if error:
+                raise errors.SandboxError(f"the guest refused to reboot: {error.get('desc')}")
 
 
 @contextlib.asynccontextmanager

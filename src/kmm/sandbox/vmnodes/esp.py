@@ -118,7 +118,7 @@ def make(
                 extra_arguments=kernel_arguments,
             )
         )
-        (staged / "grubenv").write_bytes(grub.environment({"saved_entry": kernel}))
+        (staged / "grubenv").write_bytes(grub.environment({"saved_entry": grub.entry_id(kernel)}))
         _mtools(["mcopy", *image_arg, str(staged / "grub.cfg"), str(staged / "grubenv"), _GRUB_DIR])
         node = staged / "kmm"
         node.mkdir()
@@ -134,7 +134,7 @@ def set_kernel(path: Path, image: images.NodeImage, kernel: str) -> None:
     image.kernels.require(kernel)
     with tempfile.TemporaryDirectory(prefix="kmm-esp-") as work:
         staged = Path(work) / "grubenv"
-        staged.write_bytes(grub.environment({"saved_entry": kernel}))
+        staged.write_bytes(grub.environment({"saved_entry": grub.entry_id(kernel)}))
         _mtools(["mcopy", "-o", "-i", str(path), str(staged), f"{_GRUB_DIR}/grubenv"])
 
 
@@ -143,4 +143,5 @@ def saved_kernel(path: Path) -> str:
     with tempfile.TemporaryDirectory(prefix="kmm-esp-") as work:
         copied = Path(work) / "grubenv"
         _mtools(["mcopy", "-i", str(path), f"{_GRUB_DIR}/grubenv", str(copied)])
-        return grub.read_environment(copied.read_bytes()).get("saved_entry", "")
+        entry = grub.read_environment(copied.read_bytes()).get("saved_entry", "")
+        return grub.entry_kernel(entry)

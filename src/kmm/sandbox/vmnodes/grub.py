@@ -9,8 +9,8 @@ written here by hand (no ``update-grub`` runs anywhere).
 Under Secure Boot qemu may not pass a kernel command line (``-append``), so
 every kernel argument is in ``grub.cfg``. The node's kernel is grub's saved
 default: ``grubenv`` beside ``grub.cfg`` names it (``saved_entry``, a menu
-entry's id, which is the kernel version); the host rewrites that file to
-boot another kernel next (``esp.set_kernel``), never grub nor the guest.
+entry's id: ``linux-`` and the kernel version); the host rewrites that file
+to boot another kernel next (``esp.set_kernel``), never grub nor the guest.
 
 grub's environment block is exactly 1024 bytes: a header line,
 ``name=value`` lines, ``#`` padding (what ``grub-editenv`` writes).
@@ -22,7 +22,15 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-__all__ = ["ENV_SIZE", "config", "environment", "kernel_arguments", "read_environment"]
+__all__ = [
+    "ENV_SIZE",
+    "config",
+    "entry_id",
+    "entry_kernel",
+    "environment",
+    "kernel_arguments",
+    "read_environment",
+]
 
 ENV_SIZE: Final = 1024
 _ENV_HEADER: Final = "# GRUB Environment Block\n"
@@ -31,12 +39,26 @@ _ENV_HEADER: Final = "# GRUB Environment Block\n"
 _PLAIN: Final = re.compile(r"[A-Za-z0-9._+:=,/@-]+")
 # The serial port is the console: the log qemu writes to a file.
 _CONSOLE: Final = "console=ttyS0,115200"
+# Menu entry ids start with a letter: grub 2.06 reads a ``default`` that
+# starts with a digit as an entry number ("6.12.118+deb12-amd64" is entry 6,
+# which does not exist, so it boots the first), never as an id.
+_ENTRY_PREFIX: Final = "linux-"
 
 
 def _plain(what: str, value: str) -> str:
     if not _PLAIN.fullmatch(value):
         raise ValueError(f"{what} {value!r} holds a character grub's files may not carry")
     return value
+
+
+def entry_id(kernel: str) -> str:
+    """The id of ``kernel``'s menu entry: what ``saved_entry`` names."""
+    return _ENTRY_PREFIX + _plain("kernel", kernel)
+
+
+def entry_kernel(entry: str) -> str:
+    """The kernel of menu entry id ``entry`` ("" for another id)."""
+    return entry.removeprefix(_ENTRY_PREFIX) if entry.startswith(_ENTRY_PREFIX) else ""
 
 
 def kernel_arguments(root_uuid: str, extra: Iterable[str] = ()) -> tuple[str, ...]:
@@ -70,7 +92,7 @@ def config(kernels: Iterable[str], *, root_uuid: str, extra_arguments: Iterable[
     for kernel in listed:
         version = _plain("kernel", kernel)
         lines += [
-            f"menuentry 'Debian GNU/Linux, Linux {version}' --id '{version}' {{",
+            f"menuentry 'Debian GNU/Linux, Linux {version}' --id '{entry_id(version)}' {{",
             f"    linux /boot/vmlinuz-{version} {arguments}",
             f"    initrd /boot/initrd.img-{version}",
             "}",

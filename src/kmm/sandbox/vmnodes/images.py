@@ -6,8 +6,8 @@ directory ``<cache>/vm/node-<key>/``:
 
 - ``root.img``: a raw ext4 filesystem (no partition table; grub and the
   kernel find it by UUID), made by ``mkfs.ext4 -d`` from an mmdebstrap tree
-  of Debian bookworm with systemd, udev, kmod, iproute2, iptables, conntrack,
-  qemu's guest agent and the kernels of the list (``kernels``), each with an
+  of Debian bookworm with systemd, dbus, udev, kmod, iproute2, iptables, conntrack,
+  ping, qemu's guest agent and the kernels of the list (``kernels``), each with an
   initrd holding just what mounts a virtio disk (``guest/initramfs-hook``);
   plus the sandbox's pinned kubelet, kube-proxy, containerd, runc and CNI
   plugins, copied from the binary cache (baked in rather than shared over
@@ -64,11 +64,16 @@ _ROOT_SIZE: Final = "8G"
 _PACKAGES: Final = (
     "systemd",
     "systemd-sysv",
+    # logind (in systemd) needs it: the guest agent's reboot is `shutdown -r
+    # +0`, which systemd schedules through logind; without a bus it fails.
+    "dbus",
     "udev",
     "kmod",
     "iproute2",
     "iptables",
     "conntrack",
+    # What a test (or a user) checks the node's network with from inside.
+    "iputils-ping",
     "qemu-guest-agent",
     "initramfs-tools",
     "zstd",
@@ -81,9 +86,11 @@ BINARIES: Final = (
     (components.RUNC, "/usr/local/bin", ("runc",)),
     (components.CNI_PLUGINS, "/opt/cni/bin", ("bridge", "host-local", "loopback", "portmap")),
 )
-# Timers that would wake a node for work it has no use for (apt's would
-# dial an archive it has no route to).
+# Units that would wake a node for work it has no use for (apt's timers
+# would dial an archive it has no route to).
 _MASKED: Final = (
+    # Virtual consoles nobody sees (no display); the serial console keeps its getty.
+    "getty@.service",
     "apt-daily.timer",
     "apt-daily-upgrade.timer",
     "e2scrub_all.timer",

@@ -9,10 +9,12 @@ component. The returned ``VmNode`` is the handle the rest of the sandbox and
 the tests use; ``load`` finds it again from the node's directory
 (``node.json``).
 
-A started node is exec-ready once its guest agent answers (``wait_ready``).
+A started node is ready once its guest agent answers and systemd says the
+boot finished (``wait_ready``): the agent starts early, the node's address
+comes later.
 ``reboot`` reboots the guest's OS (the qemu process stays), first making
 another kernel grub's saved default when asked; it returns once the agent
-answers from a new boot (the kernel's boot id changed). ``status`` says what
+answers from a new boot (the kernel's boot id changed) that finished. ``status`` says what
 the node runs: its kernel, Secure Boot and lockdown as its kernel reports
 them, and qemu's accelerator.
 
@@ -121,19 +123,27 @@ class VmNode:
         """qemu's resident memory (guest RAM it touched, its own, TCG's code cache)."""
         return self.process.rss_bytes()
 
-    async def wait_ready(self, *, timeout: float = 600.0) -> None:
-        """Return once the guest agent answers; SandboxError with the serial
-        console's last lines when it does not in ``timeout`` seconds or qemu
-        exits."""
+    async def wait_ready(self, *, timeout: float = 600.0) -> str:
+        """Return once the guest agent answers and the OS finished booting
+        (systemd's state: ``running``, or ``degraded`` when a unit failed);
+        SandboxError with the serial console's last lines when that does not
+        happen in ``timeout`` seconds or qemu exits."""
+        deadline = time.monotonic() + timeout
         try:
             await agent.wait(self.machine.agent_socket, timeout=timeout, alive=self.alive)
-        except agent.AgentUnavailable as err:
+            # The agent starts early; the node's address and routes come later.
+            booted = await self.exec(
+                ["systemctl", "is-system-running", "--wait"],
+                timeout=max(1.0, deadline - time.monotonic()),
+            )
+        except (agent.AgentUnavailable, TimeoutError) as err:
             state = "running" if self.alive() else "exited"
             raise errors.SandboxError(
                 f"VM node {self.name} is not exec-ready after {timeout:.0f} s (qemu {state}); "
                 f"its console ({self.machine.serial_log}) ends:\n"
                 + processes.log_tail(self.machine.serial_log)
             ) from err
+        return booted.stdout.decode().strip()
 
     async def exec(self, argv: Sequence[str], *, timeout: float = 300.0) -> agent.ExecResult:
         """Run ``argv`` as root in the node's OS (not in a container)."""
@@ -187,6 +197,7 @@ class VmNode:
                 raise errors.SandboxError(f"VM node {self.name}'s qemu exited during a reboot")
             try:
                 if await self._boot_id() not in ("", before):
+                    await self.wait_ready(timeout=max(1.0, deadline - time.monotonic()))
                     return await self.status()
             except agent.AgentUnavailable:
                 pass
