@@ -151,17 +151,20 @@ deploy: venv
 
 # Every image a test reads is made here, before pytest: no test downloads or builds one.
 # Two lanes side by side once the Debian packages are in (apt holds one lock):
-# the Go builds, which keep both cores busy, and the static checks then the
-# images (mostly downloads and disk), one after another. Their lines
+# the Go builds, which keep both cores busy, then the VM node image and the
+# test module for its kernels (which bake in and follow from those builds);
+# and the static checks then the images (mostly downloads and disk), one
+# after another. Their lines
 # interleave as they come: an output sync would hold the builds' progress
 # until each command ends. Then pytest on two workers (tests/conftest.py says
 # which tests share one: those that start kubelet nodes change host-wide
 # settings and run one after another).
-test: venv sandbox-build-deps image-tools
+test: venv sandbox-build-deps image-tools vm-tools
 	$(MAKE) --no-print-directory -j2 test-builds test-checks-and-images
 	$(BIN)/pytest -n 2 --dist loadscope
 
-test-builds: sandbox-binaries
+test-builds:
+	$(MAKE) --no-print-directory -j1 sandbox-binaries vm-test-modules
 
 test-checks-and-images:
 	$(MAKE) --no-print-directory -j1 lint typecheck layers image image-again test-images

@@ -18,7 +18,9 @@ Modules, one idea each:
 - ``accel``: KVM where it boots a node, else TCG (the verdict cached);
 - ``agent``: the guest agent (exec as root, files, reboot);
 - ``nodes``: the handle the sandbox and tests use (start, exec, reboot,
-  status, stop).
+  status, stop);
+- ``toolkits``: per kernel, a root filesystem that builds modules for it
+  (headers, kbuild, sign-file, its compiler).
 
 The network rule holds: qemu runs in the node's own network namespace (the
 sandbox's) with a tap as the guest's one NIC; user-mode networking is never
