@@ -153,6 +153,17 @@ async def test_the_guests_one_nic_is_the_tap_in_the_nodes_namespace(
     assert result.exit_code == 0, result.output
     addresses = (await _run(node, "ip -o -4 addr show")).stdout.decode()
     assert f"{ADDRESS}/24" in addresses
+    # Nothing of it in the host's namespace: no tap, no address of the guest's.
+    host = _host_addresses()
+    assert node.machine.tap not in host
+    assert NAMESPACE_ADDRESS not in host
+
+
+def _host_addresses() -> str:
+    """Every interface and address of the host's own network namespace."""
+    return subprocess.run(
+        ["ip", "-o", "addr", "show"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def _sign(kernel: str, key: firmware.SigningKey, target: Path) -> None:
