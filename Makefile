@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images deploy reference docs test test-builds test-checks-and-images lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images vm-tools vm-image vm-test-modules deploy reference docs test test-builds test-checks-and-images lint typecheck layers unit integration protos clean
 
 all: test
 
@@ -101,6 +101,31 @@ image-tools:
 	@for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
+# What VM nodes boot and are built with (src/kmm/sandbox/vmnodes), from
+# Debian's packages: qemu (TCG; KVM where the host allows), OVMF's Secure Boot
+# firmware, mtools and dosfstools for the per-node ESP, e2fsprogs for the
+# root filesystem. shim and grub come from the guest's own archive when its
+# image is built, not from the host. As root, only when one is missing.
+VM_TOOLS := qemu-system-x86 qemu-utils ovmf mtools dosfstools e2fsprogs mmdebstrap
+vm-tools:
+	@for package in $(VM_TOOLS); do dpkg-query -W -f='$${Status}' $$package 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$package"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
+
+# The VM node image (kmm.sandbox.vmnodes.images), cached by content under
+# ~/.cache/kmm/vm: Debian bookworm with both kernel lines chosen the first
+# time (recorded in ~/.cache/kmm/vm/kernels.json, which keys the image; delete
+# it for newer kernels) and the pinned node binaries. A few minutes cold
+# (mostly downloads), a second or two warm.
+vm-image: venv vm-tools sandbox-build-deps
+	nice -n 10 $(BIN)/python scripts/build_vm_image.py
+
+# The VM node test's module (tests/vm/kmm_vm_test), built for each node kernel
+# against its Debian headers in that kernel's toolkit (cached under
+# ~/.cache/kmm/vm like the image), into build/vm/modules/<kernel>/ with the
+# kbuild sign-file the test signs it with.
+vm-test-modules: vm-image
+	nice -n 10 $(BIN)/python scripts/build_vm_test_modules.py
+
 # kmm's image as an OCI archive, build/kmm-image.tar (docs/install.md "The
 # image"); built again only when its inputs, name or commit change. And the
 # builder image of build and sign pods, build/kmm-builder-image.tar
@@ -137,17 +162,20 @@ docs: venv
 
 # Every image a test reads is made here, before pytest: no test downloads or builds one.
 # Two lanes side by side once the Debian packages are in (apt holds one lock):
-# the Go builds, which keep both cores busy, and the static checks then the
-# images (mostly downloads and disk), one after another. Their lines
+# the Go builds, which keep both cores busy, then the VM node image and the
+# test module for its kernels (which bake in and follow from those builds);
+# and the static checks then the images (mostly downloads and disk), one
+# after another. Their lines
 # interleave as they come: an output sync would hold the builds' progress
 # until each command ends. Then pytest on two workers (tests/conftest.py says
 # which tests share one: those that start kubelet nodes change host-wide
 # settings and run one after another).
-test: venv sandbox-build-deps image-tools
+test: venv sandbox-build-deps image-tools vm-tools
 	$(MAKE) --no-print-directory -j2 test-builds test-checks-and-images
 	$(BIN)/pytest -n 2 --dist loadscope
 
-test-builds: sandbox-binaries
+test-builds:
+	$(MAKE) --no-print-directory -j1 sandbox-binaries vm-test-modules
 
 test-checks-and-images:
 	$(MAKE) --no-print-directory -j1 lint typecheck layers docs image image-again test-images

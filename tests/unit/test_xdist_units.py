@@ -10,8 +10,10 @@ from pathlib import Path
 
 TESTS = Path(__file__).parents[1]
 # How a module starts them: a sandbox with kubelet nodes (directly or through
-# containersandbox.started), or the fabric's namespaces.
-STARTS = re.compile(r"kubelet_nodes=|containersandbox\.started\(|fabric\.create\(")
+# containersandbox.started), or the fabric's or a node's namespaces.
+STARTS = re.compile(
+    r"kubelet_nodes=|containersandbox\.started\(|fabric\.create\(|namespaces\.start_holder\("
+)
 
 
 def _listed() -> set[str]:

@@ -37,6 +37,7 @@ __all__ = [
     "find_mapping",
     "group_nodes",
     "node_kernel",
+    "tag_safe",
     "target",
     "variables",
 ]
@@ -116,6 +117,14 @@ def node_kernel(kernel_version: str) -> str:
     return kernel_version.removesuffix("+")
 
 
+def tag_safe(kernel: str) -> str:
+    """``kernel`` as an image tag may hold it (KMM's ``KERNEL_FULL_VERSION``):
+    each character a tag may not hold becomes ``_`` (Debian's
+    ``6.12.118+deb12-amd64`` is ``6.12.118_deb12-amd64``). The one form used
+    wherever a kernel names an image: mapped images and the sandbox's own."""
+    return _UNSAFE.sub("_", kernel)
+
+
 def find_mapping(
     mappings: list[modules.KernelMapping], kernel: str
 ) -> modules.KernelMapping | None:
@@ -138,7 +147,7 @@ def variables(kernel: str, *, module_name: str, module_namespace: str) -> dict[s
         )
     x, y, z = parts[:3]
     return {
-        "KERNEL_FULL_VERSION": _UNSAFE.sub("_", kernel),
+        "KERNEL_FULL_VERSION": tag_safe(kernel),
         "KERNEL_XYZ": f"{x}.{y}.{z}",
         "KERNEL_X": x,
         "KERNEL_Y": y,
