@@ -51,7 +51,8 @@ from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
 from kmm.oci import references
-from kmm.operator.build import planner, pods
+from kmm.operator.build import images, pods
+from kmm.operator.build import settings as build_settings
 from kmm.sandbox import cluster, pki, registry, testing
 
 IMAGES = Path("build/images")
@@ -107,7 +108,7 @@ async def api(sandbox: Sandbox) -> AsyncIterator[kube_client.Client]:
 @contextlib.asynccontextmanager
 async def _operator(sandbox: Sandbox) -> AsyncIterator[support.InProcess]:
     assert sandbox.record.registry is not None
-    settings = planner.Settings(
+    settings = build_settings.Settings(
         builder_image=sandbox.builder,
         registry_ca=sandbox.ca.read_text(),
         poll=_POLL,
@@ -398,7 +399,7 @@ async def test_a_missing_image_is_built_and_signed_before_its_loader_runs(
             "filesToSign": ["/opt/lib/modules/*/kmm_ci_a.ko"],
         },
     )
-    intermediate = pods.intermediate_image(final)
+    intermediate = images.intermediate_image(final)
     early: list[str] = []  # the final image seen before any sign pod was made
     between: list[bool] = []  # built, not signed yet: whether the final image was there
     k1_before_image: list[str] = []

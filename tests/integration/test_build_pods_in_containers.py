@@ -30,7 +30,7 @@ import pytest
 
 from kmm.api import kernels
 from kmm.kube import resources
-from kmm.operator.build import pods
+from kmm.operator.build import images, pods
 from kmm.sandbox import cluster, pki, registry
 
 IMAGES = Path("build/images")
@@ -79,7 +79,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         host = record.registry.reference_host
         tag = kernels.variables(kernel, module_name=MODULE, module_namespace=NAMESPACE)
         final = f"{host}/ci/{MODULE}:{tag['KERNEL_FULL_VERSION']}"
-        unsigned = pods.intermediate_image(final)
+        unsigned = images.intermediate_image(final)
         ca = pki.Pki(record.directory / "pki").ca_cert.read_text()
         node = record.kubelet_nodes[0]
         result = asyncio.run(
@@ -146,7 +146,7 @@ async def _build_and_sign(
             "controller": True,
             "blockOwnerDeletion": True,
         }
-        inputs = pods.PodInputs(
+        inputs = pods.PodParams(
             module=MODULE,
             namespace=NAMESPACE,
             kernel=kernel,

@@ -22,7 +22,7 @@ from kmm.kube import client
 from kmm.oci import trust
 from kmm.operator import jsonlogs, running, wiring
 from kmm.operator.build import existence, pods
-from kmm.operator.build import planner as build_planner
+from kmm.operator.build import settings as build_settings
 from kmm.runtime import leaderelection, manager
 
 __all__ = ["operator", "register"]
@@ -123,7 +123,7 @@ def operator(
             "sign-only kernel's unsignedImage until the registry has it.",
             min=0.1,
         ),
-    ] = build_planner.DEFAULT_POLL,
+    ] = build_settings.DEFAULT_POLL,
 ) -> None:
     """Run the Module operator: loader and device-plugin DaemonSets, node labels, status."""
     try:

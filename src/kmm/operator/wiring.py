@@ -50,7 +50,7 @@ from kmm.kube import client, errors, listwatch, objects, resources
 from kmm.operator import caches, nodekernels, reconciler, writing
 from kmm.operator.build import concern as build_concern
 from kmm.operator.build import existence
-from kmm.operator.build import planner as build_planner
+from kmm.operator.build import settings as build_settings
 from kmm.operator.preflight import reconciler as preflight_reconciler
 from kmm.runtime import (
     controllers,
@@ -181,7 +181,7 @@ class Operator:
         resync_period: float = DEFAULT_RESYNC_PERIOD,
         handler_errors: informers.HandlerErrors | None = None,
         wrap_handler: HandlerWrapper | None = None,
-        build: build_planner.Settings | None = None,
+        build: build_settings.Settings | None = None,
         registry_ca_files: tuple[Path, ...] = (),
         registry_endpoints: Mapping[str, str] | None = None,
     ) -> None:
@@ -252,9 +252,9 @@ class Operator:
         # Image existence for build and sign: its facts live as long as the
         # process (a restarted operator asks each registry once).
         self.checker = existence.Checker(ca_files=registry_ca_files, endpoints=registry_endpoints)
-        build_settings = build or build_planner.Settings(registry_ca=_pem(registry_ca_files))
+        configured = build or build_settings.Settings(registry_ca=_pem(registry_ca_files))
         reader = writing.ApiReader(api)
-        self.build = build_concern.BuildConcern(self.checker, reader, build_settings)
+        self.build = build_concern.BuildConcern(self.checker, reader, configured)
         self.reconciler = reconciler.ModuleReconciler(
             self.caches, self.writer, instance=instance, build=self.build
         )
@@ -329,7 +329,7 @@ class Operator:
                 self.writer,
                 checker=self.checker,
                 reader=reader,
-                settings=build_settings,
+                settings=configured,
             )
         )
         self.preflight_controller = controllers.Controller(

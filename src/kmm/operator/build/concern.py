@@ -19,8 +19,8 @@ planner needs for the kernels whose mapping builds or signs:
    image a sign pod would sign (the build's intermediate one, or
    ``unsignedImage`` without build, which someone else pushes: asked again
    on every requeue while it is missing);
-4. the ConfigMaps and Secrets the pods read, GET on demand and only for
-   kernels whose image is not known to exist (no informer on Secrets).
+4. the ConfigMaps and Secrets the pods read (``inputs``), GET on demand and
+   only for kernels whose image is not known to exist (no informer on Secrets).
 
 ``done`` records what the planner noticed (pods whose outcome was told);
 ``trigger_generation`` says which generation the status may claim done.
@@ -32,23 +32,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from kmm.api import kernels
 from kmm.operator import views
-from kmm.operator.build import existence, planner, pods
+from kmm.operator.build import existence, images, inputs, planner, pods, settings
 
-__all__ = ["BuildConcern", "Reader", "read_inputs"]
+__all__ = ["BuildConcern"]
 
 RawObject = dict[str, Any]
-Kind = Literal["ConfigMap", "Secret"]
-
-
-class Reader(Protocol):
-    """GETs of the objects pods read; None when absent."""
-
-    async def get(self, kind: Kind, namespace: str, name: str) -> RawObject | None: ...
 
 
 def _now() -> datetime.datetime:
@@ -58,8 +51,8 @@ def _now() -> datetime.datetime:
 @dataclasses.dataclass
 class BuildConcern:
     checker: existence.Checker
-    reader: Reader
-    settings: planner.Settings = dataclasses.field(default_factory=planner.Settings)
+    reader: inputs.Reader
+    settings: settings.Settings = dataclasses.field(default_factory=settings.Settings)
     now: Callable[[], datetime.datetime] = _now
     monotonic: Callable[[], float] = time.monotonic
     _noticed: dict[str, set[str]] = dataclasses.field(default_factory=dict)
@@ -86,7 +79,7 @@ class BuildConcern:
         for target in targets.values():
             self.checker.forget(target.image)
             if target.build is not None and target.sign is not None:
-                self.checker.forget(pods.intermediate_image(target.image))
+                self.checker.forget(images.intermediate_image(target.image))
         self._rebuilt[key] = wanted
 
     def _rebuilding(
@@ -139,26 +132,26 @@ class BuildConcern:
         noticed = self._noticed.get(key, set())
         for image in planner.pushed_by_succeeded(view, wanted, noticed):
             self.checker.forget(image)
-        facts: dict[str, planner.Facts] = {}
+        facts: dict[str, images.Facts] = {}
         retry: list[float] = []
         for kernel, target in wanted.items():
-            final_key, intermediate_key = planner.keys_of(view, target)
+            final_key, unsigned_key = images.keys(view.module, target)
             final = await self.checker.fact(final_key, self._secret)
-            intermediate = None
-            if planner.intermediate_wanted(target, final) and kernel not in rebuild:
-                intermediate = await self.checker.fact(intermediate_key, self._secret)
-            facts[kernel] = planner.Facts(final, intermediate)
+            unsigned = None
+            if images.unsigned_wanted(target, final) and kernel not in rebuild:
+                unsigned = await self.checker.fact(unsigned_key, self._secret)
+            facts[kernel] = images.Facts(final, unsigned)
             retry.extend(
                 f.retry_at
-                for f in (final, intermediate)
+                for f in (final, unsigned)
                 if f is not None and f.state is existence.State.ERROR
             )
         missing = {
             k: t for k, t in wanted.items() if facts[k].final.state is not existence.State.EXISTS
         }
-        inputs = await self._inputs(view, missing) if missing else planner.Inputs()
+        read = await self._inputs(view, missing) if missing else inputs.Snapshot()
         found = planner.plan(
-            view, wanted, facts, inputs,
+            view, wanted, facts, read,
             noticed=noticed, settings=self.settings, now=self.now(), rebuild=rebuild,
         )  # fmt: skip
         self._building(view, rebuild, found)
@@ -167,16 +160,16 @@ class BuildConcern:
         for kernel, target in wanted.items():
             # Pushed by someone else, whenever: asked again on the planner's
             # requeue (every poll) rather than remembered as missing.
-            awaited = planner.unsigned_awaited(target, facts[kernel])
+            awaited = images.unsigned_awaited(target, facts[kernel])
             if awaited is not None:
                 self.checker.forget(awaited)
         return found
 
     async def _inputs(
         self, view: views.ModuleView, targets: Mapping[str, kernels.Target]
-    ) -> planner.Inputs:
-        wanted = sorted(planner.inputs_wanted(view, targets))
-        return await read_inputs(self.reader, view.namespace, wanted)
+    ) -> inputs.Snapshot:
+        wanted = {w for target in targets.values() for w in inputs.wanted(view.module, target)}
+        return await inputs.read(self.reader, view.namespace, sorted(wanted))
 
     def done(self, view: views.ModuleView, plan: planner.BuildPlan) -> None:
         """Remember what ``plan`` told (its events were sent)."""
@@ -193,20 +186,3 @@ class BuildConcern:
         if wanted is not None and plan.all_exist() and not plan.create:
             return wanted
         return done
-
-
-async def read_inputs(reader: Reader, namespace: str, wanted: Iterable[str]) -> planner.Inputs:
-    """GET each ``Kind/name`` of ``wanted`` in ``namespace``: the
-    resourceVersions of those that exist and each ConfigMap's Dockerfile."""
-    versions: dict[str, str] = {}
-    dockerfiles: dict[str, str] = {}
-    for each in wanted:
-        kind, _, name = each.partition("/")
-        found = await reader.get("ConfigMap" if kind == "ConfigMap" else "Secret", namespace, name)
-        if found is None:
-            continue
-        versions[each] = str((found.get("metadata") or {}).get("resourceVersion") or "")
-        text = (found.get("data") or {}).get(pods.DOCKERFILE_KEY)
-        if kind == "ConfigMap" and isinstance(text, str):
-            dockerfiles[name] = text
-    return planner.Inputs(versions=versions, dockerfiles=dockerfiles)

@@ -31,9 +31,9 @@ from collections.abc import Callable
 
 from kmm.api import labels, preflight
 from kmm.operator import caches, writing
-from kmm.operator.build import concern as build_concern
-from kmm.operator.build import existence
-from kmm.operator.build import planner as build_planner
+from kmm.operator.build import existence, images
+from kmm.operator.build import inputs as build_inputs
+from kmm.operator.build import settings as build_settings
 from kmm.operator.preflight import planner, status, verdicts
 from kmm.runtime import controllers, stores
 
@@ -55,8 +55,8 @@ class PreflightReconciler:
         writer: writing.Writer,
         *,
         checker: existence.Checker,
-        reader: build_concern.Reader,
-        settings: build_planner.Settings,
+        reader: build_inputs.Reader,
+        settings: build_settings.Settings,
         now: Callable[[], str] = _now,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -111,25 +111,25 @@ class PreflightReconciler:
         found: preflight.PreflightValidation,
         judged: list[verdicts.Subject],
         observed: list[stores.RawObject],
-    ) -> tuple[dict[str, build_planner.Facts], dict[str, build_planner.Inputs], list[float]]:
+    ) -> tuple[dict[str, images.Facts], dict[str, build_inputs.Snapshot], list[float]]:
         """Existence facts and inputs, by Module key, and when facts that
         got no answer are due again."""
-        facts: dict[str, build_planner.Facts] = {}
-        inputs: dict[str, build_planner.Inputs] = {}
+        facts: dict[str, images.Facts] = {}
+        inputs: dict[str, build_inputs.Snapshot] = {}
         retry: list[float] = []
         for subject in judged:
             if subject.target is None or subject.module is None:
                 continue
-            read: build_planner.Inputs | None = None
+            read: build_inputs.Snapshot | None = None
             if subject.makes and planner.observed_pod(found, subject, observed) is not None:
                 read = await self._inputs(subject)
             if planner.asks_registry(found, subject, observed, read, self.settings):
-                final_key, unsigned_key = build_planner.module_keys(subject.module, subject.target)
+                final_key, unsigned_key = images.keys(subject.module, subject.target)
                 final = await self.checker.fact(final_key, self._secret)
                 unsigned = None
                 if planner.unsigned_wanted(subject.target, final):
                     unsigned = await self.checker.fact(unsigned_key, self._secret)
-                facts[subject.key] = build_planner.Facts(final, unsigned)
+                facts[subject.key] = images.Facts(final, unsigned)
                 retry.extend(
                     f.retry_at
                     for f in (final, unsigned)
@@ -145,7 +145,7 @@ class PreflightReconciler:
         self,
         key: str,
         judged: list[verdicts.Subject],
-        facts: dict[str, build_planner.Facts],
+        facts: dict[str, images.Facts],
         out: planner.Plan,
     ) -> None:
         """What the checker must ask again: an image a preflight pod pushed
@@ -159,13 +159,13 @@ class PreflightReconciler:
             target, found = subject.target, facts.get(subject.key)
             if target is None or found is None or target.sign is None:
                 continue
-            unsigned = found.intermediate
+            unsigned = found.unsigned
             if unsigned is not None and unsigned.state is existence.State.MISSING:
                 self.checker.forget(target.sign.unsigned_image or "")
 
     async def _secret(self, namespace: str, name: str) -> stores.RawObject | None:
         return await self.reader.get("Secret", namespace, name)
 
-    async def _inputs(self, subject: verdicts.Subject) -> build_planner.Inputs:
+    async def _inputs(self, subject: verdicts.Subject) -> build_inputs.Snapshot:
         wanted = planner.inputs_wanted(subject)
-        return await build_concern.read_inputs(self.reader, subject.namespace, wanted)
+        return await build_inputs.read(self.reader, subject.namespace, wanted)

@@ -44,8 +44,8 @@ def _sign(**changes: Any) -> kernels.SignTarget:
     return dataclasses.replace(base, **changes)
 
 
-def _inputs(**changes: Any) -> pods.PodInputs:
-    base = pods.PodInputs(
+def _inputs(**changes: Any) -> pods.PodParams:
+    base = pods.PodParams(
         module="m",
         namespace="ns",
         kernel=_KERNEL,
@@ -116,33 +116,6 @@ def test_pod_name_of_a_long_module_stays_a_dns_name() -> None:
     name = pods.pod_name("m" * 60, "sign", "6.8.0-45-generic")
     assert len(name) == 63
     assert formats.dns_subdomain_error(name) is None
-
-
-@pytest.mark.parametrize(
-    ("final", "intermediate"),
-    [
-        ("reg.io/m:k", "reg.io/m:k-kmm-unsigned"),
-        ("10.253.0.1:5000/a/b:6.12_x", "10.253.0.1:5000/a/b:6.12_x-kmm-unsigned"),
-    ],
-)
-def test_intermediate_image_is_the_tag_plus_a_suffix(final: str, intermediate: str) -> None:
-    assert pods.intermediate_image(final) == intermediate
-
-
-def test_intermediate_image_of_a_long_tag_is_cut_and_hashed() -> None:
-    tag = "t" * 126
-    found = pods.intermediate_image(f"reg.io/m:{tag}")
-    repository, _, new_tag = found.rpartition(":")
-    assert repository == "reg.io/m"
-    assert len(new_tag) == 128
-    assert new_tag.endswith("-kmm-unsigned")
-    assert pods.intermediate_image(f"reg.io/m:{tag[:-1]}u") != found
-
-
-@pytest.mark.parametrize("final", ["reg.io/m@sha256:" + "a" * 64, "reg.io:5000/m"])
-def test_intermediate_image_needs_a_tag(final: str) -> None:
-    with pytest.raises(ValueError, match=r"digest|no tag"):
-        pods.intermediate_image(final)
 
 
 @pytest.mark.parametrize(("role", "kind"), [("build", "BuildImage"), ("sign", "SignImage")])

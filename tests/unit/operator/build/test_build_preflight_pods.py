@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kmm.api import formats, kernels, labels, modules, preflight
-from kmm.operator.build import pods, scripts
+from kmm.operator.build import images, pods, scripts
 
 _MODULE_OWNER = {
     "apiVersion": modules.API_VERSION,
@@ -53,8 +53,8 @@ def _sign(**changes: Any) -> kernels.SignTarget:
     return dataclasses.replace(base, **changes)
 
 
-def _inputs(**changes: Any) -> pods.PodInputs:
-    base = pods.PodInputs(
+def _inputs(**changes: Any) -> pods.PodParams:
+    base = pods.PodParams(
         module="m",
         namespace="ns",
         kernel=_KERNEL,
@@ -297,7 +297,7 @@ def test_build_and_sign_build_locally_then_sign_that_and_push_the_final_image_on
         "signing-key",
         "signing-cert",
     }
-    assert not any(pods.intermediate_image(_FINAL) in str(c) for c in _containers(pod))
+    assert not any(images.intermediate_image(_FINAL) in str(c) for c in _containers(pod))
 
 
 def test_the_repo_secret_and_node_selector_reach_every_container() -> None:
