@@ -79,6 +79,7 @@ class Sandbox:
         assert record.registry is not None
         self.host = record.registry.reference_host
         self.ca = pki.Pki(record.directory / "pki").ca_cert
+        (self.node,) = record.kubelet_nodes  # where build and sign pods run
         self.builder = ""
         self.kbuild = ""
         self.loader = ""
@@ -173,8 +174,19 @@ def _module(
     name: str,
     secret: str,
     mappings: list[dict[str, Any]],
+    *,
+    builds_on: str | None = None,
     **container: Any,
 ) -> dict[str, Any]:
+    """A Module whose loaders go to the KWOK nodes (tolerating their taint).
+    Build and sign pods carry that toleration too, as KMM's do, and KWOK
+    "runs" any pod it gets for ever: ``builds_on`` pins them, through
+    ``build.selector``, to the container node of that name."""
+    if builds_on is not None and "build" in container:
+        container["build"] = {
+            **container["build"],
+            "selector": {"kubernetes.io/hostname": builds_on},
+        }
     return {
         "apiVersion": modules.API_VERSION,
         "kind": modules.KIND,
@@ -398,6 +410,7 @@ async def test_a_missing_image_is_built_and_signed_before_its_loader_runs(
             # form ("+" -> "_"), the modules' directory the kernel itself.
             "filesToSign": ["/opt/lib/modules/*/kmm_ci_a.ko"],
         },
+        builds_on=sandbox.node,
     )
     intermediate = images.intermediate_image(final)
     early: list[str] = []  # the final image seen before any sign pod was made
@@ -477,6 +490,7 @@ async def test_a_failed_build_is_kept_until_its_configmap_is_fixed(
         f"{name}-repo",
         [{"literal": sandbox.kernel, "containerImage": final}],
         build={"dockerfileConfigMap": {"name": f"{name}-dockerfile"}},
+        builds_on=sandbox.node,
     )
     await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
     quick.update(name=name, final=final)
@@ -569,6 +583,7 @@ async def test_a_wrong_signing_key_fails_the_sign_until_the_secret_is_fixed(
             "certSecret": {"name": f"{name}-cert"},
             "filesToSign": ["/opt/lib/modules/*/*.ko"],
         },
+        builds_on=sandbox.node,
     )
     await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
     async with _operator(sandbox) as running:
@@ -602,6 +617,7 @@ async def test_a_wrong_password_is_an_authentication_error_and_builds_nothing(
         f"{name}-repo",
         [{"literal": sandbox.kernel, "containerImage": final}],
         build={"dockerfileConfigMap": {"name": f"{name}-dockerfile"}},
+        builds_on=sandbox.node,
     )
     await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
     async with _operator(sandbox) as running:

@@ -118,9 +118,9 @@ def operator(
     build_input_poll: Annotated[
         float,
         typer.Option(
-            help="Seconds between looks at the inputs (ConfigMaps, Secrets) of a failed build "
-            "or sign pod, which is made again once they change; and between asks for a "
-            "sign-only kernel's unsignedImage until the registry has it.",
+            help="Seconds between looks at the inputs (ConfigMaps, Secrets) of a build or sign "
+            "pod that has not succeeded, which is replaced once they change; and between asks "
+            "for a sign-only kernel's unsignedImage until the registry has it.",
             min=0.1,
         ),
     ] = build_settings.DEFAULT_POLL,
@@ -132,6 +132,7 @@ def operator(
         raise typer.BadParameter(str(err), param_hint="--lease-duration/--renew-deadline") from err
     try:
         registry_ca_files = trust.load(registry_ca or ())
+        build_settings.registry_ca_bundle(registry_ca_files)  # it fits in a pod annotation
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--registry-ca") from err
     try:

@@ -21,7 +21,8 @@ Level-based (``runtime.controllers.Reconciler``). For a live Module it:
 5. writes the status (``status``, ``status.images`` among it) only when a
    field it owns changes, and counts-only changes at most once per
    ``STATUS_INTERVAL`` (requeued); a Module whose build or sign pod failed
-   is requeued every ``--build-input-poll`` seconds to notice fixed inputs.
+   (or whose pod is still on its way) is requeued every
+   ``--build-input-poll`` seconds to notice changed inputs.
 When a step raises (a planner's bug, an object the API server refuses), the
 Module shows it before the controller retries the key with backoff
 (``failures``): Degraded ``ReconcileFailed`` naming the step, and a Warning

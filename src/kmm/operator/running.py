@@ -68,7 +68,7 @@ async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> No
         handler_errors=registry,
         build=build_settings.Settings(
             builder_image=settings.builder_image,
-            registry_ca="".join(path.read_text() for path in settings.registry_ca_files),
+            registry_ca=build_settings.registry_ca_bundle(settings.registry_ca_files),
             retention=settings.build_pod_retention,
             poll=settings.build_input_poll,
         ),

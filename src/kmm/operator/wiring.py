@@ -130,11 +130,6 @@ def _seen(
     )
 
 
-def _pem(files: tuple[Path, ...]) -> str:
-    """The CA files as one PEM bundle, for build and sign pods."""
-    return "".join(path.read_text() for path in files)
-
-
 _DRA_RESOURCES = frozenset({resources.DEVICE_CLASSES.plural, resources.RESOURCE_CLAIMS.plural})
 
 
@@ -252,7 +247,9 @@ class Operator:
         # Image existence for build and sign: its facts live as long as the
         # process (a restarted operator asks each registry once).
         self.checker = existence.Checker(ca_files=registry_ca_files, endpoints=registry_endpoints)
-        configured = build or build_settings.Settings(registry_ca=_pem(registry_ca_files))
+        configured = build or build_settings.Settings(
+            registry_ca=build_settings.registry_ca_bundle(registry_ca_files)
+        )
         reader = writing.ApiReader(api)
         self.build = build_concern.BuildConcern(self.checker, reader, configured)
         self.reconciler = reconciler.ModuleReconciler(

@@ -180,6 +180,15 @@ def pod_key(key: str) -> str:
     return f"pod:{key}"
 
 
+# Seconds a pod that did not end gets to stop: the builder's shell ignores
+# SIGTERM (it is PID 1), so this is how long its kill waits, and short.
+_RUNNING_POD_GRACE: Final = 1
+
+
+def _ended(pod: RawObject) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
 # A create's result is in flight until the cache shows the object at all.
 _ABSENT = "0"
 # A delete's result is in flight until the cache shows the object gone.
@@ -342,8 +351,13 @@ class Writer:
         return True
 
     async def delete_pod(self, observed: RawObject) -> bool:
-        """Delete a pod that ended, guarded by its uid, without grace (nothing
-        runs in it to stop)."""
+        """Delete a pod, guarded by its uid: one that ended without grace
+        (nothing runs in it to stop), one that did not (a build or sign pod
+        replaced) with a grace period of ``_RUNNING_POD_GRACE``: a pod
+        deleted without grace leaves the API at once, its containers still
+        running on the node until the kubelet notices, so a successor of the
+        same name could start (and push) beside them. With one, the pod goes
+        only once the kubelet stopped its containers."""
         metadata = observed["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
         key = pod_key(f"{namespace}/{name}")
@@ -359,7 +373,7 @@ class Writer:
                     body={
                         "apiVersion": "v1",
                         "kind": "DeleteOptions",
-                        "gracePeriodSeconds": 0,
+                        "gracePeriodSeconds": 0 if _ended(observed) else _RUNNING_POD_GRACE,
                         **({"preconditions": {"uid": uid}} if uid else {}),
                     },
                     fence=self.fence,

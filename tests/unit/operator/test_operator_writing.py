@@ -240,3 +240,28 @@ async def test_events_that_beat_the_reply_leave_nothing_in_flight() -> None:
             assert await write.patch_node_labels(node("10"), {"ready": ""})
             assert len(server.seen) == 4
             assert len(write.pending) == 0
+
+
+async def test_a_pod_that_ended_goes_at_once_and_one_still_running_gets_a_grace_period(
+    writer: tuple[writing.Writer, Server],
+) -> None:
+    """A replaced build pod may still be running: deleted without grace, its
+    object would go at once while its container still ran (and pushed), and
+    its successor of the same name could start beside it. With a grace
+    period the object goes only once the kubelet stopped the containers."""
+    write, server = writer
+    ok = {"kind": "Status", "status": "Success"}
+    server.script((200, ok), (200, ok), (200, ok))
+
+    def pod(name: str, phase: str | None) -> dict[str, Any]:
+        found: dict[str, Any] = {"metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}"}}
+        if phase is not None:
+            found["status"] = {"phase": phase}
+        return found
+
+    assert await write.delete_pod(pod("done", "Succeeded"))
+    assert await write.delete_pod(pod("running", "Running"))
+    assert await write.delete_pod(pod("new", None))
+    bodies = [json.loads(sent.body) for sent in server.seen]
+    assert [b["gracePeriodSeconds"] for b in bodies] == [0, 1, 1]
+    assert [b["preconditions"] for b in bodies] == [{"uid": "u-done"}, {"uid": "u-running"}, {"uid": "u-new"}]  # fmt: skip

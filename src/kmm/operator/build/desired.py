@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kmm.api import kernels, modules
-from kmm.operator import objects
+from kmm.operator import objects, podspecs
 from kmm.operator.build import hashing, images, inputs, pods, settings
 
 __all__ = ["module_pod", "params"]
@@ -33,8 +33,9 @@ def params(
     push: bool = True,
 ) -> pods.PodParams:
     """The parameters of a pod pushing ``image`` for ``target``: where it
-    may run (``build.selector``; a sign pod of a Module that builds goes
-    where its build does), its credentials and CA, its TLS."""
+    may run (``build.selector``, a sign pod of a Module that builds going
+    where its build does; the Module's tolerations), its credentials and
+    CA, its TLS."""
     secret = module.spec.image_repo_secret
     return pods.PodParams(
         module=module.metadata.name,
@@ -48,6 +49,7 @@ def params(
         push_tls=target.registry_tls,
         pull_tls=pull_tls,
         node_selector=dict(target.build.selector) if target.build is not None else {},
+        tolerations=podspecs.tolerations(module),
         push=push,
     )
 
@@ -89,8 +91,11 @@ def module_pod(
         pod = pods.sign_pod(
             made, sign, unsigned_image=images.unsigned_image(target), dir_name=_dir_name(module)
         )
-    trigger = module.spec.image_rebuild_trigger_generation
-    digest = hashing.digest(
-        pod, dockerfile=picked.dockerfile, versions=picked.versions, trigger=trigger
+    parts = hashing.made_of(
+        pod,
+        pushes=made.image,
+        dockerfile=picked.dockerfile,
+        versions=picked.versions,
+        trigger=module.spec.image_rebuild_trigger_generation,
     )
-    return hashing.stamped(pod, digest), []
+    return hashing.stamp(pod, parts), []

@@ -25,13 +25,20 @@ stands and this module carries the step out:
   again, then signed.
 
 A pod's ``last-hash`` (``hashing``) digests the rendered pod and its inputs
-(``desired``). A failed pod is kept (its termination message, the log tail
-under ``FallbackToLogsOnError``, is the Degraded message), its kernel
-requeued every ``Settings.poll`` seconds, and replaced only once its
-inputs' hash changed or someone deleted it. A succeeded pod is deleted
-``Settings.retention`` seconds after it finished; a sign pod's summary
-(``{"signed": [...], "unmatched": [...]}``) first gives a Warning Event per
-pattern that matched nothing.
+(``desired``). A pod that has not succeeded and whose hash is no longer the
+one its kernel needs is replaced, whatever its phase, as KMM's
+``buildsign`` manager does: deleted (``BuildReplaced``/``SignReplaced``
+saying what changed), made again once the cache shows it gone. A pending
+or running pod is looked at every ``Settings.poll`` seconds (a fixed
+ConfigMap or Secret sends the Module no event); one stuck before it could
+start (``podstatus.waiting``: ImagePullBackOff, Unschedulable ...) is shown
+with that reason as the Degraded reason, once as a Warning Event. A failed
+pod is kept (its termination message, the log tail under
+``FallbackToLogsOnError``, is the Degraded message), its kernel requeued
+every poll, until its inputs change or someone deletes it. A succeeded pod
+is deleted ``Settings.retention`` seconds after it finished; a sign pod's
+summary (``{"signed": [...], "unmatched": [...]}``) first gives a Warning
+Event per pattern that matched nothing.
 
 Events (``BuildCreated`` ... ``SignFailed``) are given once per pod:
 ``noticed`` holds the uids (and authentication messages) already told,
@@ -225,7 +232,7 @@ class _Kernel:
 
     def run_pod(self, role: pods.PodRole) -> None:
         """The kernel needs the pod of ``role`` to succeed: make it, wait for
-        it, or show its failure."""
+        it, replace it when its inputs changed, or show its failure."""
         name = pods.pod_name(self.view.name, role, self.kernel)
         observed = self.observed(role)
         busy: modules.ImageState = "Building" if role == "build" else "Signing"
@@ -240,12 +247,20 @@ class _Kernel:
             self.finish_succeeded(role, observed)
             self.image(busy, pod=name)
             return
-        if observed is not None and phase != "Failed":
-            self.image(busy, pod=name)
-            return
         wanted, missing = desired.module_pod(
             self.view.module, self.target, role, self.found, self.config
         )
+        if (
+            observed is not None
+            and wanted is not None
+            and hashing.of_pod(observed) != hashing.of_pod(wanted)
+        ):
+            self.replace(role, observed, wanted)
+            self.image(busy, pod=name, message="replacing the pod: its inputs changed")
+            return
+        if observed is not None and phase != "Failed":
+            self.in_progress(role, observed, busy)
+            return
         if wanted is None:
             message = f"{role} for kernel {self.kernel}: " + "; ".join(missing)
             self.out.problems.append(status.Problem(failed_reason, message))
@@ -253,11 +268,7 @@ class _Kernel:
             self.image(failed_state, pod=name if observed is not None else None, message=message)
             self.out.requeue(self.config.poll)
             return
-        if observed is not None:  # failed
-            if hashing.of_pod(observed) != hashing.of_pod(wanted):
-                self.out.delete.append(observed)  # its inputs changed: make it again
-                self.image(busy, pod=name, message="inputs changed; retrying")
-                return
+        if observed is not None:  # failed, from the inputs it would be made from now
             tail = podstatus.tail(observed)
             message = f"{role} pod {name} for kernel {self.kernel} failed: {tail}"
             self.out.problems.append(status.Problem(failed_reason, message))
@@ -273,6 +284,41 @@ class _Kernel:
             )
         )
         self.image(busy, pod=name)
+
+    def replace(self, role: pods.PodRole, observed: RawObject, wanted: RawObject) -> None:
+        """Delete ``observed``, made from inputs that changed, whatever its
+        phase (as KMM does): a pod still running would push an image of the
+        old inputs (a build-only pod, ``sign`` added since, the unsigned
+        image under the final name), and one stuck before it started would
+        stay stuck. Its successor (same name) is made once it is gone: the
+        writer gives a pod that did not end a grace period, so its
+        containers have stopped by then."""
+        self.out.delete.append(observed)
+        name = podstatus.name(observed)
+        changed = ", ".join(hashing.changes(observed, wanted))
+        reason = "BuildReplaced" if role == "build" else "SignReplaced"
+        what = podstatus.phase(observed).lower() or "pending"
+        message = f"replacing {what} {role} pod {name} for kernel {self.kernel}: {changed} changed"
+        self.tell(f"{podstatus.uid(observed)}:replaced", Event("Normal", reason, message))
+
+    def in_progress(
+        self, role: pods.PodRole, observed: RawObject, busy: modules.ImageState
+    ) -> None:
+        """A pod on its way, or stuck before it could start (shown, with the
+        kubelet's or the scheduler's reason, until it starts or is replaced).
+        Looked at again every poll: a fixed ConfigMap or Secret sends the
+        Module no event, and a pod stuck waits for one."""
+        name = podstatus.name(observed)
+        self.out.requeue(self.config.poll)
+        held = podstatus.waiting(observed)
+        if held is None:
+            self.image(busy, pod=name)
+            return
+        message = f"{role} pod {name} for kernel {self.kernel} cannot start: {held.reason}: {held.message}"
+        self.out.problems.append(status.Problem(held.reason, message))
+        key = f"{podstatus.uid(observed)}:waiting:{held.reason}"
+        self.tell(key, Event("Warning", held.reason, message))
+        self.image(busy, pod=name, message=f"{held.reason}: {held.message}")
 
     def blocked(self, fact: existence.Fact, image: str) -> None:
         """Show a fact that stops the kernel (authentication, no answer)."""

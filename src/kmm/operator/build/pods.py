@@ -111,6 +111,13 @@ _DOCKERFILE_DIR: Final = "/run/kmm/dockerfile"
 _AUTH_DIR: Final = "/run/kmm/auth"
 _KEY_DIR: Final = "/run/kmm/signing/key"
 _CERT_DIR: Final = "/run/kmm/signing/cert"
+# The registry CA reaches the containers as a file: the pod's
+# labels.REGISTRY_CA annotation, projected by the downward API. Not an
+# environment variable: Linux refuses an exec whose one string exceeds 128
+# KiB (MAX_ARG_STRLEN), so a large bundle failed every pod at start;
+# an annotation holds up to 256 KiB (settings.MAX_REGISTRY_CA).
+_REGISTRY_CA_DIR: Final = "/run/kmm/registry-ca"
+_REGISTRY_CA_FILE: Final = "ca.crt"
 
 _MAX_NAME: Final = 63
 
@@ -129,9 +136,10 @@ class PodParams:
     ``repo_secret`` the Module's ``imageRepoSecret`` (a ``.dockerconfigjson``
     Secret: the builder's authfile for pulls and the push, and the pod's
     imagePullSecrets); ``registry_ca`` PEM certificates the builder trusts
-    besides Debian's (may be ""); ``node_selector`` where the pod may run;
-    ``push`` false keeps the image in the pod and pushes nothing (a
-    PreflightValidation's ``pushBuiltImage: false``).
+    besides Debian's (may be ""; see ``_REGISTRY_CA_DIR``); ``node_selector``
+    and ``tolerations`` (the Module's, as KMM's pods carry them) where the
+    pod may run; ``push`` false keeps the image in the pod and pushes
+    nothing (a PreflightValidation's ``pushBuiltImage: false``).
     """
 
     module: str
@@ -145,6 +153,7 @@ class PodParams:
     push_tls: modules.RegistryTLS | None = None
     pull_tls: modules.RegistryTLS | None = None
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tolerations: Sequence[Mapping[str, Any]] = ()
     push: bool = True
 
 
@@ -218,8 +227,15 @@ def _metadata(params: PodParams, role: PodRole) -> RawObject:
         "name": pod_name(params.module, role, params.kernel),
         "namespace": params.namespace,
         "labels": _labels(params, role, RESOURCE_TYPES[role]),
+        **_annotations(params),
         "ownerReferences": [dict(params.owner)],
     }
+
+
+def _annotations(params: PodParams) -> RawObject:
+    if not params.registry_ca:
+        return {}
+    return {"annotations": {labels.REGISTRY_CA: params.registry_ca}}
 
 
 def _env(params: PodParams, image: str, push: bool) -> list[RawObject]:
@@ -234,7 +250,8 @@ def _env(params: PodParams, image: str, push: bool) -> list[RawObject]:
         # own pods render as they did before preflight pods existed.
         env.append({"name": "KMM_PUSH", "value": "false"})
     if params.registry_ca:
-        env.append({"name": "KMM_REGISTRY_CA", "value": params.registry_ca})
+        path = f"{_REGISTRY_CA_DIR}/{_REGISTRY_CA_FILE}"
+        env.append({"name": "KMM_REGISTRY_CA_FILE", "value": path})
     if params.repo_secret is not None:
         env.append({"name": "REGISTRY_AUTH_FILE", "value": f"{_AUTH_DIR}/.dockerconfigjson"})
     return env
@@ -257,6 +274,8 @@ def _container(params: PodParams, part: _Part, *, image: str, push: bool) -> Raw
     mounts: list[RawObject] = [{"name": "storage", "mountPath": STORAGE}]
     if params.repo_secret is not None:
         mounts.append({"name": "repo-auth", "mountPath": _AUTH_DIR, "readOnly": True})
+    if params.registry_ca:
+        mounts.append({"name": "registry-ca", "mountPath": _REGISTRY_CA_DIR, "readOnly": True})
     return {
         "name": part.role,
         "image": params.builder_image,
@@ -289,6 +308,16 @@ def _spec(params: PodParams, containers: Sequence[RawObject], parts: Sequence[_P
                 },
             }
         )
+    if params.registry_ca:
+        field = f"metadata.annotations['{labels.REGISTRY_CA}']"
+        volumes.append(
+            {
+                "name": "registry-ca",
+                "downwardAPI": {
+                    "items": [{"path": _REGISTRY_CA_FILE, "fieldRef": {"fieldPath": field}}]
+                },
+            }
+        )
     spec: RawObject = {"restartPolicy": "Never"}
     if containers[:-1]:
         spec["initContainers"] = list(containers[:-1])
@@ -296,6 +325,8 @@ def _spec(params: PodParams, containers: Sequence[RawObject], parts: Sequence[_P
     spec["volumes"] = [*volumes, *(v for part in parts for v in part.volumes)]
     if params.node_selector:
         spec["nodeSelector"] = dict(params.node_selector)
+    if params.tolerations:
+        spec["tolerations"] = [dict(t) for t in params.tolerations]
     if params.repo_secret is not None:
         # The builder image may live in the Module's registry too.
         spec["imagePullSecrets"] = [{"name": params.repo_secret}]
@@ -450,6 +481,7 @@ def preflight_pod(
             **_labels(params, PREFLIGHT_ROLE, PREFLIGHT_RESOURCE_TYPE),
             labels.PREFLIGHT: labels.preflight_value(validation),
         },
+        **_annotations(params),
         "ownerReferences": [dict(owner)],
     }
     return {

@@ -5,20 +5,27 @@ pod the cache holds (``caches.BUILD_POD_FIELDS``): its phase, whether it is
 being deleted, and, once a container ended, its termination: the exit code,
 the message (the log's tail under ``FallbackToLogsOnError`` when it failed,
 else the script's one JSON summary line, ``scripts``) and when it finished.
-Everything here takes the raw pod and never raises on a field that is
-missing or of the wrong type: a pod someone else wrote reads as one that
-said nothing.
+Before it runs, ``waiting`` says why a pod cannot start, from what the
+scheduler and the kubelet wrote: a container waiting on a failed pull or a
+configuration it cannot make (``STUCK``), or no node to run on
+(``Unschedulable``). Everything here takes the raw pod and never raises on
+a field that is missing or of the wrong type: a pod someone else wrote
+reads as one that said nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 from collections.abc import Mapping
 from typing import Any, Final
 
 __all__ = [
+    "STUCK",
     "TAIL_LINES",
+    "UNSCHEDULABLE",
+    "Waiting",
     "deleting",
     "ended",
     "finished",
@@ -28,11 +35,37 @@ __all__ = [
     "summary",
     "tail",
     "uid",
+    "waiting",
 ]
 
 # Lines of a failed pod's termination message a status quotes.
 TAIL_LINES: Final = 6
 _ENDED: Final = frozenset({"Succeeded", "Failed"})
+# Container waiting reasons that do not pass by themselves: the kubelet
+# retries, but the pod starts only once someone fixes the cause (an image
+# name or its credentials, a Secret or ConfigMap the container needs).
+# ContainerCreating and PodInitializing are on their way, and not listed.
+STUCK: Final = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+# The scheduler's reason on a PodScheduled condition that is False.
+UNSCHEDULABLE: Final = "Unschedulable"
+
+
+@dataclasses.dataclass(frozen=True)
+class Waiting:
+    """Why a pod that has not ended cannot go on: the kubelet's or the
+    scheduler's reason, and their message (naming the container)."""
+
+    reason: str
+    message: str
 
 
 def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -115,3 +148,26 @@ def summary(pod: Mapping[str, Any]) -> Mapping[str, Any]:
         if isinstance(found, Mapping):
             return found
     return {}
+
+
+def waiting(pod: Mapping[str, Any]) -> Waiting | None:
+    """Why ``pod`` is stuck before it could run, if it is (init containers
+    first, as the kubelet starts them); None for a pod on its way or ended."""
+    if ended(pod):
+        return None
+    status = pod.get("status") or {}
+    for field in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(field) or ():
+            held = (container.get("state") or {}).get("waiting")
+            if isinstance(held, Mapping) and held.get("reason") in STUCK:
+                text = str(held.get("message") or "").strip()
+                where = f"container {container.get('name') or '?'}"
+                return Waiting(str(held["reason"]), f"{where}: {text}" if text else where)
+    for condition in status.get("conditions") or ():
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == UNSCHEDULABLE
+        ):
+            return Waiting(UNSCHEDULABLE, str(condition.get("message") or "no node fits"))
+    return None

@@ -112,8 +112,10 @@ def desired(
         unsigned_image=sign.unsigned_image if build is None and sign is not None else None,
         dir_name=loader.container.modprobe.dir_name if loader is not None else "/opt",
     )
-    digest = hashing.digest(pod, dockerfile=picked.dockerfile, versions=picked.versions)
-    return hashing.stamped(pod, digest), []
+    parts = hashing.made_of(
+        pod, pushes=target.image, dockerfile=picked.dockerfile, versions=picked.versions
+    )
+    return hashing.stamp(pod, parts), []
 
 
 def unsigned_wanted(target: kernels.Target, final: existence.Fact | None) -> bool:

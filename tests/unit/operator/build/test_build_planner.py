@@ -383,9 +383,198 @@ def test_build_and_sign_pods_go_where_the_mappings_build_selector_says() -> None
     # The sign pod of a Module that builds goes where its build does.
     signing = by_name[pods.pod_name("m", "sign", K2)]
     assert signing["spec"]["nodeSelector"] == {"pool": "container-level"}
-    # Without a selector a pod names no node and tolerates nothing (in the
-    # sandbox: container nodes only, KWOK's carry a taint).
+    # Without a selector a pod names no node; a Module without tolerations
+    # gives it none (in the sandbox: container nodes only, KWOK's carry a taint).
     plain = _plan(_view(_raw()), {K1: images.Facts(MISSING, MISSING), K2: images.Facts(EXISTS)})
     (creation,) = plain.create
     assert "nodeSelector" not in creation.pod["spec"]
     assert "tolerations" not in creation.pod["spec"]
+
+
+def test_build_and_sign_pods_carry_the_modules_tolerations() -> None:
+    raw = _raw()
+    tolerations = [
+        {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "builds", "effect": "NoExecute", "tolerationSeconds": 30},
+    ]  # fmt: skip
+    raw["spec"]["tolerations"] = tolerations
+    facts = {K1: images.Facts(MISSING, MISSING), K2: images.Facts(MISSING, EXISTS)}
+    made = {c.pod["metadata"]["labels"]["kmm.node.kubernetes.io/role"]: c.pod for c in _plan(_view(raw), facts).create}  # fmt: skip
+    assert set(made) == {"build", "sign"}
+    for pod in made.values():
+        assert pod["spec"]["tolerations"] == tolerations
+    # A toleration added while a pod waits to be scheduled replaces it.
+    (before,) = _plan(
+        _view(_raw()), {K1: images.Facts(MISSING, MISSING), K2: images.Facts(EXISTS)}
+    ).create
+    pending = _pending(
+        before.pod, unschedulable="0/3 nodes are available: 3 node(s) had untolerated taint {gpu: }"
+    )
+    found = _plan(
+        _view(raw, [pending]), {K1: images.Facts(MISSING, MISSING), K2: images.Facts(EXISTS)}
+    )
+    assert found.delete == [pending]
+
+
+def _pending(
+    pod: Obj, *, waiting: tuple[str, str] | None = None, unschedulable: str | None = None
+) -> Obj:
+    """``pod`` as the API server shows it while it cannot start: a container
+    waiting for ``waiting`` (reason, message), or not scheduled."""
+    found = copy.deepcopy(pod)
+    found["metadata"]["uid"] = "u-pending"
+    status: Obj = {"phase": "Pending"}
+    if waiting is not None:
+        reason, message = waiting
+        status["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+        status["containerStatuses"] = [
+            {
+                "name": pod["spec"]["containers"][-1]["name"],
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": reason, "message": message}},
+            }
+        ]
+    if unschedulable is not None:
+        status["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": unschedulable,
+            }
+        ]
+    found["status"] = status
+    return found
+
+
+def _deleting(pod: Obj) -> Obj:
+    found = copy.deepcopy(pod)
+    found["metadata"]["deletionTimestamp"] = "2026-12-02T12:00:00Z"
+    return found
+
+
+def _replaced(found: planner.BuildPlan) -> list[str]:
+    return [e.message for e in found.events if e.reason in ("BuildReplaced", "SignReplaced")]
+
+
+def test_a_running_build_whose_dockerfile_was_fixed_is_replaced() -> None:
+    raw = _raw(sign=False)
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    running = _running(creation.pod)
+    fixed = build_inputs.Snapshot(
+        versions={**INPUTS.versions, "ConfigMap/dockerfile": "50"},
+        dockerfiles={"dockerfile": "FROM fixed\n"},
+    )
+    # Unchanged, it is waited for, and looked at again every poll (a fixed
+    # ConfigMap sends the Module no event).
+    waited = _plan(_view(raw, [running]), facts)
+    assert (waited.create, waited.delete, waited.problems) == ([], [], [])
+    assert waited.requeue_after == SETTINGS.poll
+    found = _plan(_view(raw, [running]), facts, inputs=fixed)
+    assert found.delete == [running]
+    assert found.create == []  # the same name: once the old pod is gone
+    assert found.gated == {K1}
+    (told,) = _replaced(found)
+    assert running["metadata"]["name"] in told
+    assert "ConfigMap dockerfile" in told
+    assert "the Dockerfile" in told
+    assert {i.kernel: i.state for i in found.images}[K1] == "Building"
+    # Being deleted: nothing is made meanwhile; gone: the new pod.
+    going = _plan(_view(raw, [_deleting(running)]), facts, inputs=fixed, noticed=found.noticed)
+    assert (going.create, going.delete, _replaced(going)) == ([], [], [])
+    (again,) = _plan(_view(raw), facts, inputs=fixed).create
+    assert hashing.of_pod(again.pod) != hashing.of_pod(running)
+
+
+def test_sign_added_during_a_build_only_pod_replaces_it_before_it_pushes_unsigned() -> None:
+    facts = {K1: images.Facts(MISSING, MISSING), K2: images.Facts(EXISTS)}
+    (creation,) = _plan(_view(_raw(sign=False)), facts).create
+    assert _env(creation.pod, "KMM_IMAGE") == IMAGE1  # the final name, unsigned
+    for before in (_running(creation.pod), _pending(creation.pod, unschedulable="no node")):
+        found = _plan(_view(_raw(), [before]), facts)
+        assert found.delete == [before]
+        assert found.create == []
+        (told,) = _replaced(found)
+        assert f"the image it pushes ({IMAGE1} -> {images.intermediate_image(IMAGE1)})" in told
+    (made,) = _plan(_view(_raw()), facts).create
+    assert _env(made.pod, "KMM_IMAGE") == images.intermediate_image(IMAGE1)
+
+
+def test_a_running_sign_whose_key_was_fixed_is_replaced() -> None:
+    raw = _raw()
+    facts = {K1: images.Facts(MISSING, EXISTS), K2: images.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    running = _running(creation.pod)
+    fixed = build_inputs.Snapshot(versions={**INPUTS.versions, "Secret/key": "60"}, dockerfiles=INPUTS.dockerfiles)  # fmt: skip
+    found = _plan(_view(raw, [running]), {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}, inputs=fixed)  # fmt: skip
+    assert found.delete == [running]
+    (told,) = _replaced(found)
+    assert "Secret key" in told
+    assert [e.reason for e in found.events] == ["SignReplaced"]
+
+
+@pytest.mark.parametrize(
+    ("waiting", "reason"),
+    [
+        (("ImagePullBackOff", 'Back-off pulling image "b.io/builder:1"'), "ImagePullBackOff"),
+        (("ErrImagePull", "pull access denied"), "ErrImagePull"),
+        (("CreateContainerConfigError", 'secret "repo" not found'), "CreateContainerConfigError"),
+    ],
+)
+def test_a_pod_stuck_before_it_starts_is_shown_and_replaced_once_its_pull_secret_is_fixed(
+    waiting: tuple[str, str], reason: str
+) -> None:
+    raw = _raw(sign=False)
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    stuck = _pending(creation.pod, waiting=waiting)
+    found = _plan(_view(raw, [stuck]), facts)
+    assert (found.create, found.delete) == ([], [])
+    (problem,) = found.problems
+    assert problem.reason == reason
+    assert stuck["metadata"]["name"] in problem.message
+    assert waiting[1] in problem.message
+    image = {i.kernel: i for i in found.images}[K1]
+    assert image.state == "Building"
+    assert image.message is not None
+    assert reason in image.message
+    assert waiting[1] in image.message
+    assert [(e.type, e.reason) for e in found.events] == [("Warning", reason)]
+    assert found.requeue_after == SETTINGS.poll
+    again = _plan(_view(raw, [stuck]), facts, noticed=found.noticed)
+    assert again.events == []  # told once
+    assert [p.reason for p in again.problems] == [reason]  # shown while it lasts
+    fixed = build_inputs.Snapshot(versions={**INPUTS.versions, "Secret/repo": "80"}, dockerfiles=INPUTS.dockerfiles)  # fmt: skip
+    replaced = _plan(_view(raw, [stuck]), facts, inputs=fixed)
+    assert replaced.delete == [stuck]
+    assert replaced.problems == []
+
+
+def test_an_unschedulable_pod_is_shown_and_replaced_once_its_selector_is_fixed() -> None:
+    raw = _raw(sign=False)
+    raw["spec"]["moduleLoader"]["container"]["build"]["selector"] = {"pool": "none"}
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    why = "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
+    stuck = _pending(creation.pod, unschedulable=why)
+    found = _plan(_view(raw, [stuck]), facts)
+    assert (found.create, found.delete) == ([], [])
+    (problem,) = found.problems
+    assert (problem.reason, why in problem.message) == ("Unschedulable", True)
+    assert "Unschedulable" in ({i.kernel: i for i in found.images}[K1].message or "")
+    raw["spec"]["moduleLoader"]["container"]["build"]["selector"] = {"pool": "builders"}
+    replaced = _plan(_view(raw, [stuck]), facts)
+    assert replaced.delete == [stuck]
+    assert [e.reason for e in replaced.events] == ["BuildReplaced"]
+    assert "the pod's spec" in replaced.events[0].message
+
+
+def test_a_pod_still_creating_its_container_is_not_a_problem() -> None:
+    raw = _raw(sign=False)
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    creating = _pending(creation.pod, waiting=("ContainerCreating", ""))
+    found = _plan(_view(raw, [creating]), facts)
+    assert (found.create, found.delete, found.problems, found.events) == ([], [], [], [])

@@ -542,7 +542,7 @@ def test_every_module_gets_one_consistent_verdict_and_no_pod_is_both_made_and_de
             elif phase == "foreign":
                 pod["metadata"]["ownerReferences"][0]["uid"] = "other"
             elif phase == "stale":
-                pod = hashing.stamped(pod, "0" * 32)
+                pod = hashing.stamp(pod, {"pod": "stale"})
             observed_pods.append(pod)
     judged = verdicts.subjects(KERNEL, raws)
     plan = planner.plan(
@@ -568,3 +568,17 @@ def test_every_module_gets_one_consistent_verdict_and_no_pod_is_both_made_and_de
         assert plan.verdicts[f"ns/{pod['metadata']['labels'][labels.MODULE_NAME]}"].status == "InProgress"  # fmt: skip
     written = status.compute(found, plan.verdicts, now=NOW)
     preflight.PreflightValidationStatus.model_validate(written)
+
+
+def test_a_preflight_pod_carries_the_modules_tolerations_and_a_new_one_replaces_it() -> None:
+    found = validation()
+    tolerations = [{"key": "builders", "operator": "Exists", "effect": "NoSchedule"}]
+    raw = module_raw(build=True, sign=True, tolerations=tolerations)
+    pod = wanted_pod(found, raw)
+    assert pod["spec"]["tolerations"] == tolerations
+    assert "tolerations" not in wanted_pod(found, module_raw(build=True, sign=True))["spec"]
+    # Waiting to be scheduled, made before the toleration: replaced.
+    before = observed(wanted_pod(found, module_raw(build=True, sign=True)), "Pending")
+    plan = run(found, [raw], pods_=[before], facts={"ns/m": images.Facts(MISSING)})
+    assert plan.delete == [before]
+    assert plan.create == []
