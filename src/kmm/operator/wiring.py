@@ -46,7 +46,7 @@ from typing import Any
 
 from kmm.aio import backoff
 from kmm.api import modules, preflight
-from kmm.kube import client, errors, listwatch, objects, resources
+from kmm.kube import client, errors, listwatch, resources
 from kmm.operator import caches, nodekernels, reconciler, writing
 from kmm.operator.build import concern as build_concern
 from kmm.operator.build import existence
@@ -117,17 +117,6 @@ class Counting:
         finally:
             self.in_flight -= 1
             self.done += 1
-
-
-def _seen(
-    pending: writing.Pending, key: Callable[[str], str] = lambda k: k
-) -> informers.FuncHandler:
-    version = objects.resource_version
-    return informers.FuncHandler(
-        add=lambda obj: pending.seen(key(stores.key_of(obj)), version(obj)),
-        update=lambda _old, new: pending.seen(key(stores.key_of(new)), version(new)),
-        delete=lambda obj: pending.seen(key(stores.key_of(obj)), None),
-    )
 
 
 _DRA_RESOURCES = frozenset({resources.DEVICE_CLASSES.plural, resources.RESOURCE_CLAIMS.plural})
@@ -271,20 +260,20 @@ class Operator:
             return [key] if key else []
 
         # Pending first: a reconcile the event triggers must see it cleared.
-        self.modules.add_handler(_seen(self.pending))
+        self.pending.follow(self.modules)
         requeueing(self.modules, handlers.enqueue_object(enqueue))
-        self.daemonsets.add_handler(_seen(self.pending))
+        self.pending.follow(self.daemonsets)
         requeueing(self.daemonsets, handlers.enqueue_mapped(enqueue, owner))
-        self.pods.add_handler(_seen(self.pending, writing.pod_key))
+        self.pending.follow(self.pods, writing.POD_PREFIX)
         requeueing(self.pods, handlers.enqueue_mapped(enqueue, owner))
-        self.nodes.add_handler(_seen(self.pending))
+        self.pending.follow(self.nodes)
         requeueing(
             self.nodes,
             handlers.enqueue_mapped(
                 enqueue, lambda node: caches.modules_of_node(node, modules_store)
             ),
         )
-        self.device_classes.add_handler(_seen(self.pending, writing.class_key))
+        self.pending.follow(self.device_classes, writing.CLASS_PREFIX)
         requeueing(
             self.device_classes,
             handlers.enqueue_mapped(
@@ -340,7 +329,7 @@ class Operator:
                 for name in validations_store.list_keys():
                     validate(name)
 
-        self.validations.add_handler(_seen(self.pending, writing.preflight_key))
+        self.pending.follow(self.validations, writing.PREFLIGHT_PREFIX)
         requeueing(self.validations, handlers.enqueue_object(validate))
         requeueing(
             self.modules,
