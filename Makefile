@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images deploy test test-builds test-checks-and-images lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images deploy reference docs test test-builds test-checks-and-images lint typecheck layers unit integration protos clean
 
 all: test
 
@@ -101,10 +101,11 @@ image-tools:
 	@for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
-# kmm's image as an OCI archive, build/kmm-image.tar (README "The image");
-# built again only when its inputs, name or commit change. And the builder
-# image of build and sign pods, build/kmm-builder-image.tar (README "The
-# builder image"), built again only when its content changes.
+# kmm's image as an OCI archive, build/kmm-image.tar (docs/install.md "The
+# image"); built again only when its inputs, name or commit change. And the
+# builder image of build and sign pods, build/kmm-builder-image.tar
+# (docs/build-and-sign.md "The builder image"), built again only when its
+# content changes.
 image: venv image-tools
 	scripts/build_image.sh
 	scripts/build_builder_image.sh
@@ -115,7 +116,7 @@ image-again: venv image-tools
 	OUT=build/kmm-image-again.tar scripts/build_image.sh
 
 # The container-node tests' images, build/images/{loader,workload,pause,kbuild}.tar
-# and build/images/kbuild.kernel (README "Test images"), cached by content
+# and build/images/kbuild.kernel (docs/development.md "Test images"), cached by content
 # under ~/.cache/kmm/image.
 test-images: image-tools
 	scripts/build_test_images.sh
@@ -123,6 +124,16 @@ test-images: image-tools
 # deploy/ (manifests and the Helm chart) written anew from kmm.api.
 deploy: venv
 	$(BIN)/python scripts/render_deploy.py
+
+# The manual's API reference (docs/reference/) written anew from the CRDs' schemas.
+reference: venv
+	$(BIN)/python scripts/render_docs.py
+
+# The manual (docs/, mkdocs.yml) built into site/; --strict: a broken link,
+# anchor or page left out of the nav fails (not with --quiet: it hides the
+# warnings strict mode counts). No plugin fetches anything.
+docs: venv
+	$(BIN)/mkdocs build --strict
 
 # Every image a test reads is made here, before pytest: no test downloads or builds one.
 # Two lanes side by side once the Debian packages are in (apt holds one lock):
@@ -139,10 +150,10 @@ test: venv sandbox-build-deps image-tools
 test-builds: sandbox-binaries
 
 test-checks-and-images:
-	$(MAKE) --no-print-directory -j1 lint typecheck layers image image-again test-images
+	$(MAKE) --no-print-directory -j1 lint typecheck layers docs image image-again test-images
 
 protos: venv
 	$(BIN)/python scripts/gen_protos.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

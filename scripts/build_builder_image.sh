@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kmm's builder image as an OCI archive, build/kmm-builder-image.tar (`make
-# image`; README "The builder image"): what build and sign pods run
+# image`; docs/build-and-sign.md "The builder image"): what build and sign pods run
 # (kmm.operator.build.pods), tagged inside the archive with
 # pods.DEFAULT_BUILDER_IMAGE, the operator's --builder-image default.
 #   - Debian trixie (buildah 1.39 reads Dockerfile heredocs; bookworm's 1.28

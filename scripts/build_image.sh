@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kmm's container image as an OCI archive, without a container engine or a
-# registry (`make image`; README "The image"):
+# registry (`make image`; docs/install.md "The image"):
 #   1. a Debian root filesystem with Python, made by mmdebstrap from Debian's
 #      packages; cached by its recipe, since it depends on nothing of kmm;
 #   2. buildah (vfs storage, chroot isolation, its own storage directory)
@@ -20,7 +20,7 @@
 # instead of timestamps under it, and --timestamp gives every file of the
 # second layer and the image config that time (the base layer has a fixed
 # time of its own). What still moves: a new Debian package version or
-# a dependency version range resolved anew (see the README).
+# a dependency version range resolved anew (docs/install.md "The image").
 # Needs root, mmdebstrap and buildah (`make image-tools` installs them).
 set -euo pipefail
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The images the container-node tests run, as OCI archives under build/images
-# (`make test-images`; README "Test images"), each tagged inside its archive:
+# (`make test-images`; docs/development.md "Test images"), each tagged inside its archive:
 #   loader.tar    kmm.sandbox/loader:1     busybox, a recording modprobe, a firmware file
 #   workload.tar  kmm.sandbox/workload:1   busybox and an entrypoint printing what it was given
 #   pause.tar     kmm.sandbox/pause:3.10   the pinned Kubernetes module's pause, built static

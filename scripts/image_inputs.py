@@ -1,4 +1,4 @@
-"""The digest of what kmm's image is built from (README "The image").
+"""The digest of what kmm's image is built from (docs/install.md "The image").
 
 ``scripts/build_image.sh`` records it in the image (label
 ``kmm.image.inputs``) and skips a build whose inputs, name and time have not

@@ -137,7 +137,6 @@ async def test_operator_reads_preflight_validations_and_answers_through_status(
         timeout_seconds=1,
     ):
         pass
-    one = await operator_api.request("GET", f"{_PREFLIGHTS}/{name}")
     verdict = {
         "name": "kmod",
         "namespace": "drivers",
@@ -146,17 +145,25 @@ async def test_operator_reads_preflight_validations_and_answers_through_status(
         "statusReason": preflight.REASON_IN_PROGRESS,
         "lastTransitionTime": "2026-07-01T12:00:00Z",
     }
-    one["status"] = {"observedGeneration": one["metadata"]["generation"], "modules": [verdict]}
-    updated = await operator_api.request("PUT", f"{_PREFLIGHTS}/{name}/status", body=one)
-    assert updated["status"]["modules"] == [verdict]
+    # The reconciler answers by merge patch of /status, and that is all it may do there.
     patched = await operator_api.request(
         "PATCH",
         f"{_PREFLIGHTS}/{name}/status",
-        body={"status": {"modules": []}},
+        body={"status": {"observedGeneration": 1, "modules": [verdict]}},
         content_type=kube_client.MERGE_PATCH,
     )
-    assert patched["status"]["modules"] == []
-    assert (await operator_api.request("GET", f"{_PREFLIGHTS}/{name}/status"))["status"]
+    assert patched["status"]["modules"] == [verdict]
+    one = {**validation, "status": patched["status"]}
+    one["metadata"] = {**validation["metadata"], "resourceVersion": patched["metadata"]["resourceVersion"]}  # fmt: skip
+    # Verbs the operator never uses are not granted: no get (its informer
+    # lists and watches), no update of /status.
+    for method, path, body in (
+        ("GET", f"{_PREFLIGHTS}/{name}", None),
+        ("GET", f"{_PREFLIGHTS}/{name}/status", None),
+        ("PUT", f"{_PREFLIGHTS}/{name}/status", one),
+    ):
+        with pytest.raises(kube_errors.Forbidden):
+            await operator_api.request(method, path, body=body)
     # The admin's question is not the operator's to change or remove.
     with pytest.raises(kube_errors.Forbidden):
         await operator_api.request("PUT", f"{_PREFLIGHTS}/{name}", body=one)

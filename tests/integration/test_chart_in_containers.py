@@ -13,7 +13,7 @@ under the API are the node's own files (the firmware a loader copied) and
 the uid of the operator's process on this host.
 
 No kernel module is loaded: the loader image's ``modprobe`` records its
-calls in the container's log (README "Test images"). Three things the
+calls in the container's log (docs/development.md "Test images"). Three things the
 product got wrong in a container are pinned here: a loader pod's main
 process that ignored SIGTERM (exit 137 after the grace period; now 0), a
 kubeconfig's client certificate that needed a writable /tmp (the chart's

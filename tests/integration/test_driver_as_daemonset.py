@@ -1,7 +1,8 @@
 """``kmm driver`` as the operator's DRA DaemonSet runs it, on an emulated node.
 
 Its settings come from the DaemonSet's environment (no node, driver or path
-flags) and a settings file; it serves gRPC health on ``HEALTHCHECK_PORT``,
+flags) and a settings file; it serves gRPC health on ``HEALTHCHECK_PORT``
+(the DaemonSet's readiness probe passing once the kubelet registered it),
 applies a changed file where it can, and refuses a change of
 ``dra.enabled`` with a Warning Event on its Node while it keeps serving.
 """
@@ -9,18 +10,22 @@ applies a changed file where it can, and refuses a change of
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import socket
 import sys
 import uuid
+from typing import Any
 
 import test_kubelet_emulator as emulating
 import test_kubelet_nodes as real
 
+from kmm.api import examples, validation
 from kmm.driver import owning
 from kmm.kube import client as kube_client
 from kmm.kube import resources
 from kmm.kubelet import probes
+from kmm.operator.dra import builders as dra_builders
 from kmm.sandbox import testing
 
 
@@ -33,6 +38,15 @@ def _free_port() -> int:
 
 async def _no_exec(argv: list[str], timeout: float) -> bool:
     raise AssertionError("no exec probe here")
+
+
+def _readiness(port: int) -> dict[str, Any]:
+    """The operator's DRA DaemonSet's readiness probe, at ``port``."""
+    module = validation.parse_module(examples.dra_module())
+    container = dra_builders.daemonset(module)["spec"]["template"]["spec"]["containers"][0]
+    probe: dict[str, Any] = copy.deepcopy(container["readinessProbe"])
+    probe["grpc"]["port"] = port
+    return probe
 
 
 async def test_the_driver_runs_from_the_daemonsets_environment_and_follows_its_settings(
@@ -86,6 +100,8 @@ async def test_the_driver_runs_from_the_daemonsets_environment_and_follows_its_s
             )
             liveness = {"grpc": {"port": port, "service": owning.LIVENESS}}
             assert await probes.check(liveness, {}, _no_exec)
+            # The DaemonSet's readiness probe passes: the kubelet registered it.
+            assert await probes.check(_readiness(port), {}, _no_exec)
 
             # Applied where it can be: discovery narrowed, republished.
             settings.write_text(

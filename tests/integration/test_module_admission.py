@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import build_sign_cases
+import mount_cases
 import pytest
 import regexp_cases as cases
 import yaml
@@ -345,6 +346,30 @@ async def test_build_and_sign_rules_refuse_as_the_operator_does(
     await install(api_client)
     obj = _build_sign_module()
     assert await refusal(api_client, namespace, obj) is None
+    case.mutate(obj)
+    message = await refusal(api_client, namespace, obj)
+    assert message is not None, "admitted"
+    assert f"{case.field}: " in message, message
+    assert (case.cel_message or case.message) in message, message
+    with pytest.raises(validation.InvalidModuleError) as refused:
+        validation.parse_module(obj)
+    found = [(v.path, v.message) for v in refused.value.violations]
+    assert any(p == case.path and case.message in m for p, m in found), found
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in mount_cases.CASES])
+async def test_mount_rules_refuse_as_the_operator_does(
+    api_client: client.ApiClient, namespace: str, case: build_sign_cases.Case
+) -> None:
+    """A volumeMounts entry naming no volume: refused by CEL (the API server)
+    and by Python (the operator's validation), naming the same field and rule;
+    a mount of a declared volume, or of one kmm mounts, is admitted."""
+    await install(api_client)
+    for _name, accept in mount_cases.ACCEPTED:
+        admitted = mount_cases.module()
+        accept(admitted)
+        assert await refusal(api_client, namespace, admitted) is None
+    obj = mount_cases.module()
     case.mutate(obj)
     message = await refusal(api_client, namespace, obj)
     assert message is not None, "admitted"

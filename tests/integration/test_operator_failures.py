@@ -1,12 +1,14 @@
 """A reconcile that keeps failing shows on the Module, on the sandbox.
 
 Two faults: the module loader's planner made to raise for one Module (the
-function the reconciler calls, replaced for the test), and a DaemonSet the
-operator builds that the real API server refuses (422). Each must end as
-Degraded ``ReconcileFailed`` naming what failed and exactly one Warning
-Event however often the key is retried, and the Module must converge once
-the fault is gone. Retries are counted, not waited for: a wrapper around
-the operator's reconciler counts the reconciles of the key that raised.
+function the reconciler calls, replaced for the test): Degraded
+``ReconcileFailed``; and a DaemonSet the operator builds that the real API
+server refuses: Degraded ``DaemonSetRefused`` while the rest of the Module
+goes ahead (more refusals in test_operator_refusals). Each names what
+failed in exactly one Warning Event however often the key is retried, and
+the Module converges once the fault is gone. Retries are counted, not
+waited for: a wrapper around the operator's reconciler counts the
+reconciles of the key that raised, or asked to be retried.
 """
 
 from __future__ import annotations
@@ -142,28 +144,29 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def test_a_daemonset_the_api_server_refuses_degrades_the_module(
+async def test_a_daemonset_the_api_server_refuses_degrades_the_module_and_the_rest_goes(
     sandbox: testing.RunningSandbox, manifests: None, api_client: client.ApiClient, namespace: str
 ) -> None:
-    """A device-plugin container mounting a volume the pod does not have:
-    admission lets it by, the API server refuses the DaemonSet (422)."""
+    """A device-plugin container whose ``resources`` (passed to the pod as
+    written, left to the API server) the API server refuses. The refusal is
+    the Module's ``DaemonSetRefused``, not the reconcile's end: the loader
+    runs and the node says loaded meanwhile; the key is retried with backoff
+    (no reconcile raises) and told in one Warning Event; once fixed, the
+    device plugin runs."""
     name = "refused"
     select = f"kmm-test/{namespace}"
     node = sandbox.node_names[0]
     plugin: Obj = {
-        "container": {
-            "image": "example.com/plugin:1",
-            "volumeMounts": [{"name": "nowhere", "mountPath": "/nowhere"}],
-        }
+        "container": {"image": "example.com/plugin:1", "resources": {"limits": {"cpu": "lots"}}}
     }
-    counted: list[CountingFailures] = []
+    counted: list[CountingRequeues] = []
     async with (
         support.selecting(api_client, [node], select),
         support.operator_in_process(
-            sandbox.kubeconfig, prepare=lambda op: counted.append(CountingFailures.install(op))
+            sandbox.kubeconfig, prepare=lambda op: counted.append(CountingRequeues.install(op))
         ),
     ):
-        failures = counted[0]
+        requeues = counted[0]
         await support.create_module(
             api_client, namespace, support.module_body(name, {select: "yes"}, devicePlugin=plugin)
         )
@@ -175,15 +178,23 @@ async def test_a_daemonset_the_api_server_refuses_degrades_the_module(
         await testing.eventually(shown, "Degraded naming the refused DaemonSet")
         degraded = await _degraded(api_client, namespace, name)
         assert degraded is not None
-        assert degraded["reason"] == conditions.REASON_RECONCILE_FAILED
-        assert degraded["message"].startswith(f"applying DaemonSet {name}-device-plugin")
-        assert "422" in degraded["message"]
-        assert '.name: Not found: "nowhere"' in degraded["message"]
+        assert degraded["reason"] == conditions.REASON_DAEMONSET_REFUSED
+        assert degraded["message"].startswith(
+            f"the API server refused DaemonSet {name}-device-plugin"
+        )
+        # Its own error (500): the apply cannot convert the quantity.
+        assert "quantities must match the regular expression" in degraded["message"]
         key = f"{namespace}/{name}"
         await testing.eventually(
-            lambda: _true(failures.raised[key] >= 4), "the failing key retried"
+            lambda: _true(requeues.requeued[key] >= 4), "the refused key retried"
         )
-        warnings = await _warnings(api_client, namespace, name)
+        assert requeues.raised[key] == 0
+        # The rest went ahead: the loader's pod runs, the node says loaded.
+        ready = labels.ready(namespace, name)
+        await testing.eventually(
+            lambda: _loaded(api_client, node, ready), "the module loaded meanwhile"
+        )
+        warnings = await _refusals(api_client, namespace, name)
         assert [w.message for w in warnings] == [degraded["message"]]
 
         # Fixed: the next reconcile sends a DaemonSet the API server takes.
@@ -193,7 +204,7 @@ async def test_a_daemonset_the_api_server_refuses_degrades_the_module(
             namespace,
             modules.PLURAL,
             name,
-            {"spec": {"devicePlugin": {"container": {"volumeMounts": None}}}},
+            {"spec": {"devicePlugin": {"container": {"resources": None}}}},
             _content_type="application/merge-patch+json",
         )
         plugin_key = labels.device_plugin_ready(namespace, name)
@@ -208,5 +219,34 @@ async def test_a_daemonset_the_api_server_refuses_degrades_the_module(
             )
 
         await testing.eventually(converged, "module and device plugin ready once fixed")
-        assert len(await _warnings(api_client, namespace, name)) == 1
+        assert len(await _refusals(api_client, namespace, name)) == 1
         await support.delete_and_wait_clean(api_client, namespace, name)
+
+
+class CountingRequeues(CountingFailures):
+    """Also counts, per key, the reconciles that asked to be retried with backoff."""
+
+    def __init__(self, inner: controllers.Reconciler) -> None:
+        super().__init__(inner)
+        self.requeued: collections.Counter[str] = collections.Counter()
+
+    async def reconcile(self, key: str) -> controllers.Result:
+        result = await super().reconcile(key)
+        if result.requeue:
+            self.requeued[key] += 1
+        return result
+
+
+async def _loaded(api: client.ApiClient, node: str, ready: str) -> bool:
+    return ready in (await support.node_labels(api))[node]
+
+
+async def _refusals(api: client.ApiClient, namespace: str, name: str) -> list[Any]:
+    listing = await client.CoreV1Api(api).list_namespaced_event(namespace)
+    return [
+        e
+        for e in listing.items
+        if e.reason == conditions.REASON_DAEMONSET_REFUSED
+        and e.type == "Warning"
+        and e.involved_object.name == name
+    ]

@@ -18,12 +18,14 @@ __all__ = [
     "PROGRESSING",
     "READY",
     "REASON_AS_EXPECTED",
+    "REASON_DAEMONSET_REFUSED",
     "REASON_DEVICE_CLASS_CONFLICT",
     "REASON_DEVICE_CLASS_REFUSED",
     "REASON_INVALID_SPEC",
     "REASON_KERNEL_MAPPING_FAILED",
     "REASON_NODES_NOT_READY",
     "REASON_NO_MATCHING_NODES",
+    "REASON_POD_REFUSED",
     "REASON_RECONCILE_FAILED",
     "REASON_RESOURCE_API_UNAVAILABLE",
     "REASON_ROLLING_OUT",
@@ -45,6 +47,14 @@ REASON_KERNEL_MAPPING_FAILED: Final = "KernelMappingFailed"
 REASON_RESOURCE_API_UNAVAILABLE: Final = "ResourceAPIUnavailable"
 REASON_DEVICE_CLASS_CONFLICT: Final = "DeviceClassConflict"
 REASON_DEVICE_CLASS_REFUSED: Final = "DeviceClassRefused"
+# The API server refused a DaemonSet write (invalid, forbidden, its own
+# error): the message names the DaemonSet and quotes the server. The other
+# DaemonSets and the rest of the reconcile went ahead.
+REASON_DAEMONSET_REFUSED: Final = "DaemonSetRefused"
+# A pod is refused: a build or sign pod the operator creates, or the pods of
+# one of its DaemonSets (Pod Security, a quota, a missing service account, a
+# namespace being deleted); the message names the pod or DaemonSet.
+REASON_POD_REFUSED: Final = "PodRefused"
 # Planning or sending failed in a way retrying alone may not fix (a bug, an
 # object the API server refuses); the message names the step.
 REASON_RECONCILE_FAILED: Final = "ReconcileFailed"

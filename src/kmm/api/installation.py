@@ -75,21 +75,23 @@ def _subjects() -> list[dict[str, Any]]:
 
 def cluster_rbac() -> list[dict[str, Any]]:
     """What the informers watch and the reconcilers write, cluster-wide."""
+    # Every object the operator reads comes from an informer (list, watch):
+    # no get on Modules, validations or DaemonSets. Its writes are all in
+    # kmm.operator.writing, and each verb below is one of them.
     rules = [
-        _rule(
-            modules.GROUP, [modules.PLURAL], ["get", "list", "watch", "patch"]
-        ),  # patch: finalizer
+        _rule(modules.GROUP, [modules.PLURAL], ["list", "watch", "patch"]),  # patch: finalizer
         _rule(modules.GROUP, [f"{modules.PLURAL}/status"], ["patch"]),
         # ownerReferences with blockOwnerDeletion need update on the owner's finalizers.
         _rule(modules.GROUP, [f"{modules.PLURAL}/finalizers"], ["update"]),
-        # PreflightValidations are read and answered through /status only
-        # (update or patch, by the preflight reconciler); their preflight pods
+        # PreflightValidations are read and answered through /status only, by
+        # merge patch (Writer.patch_preflight_status); their preflight pods
         # are owned with blockOwnerDeletion, hence /finalizers too.
-        _rule(preflight.GROUP, [preflight.PLURAL], ["get", "list", "watch"]),
-        _rule(preflight.GROUP, [f"{preflight.PLURAL}/status"], ["get", "update", "patch"]),
+        _rule(preflight.GROUP, [preflight.PLURAL], ["list", "watch"]),
+        _rule(preflight.GROUP, [f"{preflight.PLURAL}/status"], ["patch"]),
         _rule(preflight.GROUP, [f"{preflight.PLURAL}/finalizers"], ["update"]),
-        # Server-side apply creates through patch.
-        _rule("apps", ["daemonsets"], ["get", "list", "watch", "create", "patch", "delete"]),
+        # Server-side apply creates through patch, and the API server asks
+        # for create as well when the object does not exist yet.
+        _rule("apps", ["daemonsets"], ["list", "watch", "create", "patch", "delete"]),
         # Loader pods are watched; build, sign and preflight pods are also
         # made and removed. Their failure text comes from the termination message in
         # the pod's status, so no pods/log.

@@ -1,7 +1,12 @@
 """Every manifest in ``deploy/``, rendered from kmm.api, and where each is committed.
 
-``kmm manifests`` prints ``documents()``; the files under ``deploy/`` are the
-committed rendering (``FILES``), kept equal by a unit test, so a reviewer sees
+``kmm manifests`` prints ``documents()``: the install (namespace, CRDs,
+admission policy, RBAC, the operator's Deployment) and nothing else, since
+``kmm manifests | kubectl apply -f -`` must not put demo Modules, a Pod and
+a ResourceClaimTemplate into a user's cluster; ``documents(examples=True)``
+is the examples alone (``kmm manifests --examples``), applied once the
+operator runs. The files under ``deploy/`` are the committed rendering
+(``FILES``, both parts), kept equal by a unit test, so a reviewer sees
 schema changes in diffs. Rendering is deterministic: key order is the
 builders' order, never sorted, so diffs stay small.
 """
@@ -15,7 +20,7 @@ import yaml
 
 from kmm.api import admission, crd, examples, installation
 
-__all__ = ["FILES", "documents", "dump", "files"]
+__all__ = ["EXAMPLES", "FILES", "documents", "dump", "files"]
 
 # deploy/-relative path -> the objects in it, in apply order: the operator's
 # namespace, the API and its admission policy, RBAC, the operator, then the
@@ -33,6 +38,17 @@ FILES: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "operator/examples/demo-module.yaml": lambda: [examples.demo_module()],
 }
 
+# The FILES that are examples, not the install: Modules, the DRA example's
+# driver account and role, a workload Pod and its ResourceClaimTemplate.
+EXAMPLES: frozenset[str] = frozenset(
+    {
+        "examples/module.yaml",
+        "examples/dra-module.yaml",
+        "examples/dra-workload.yaml",
+        "operator/examples/demo-module.yaml",
+    }
+)
+
 
 def dump(objects: list[dict[str, Any]]) -> str:
     """Objects as one multi-document YAML text."""
@@ -44,6 +60,9 @@ def files() -> dict[str, str]:
     return {path: dump(build()) for path, build in FILES.items()}
 
 
-def documents() -> list[dict[str, Any]]:
-    """Everything in ``deploy/``, in apply order (namespace and CRD first)."""
-    return [obj for build in FILES.values() for obj in build()]
+def documents(*, examples: bool = False) -> list[dict[str, Any]]:
+    """The install manifests in apply order (namespace and CRDs first), or
+    with ``examples`` the examples alone, in theirs."""
+    return [
+        obj for path, build in FILES.items() if (path in EXAMPLES) == examples for obj in build()
+    ]

@@ -69,6 +69,7 @@ __all__ = [
     "Toleration",
     "VersionCounts",
     "Volume",
+    "VolumeMount",
 ]
 
 GROUP = "kmm.sigs.x-k8s.io"
@@ -685,6 +686,13 @@ class ModuleLoaderSpec(_Model):
     service_account_name: str | None = None
 
 
+class VolumeMount(_K8sModel):
+    """core/v1 VolumeMount, passed through to the pod; its name must be one
+    of the pod's volumes (in volumes, or one kmm mounts itself)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=63)]
+
+
 class ContainerSpec(_Model):
     """A device-plugin or DRA driver container (KMM's DevicePluginContainerSpec)."""
 
@@ -694,7 +702,7 @@ class ContainerSpec(_Model):
     env: list[PassThroughObject] | None = None
     image_pull_policy: PullPolicy | None = None
     resources: PassThroughObject | None = None
-    volume_mounts: list[PassThroughObject] | None = None
+    volume_mounts: Annotated[list[VolumeMount], Field(max_length=_MAX_VOLUMES)] | None = None
 
 
 def _host_path_error(path: str) -> str | None:
@@ -752,6 +760,45 @@ def _reserved_names(names: tuple[str, ...]) -> tuple[AfterValidator, cel.Rule]:
 DEVICE_PLUGIN_VOLUMES = ("kubelet-device-plugins",)
 DRA_VOLUMES = ("kubelet-plugins", "kubelet-plugins-registry", "cdi")
 
+_MOUNTS_NAMED = "every volumeMounts entry must name a volume in volumes or one kmm mounts"
+
+
+def _mounts_named(names: tuple[str, ...]) -> tuple[cel.Rule, ...]:
+    """CEL: the mounts of the container and the init container name a
+    volume of ``volumes`` or one of the builder's own (``names``). The pod
+    of a mount naming no volume is refused by the API server, so the
+    DaemonSet would be accepted and never run a pod."""
+
+    def rule(container: str, *, optional: bool) -> cel.Rule:
+        mounts = f"self.{container}.volumeMounts"
+        present = f"!has(self.{container}) || " if optional else ""
+        return cel.Rule(
+            f"{present}!has({mounts}) || {mounts}.all(m, m.name in {list(names)!r} || "
+            "(has(self.volumes) && self.volumes.exists(v, v.name == m.name)))",
+            f"{_MOUNTS_NAMED} ({', '.join(names)})",
+            f".{container}.volumeMounts",
+        )
+
+    return (rule("container", optional=False), rule("initContainer", optional=True))
+
+
+def _unnamed_mounts(
+    names: tuple[str, ...],
+    volumes: list[Volume] | None,
+    containers: tuple[tuple[str, ContainerSpec | None], ...],
+) -> None:
+    """Python: ``_mounts_named``'s rule; raises naming each stray entry."""
+    known = set(names) | {v.name for v in volumes or ()}
+    stray = [
+        f"{field}.volumeMounts[{index}] names {mount.name!r}"
+        for field, spec in containers
+        if spec is not None
+        for index, mount in enumerate(spec.volume_mounts or ())
+        if mount.name not in known
+    ]
+    if stray:
+        raise ValueError(f"{'; '.join(stray)}: {_MOUNTS_NAMED} ({', '.join(names)})")
+
 
 _PLUGIN_NAMES_FREE, _PLUGIN_NAMES_FREE_CEL = _reserved_names(DEVICE_PLUGIN_VOLUMES)
 _DRA_NAMES_FREE, _DRA_NAMES_FREE_CEL = _reserved_names(DRA_VOLUMES)
@@ -766,12 +813,23 @@ DraVolumes = Annotated[
 class DevicePluginSpec(_Model):
     """``spec.devicePlugin``: a device-plugin DaemonSet on nodes with the module loaded."""
 
+    cel_rules: ClassVar[tuple[cel.Rule, ...]] = _mounts_named(DEVICE_PLUGIN_VOLUMES)
+
     container: ContainerSpec
     init_container: ContainerSpec | None = None
     service_account_name: str | None = None
     volumes: DevicePluginVolumes | None = None
     # KMM's: false keeps the service account token out of the pod.
     automount_service_account_token: bool | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> DevicePluginSpec:
+        _unnamed_mounts(
+            DEVICE_PLUGIN_VOLUMES,
+            self.volumes,
+            (("container", self.container), ("initContainer", self.init_container)),
+        )
+        return self
 
 
 class CELDeviceSelector(_Model):
@@ -810,6 +868,8 @@ class DeviceClassSpec(_Model):
 class DraSpec(_Model):
     """``spec.dra`` (seed 000): the DRA driver DaemonSet and the DeviceClasses."""
 
+    cel_rules: ClassVar[tuple[cel.Rule, ...]] = _mounts_named(DRA_VOLUMES)
+
     driver_name: DriverName
     container: ContainerSpec
     init_container: ContainerSpec | None = None
@@ -826,6 +886,15 @@ class DraSpec(_Model):
         ]
         | None
     ) = None
+
+    @model_validator(mode="after")
+    def _check(self) -> DraSpec:
+        _unnamed_mounts(
+            DRA_VOLUMES,
+            self.volumes,
+            (("container", self.container), ("initContainer", self.init_container)),
+        )
+        return self
 
 
 class ModuleSpec(_Model):

@@ -40,7 +40,7 @@ async def _run(options: emulator.Options, kubeconfig: Path | None, context: str 
             task.add_done_callback(triggered.discard)
 
         # SIGHUP: a kubelet restart; SIGUSR2: the same, every running pod's
-        # claims prepared again; SIGUSR1: a node reboot (README).
+        # claims prepared again; SIGUSR1: a node reboot (docs/kubelet-emulator.md).
         loop.add_signal_handler(signal.SIGHUP, trigger, False, False)
         loop.add_signal_handler(signal.SIGUSR2, trigger, False, True)
         loop.add_signal_handler(signal.SIGUSR1, trigger, True, False)

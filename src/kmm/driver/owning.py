@@ -9,10 +9,19 @@ released. Both ways in therefore shut down identically, and the plugin is
 never stopped from the task whose failure asked for it.
 
 ``run`` decides whether DRA is on (``config.decide_dra``), serves the gRPC
-health service on ``health_port`` (``liveness``, SERVING while the driver
-runs, NOT_SERVING as it stops), starts the plugin, publishes the policy's
-devices, rescans them periodically (republishing on change), allows claims
-once the owner is synchronized, and waits for the shutdown request.
+health service on ``health_port`` (``liveness``: SERVING while the driver
+runs; ``READINESS``, the server as a whole: SERVING while the kubelet's last
+``NotifyRegistrationStatus`` said registered; both NOT_SERVING as it
+stops), starts the plugin, publishes the policy's devices, rescans them
+periodically (republishing on change), allows claims once the owner is
+synchronized, and waits for the shutdown request.
+
+Readiness is the empty service name because drivers written for upstream
+KMM's DaemonSet serve it: gRPC's health servers (Go's, Java's, Python's)
+answer it SERVING from their start, and the Kubernetes dra-example-driver
+answers it as it answers ``liveness`` (its sockets respond). The operator's
+readiness probe asks for it (``operator.dra.builders``), so those drivers
+are Ready as before and kmm's is Ready once the kubelet registered it.
 
 ``reconfigure`` applies a new configuration where it can (device discovery,
 scan interval, log level) and refuses what needs a restart: the refusal is
@@ -39,9 +48,10 @@ from kmm.driver import kmod
 from kmm.kube import client, errors, resources
 from kmm.kubeletplugin import claimcache, claims, plugins, publishing
 
-__all__ = ["LIVENESS", "Driver"]
+__all__ = ["LIVENESS", "READINESS", "Driver"]
 
-LIVENESS = "liveness"  # the service name the DaemonSet's gRPC probe asks for
+LIVENESS = "liveness"  # the service name the DaemonSet's liveness probe asks for
+READINESS = ""  # its readiness probe's: the server as a whole
 
 logger = logging.getLogger(__name__)
 
@@ -186,9 +196,21 @@ class Driver:
             raise configuration.ConfigError(f"health port {port}: {err}") from err
         await server.start()
         self.health_server = server
-        for service in ("", LIVENESS):
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        logger.info("gRPC health (%s) on port %d", LIVENESS, self.health_port)
+        await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+        # Not ready until the kubelet says it registered the plugin.
+        await self.health.set(READINESS, health_pb2.HealthCheckResponse.NOT_SERVING)
+        logger.info("gRPC health (liveness, readiness) on port %d", self.health_port)
+
+    def _registration(self, registered: bool) -> None:
+        """The kubelet's registration status: readiness follows it."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if registered
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        tasks.guard(
+            self.health.set(READINESS, status), name="readiness", on_error=self._background_error
+        )
 
     async def _stop_health(self) -> None:
         if self.health_server is None:
@@ -222,6 +244,7 @@ class Driver:
             claim_source=source,
             paths=self._paths(),
             api=self._api,
+            on_registration=self._registration,
         )
         self.plugin = plugin
         devices = list(self.policy.devices())

@@ -154,6 +154,7 @@ class Plugin:
         stop_grace: float = KUBELET_TIMEOUT,
         crash_point: Callable[[str], None] | None = None,
         boot_id: str | None = None,
+        on_registration: Callable[[bool], None] | None = None,
     ) -> None:
         cdi.validate_vendor(driver)
         self.driver = claims.DriverName(driver)
@@ -186,6 +187,8 @@ class Plugin:
         self._publish_task: asyncio.Task[None] | None = None
         self.registered = asyncio.Event()
         self.registration_error = ""
+        # Told each registration status the kubelet sends (readiness).
+        self._on_registration = on_registration or (lambda _registered: None)
 
     # -- lifecycle -------------------------------------------------------
 
@@ -332,6 +335,7 @@ class Plugin:
         else:
             self.registered.clear()
             logger.error("the kubelet refused the registration: %s", error)
+        self._on_registration(registered)
 
     def health_supported(self) -> bool:
         return self._serve_health

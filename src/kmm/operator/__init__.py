@@ -40,12 +40,15 @@ Shared, pure (no I/O, table-tested):
 - ``nodelabels``: merging wanted labels into patches; ``status``: status
   and conditions; ``events``: Event bodies (Module and Node);
   ``caches``: projections, indexes, event -> key maps; ``failures``: a
-  failed reconcile step, shown on the Module.
+  failed reconcile step, shown on the Module, and a refused write (one
+  object's, shown where it belongs while the rest goes ahead).
 
 Shared, with I/O:
 
 - ``writing``: every API write, and ``Pending`` (writes the cache has not
   shown yet, so a lagging cache causes no repeat);
+- ``podadmission``: whether admission lets in the pods of a Module's
+  DaemonSets (a dry run of the template of one whose pods stay missing);
 - ``reconciler``: the Module reconciler asking the concerns' planners;
 - ``nodekernels``: a node-keyed controller keeping ``kernel-version.full``
   true on nodes no Module's reconcile visits;

@@ -87,6 +87,7 @@ DAEMONSET_FIELDS: Final = (
     "metadata.annotations",
     "metadata.deletionTimestamp",
     "status.desiredNumberScheduled",
+    "status.currentNumberScheduled",
     "status.numberAvailable",
     "status.numberReady",
 )

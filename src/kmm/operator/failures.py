@@ -14,6 +14,17 @@ failures a Module does not show: a conflict (someone wrote first), a
 throttled or unavailable API server, a fenced write (no longer the
 leader). They pass by themselves, or are not the Module's; they are
 retried unwrapped and unchanged.
+
+``refused`` tells a write the API server answered with a refusal of that
+one object: invalid (400, 422), forbidden (403: an admission policy, a
+quota, Pod Security, a namespace being deleted), or its own error about it
+(500: a server-side apply that cannot merge the object's lists, a webhook
+that failed). Such a write does not end the reconcile: the reconciler
+records it on what it concerns (``refusal`` is its text) and goes on with
+the rest (one refusal stays local). Unlike the transient failures an
+answered 500 is shown: retried alone it comes back the same. ``Told``
+remembers which refusal each object's Warning Event told, so a refusal
+repeated on every retry is told once.
 """
 
 from __future__ import annotations
@@ -24,7 +35,16 @@ from typing import Final
 
 from kmm.kube import errors
 
-__all__ = ["MAX_MESSAGE", "StepFailed", "describe", "step", "transient"]
+__all__ = [
+    "MAX_MESSAGE",
+    "StepFailed",
+    "Told",
+    "describe",
+    "refusal",
+    "refused",
+    "step",
+    "transient",
+]
 
 # Long enough for an API server's refusal naming its fields, short enough for
 # a condition a user reads (an Event keeps 1024 characters).
@@ -46,7 +66,58 @@ def transient(error: BaseException) -> bool:
         return transient(error.cause)
     if isinstance(error, errors.Fenced | errors.Conflict):
         return True
-    return isinstance(error, errors.ApiError) and error.retriable
+    return isinstance(error, errors.ApiError) and error.retriable and not refused(error)
+
+
+class Told:
+    """Per Module key, per object it concerns, the refusal last told."""
+
+    def __init__(self) -> None:
+        self._told: dict[str, dict[str, str]] = {}
+
+    def news(self, key: str, what: str, message: str) -> bool:
+        """Whether ``message`` about ``what`` is not the one told last (it is now)."""
+        told = self._told.setdefault(key, {})
+        if told.get(what) == message:
+            return False
+        told[what] = message
+        return True
+
+    def settled(self, key: str, what: str) -> None:
+        """``what`` went through: a refusal of it again is news."""
+        told = self._told.get(key)
+        if told is not None:
+            told.pop(what, None)
+            if not told:
+                del self._told[key]
+
+    def forget(self, key: str) -> None:
+        self._told.pop(key, None)
+
+    def __len__(self) -> int:
+        return sum(len(told) for told in self._told.values())
+
+
+def refused(error: BaseException) -> bool:
+    """Whether ``error`` is the API server refusing one write for the object
+    it carried (or where it goes): the object's concern, not the reconcile's."""
+    if isinstance(error, StepFailed):
+        return refused(error.cause)
+    if isinstance(error, errors.Invalid | errors.Forbidden):
+        return True
+    # 500 is the server answering; no answer (0), a gateway or an
+    # unavailable server (502-504) stay transient.
+    return isinstance(error, errors.Unavailable) and error.status == 500
+
+
+def refusal(error: BaseException) -> str:
+    """The server's words for a refused write: status, reason, message."""
+    if isinstance(error, StepFailed):
+        return refusal(error.cause)
+    if not isinstance(error, errors.ApiError):
+        return _text(error)
+    reason = f" {error.reason}" if error.reason else ""
+    return _bounded(f"{error.status}{reason}: {error.message}")
 
 
 @contextlib.contextmanager
@@ -66,9 +137,11 @@ def step(doing: str) -> Iterator[None]:
 def describe(error: BaseException) -> str:
     """The message a Module shows for ``error``, at most ``MAX_MESSAGE`` long."""
     text = str(error) if isinstance(error, StepFailed) else f"reconciling: {_text(error)}"
-    if len(text) > MAX_MESSAGE:
-        text = text[: MAX_MESSAGE - 1] + "…"
-    return text
+    return _bounded(text)
+
+
+def _bounded(text: str) -> str:
+    return text[: MAX_MESSAGE - 1] + "…" if len(text) > MAX_MESSAGE else text
 
 
 def _text(error: BaseException) -> str:

@@ -23,12 +23,19 @@ Level-based (``runtime.controllers.Reconciler``). For a live Module it:
    ``STATUS_INTERVAL`` (requeued); a Module whose build or sign pod failed
    (or whose pod is still on its way) is requeued every
    ``--build-input-poll`` seconds to notice changed inputs.
-When a step raises (a planner's bug, an object the API server refuses), the
-Module shows it before the controller retries the key with backoff
-(``failures``): Degraded ``ReconcileFailed`` naming the step, and a Warning
-Event once per distinct message, not once per retry; the next reconcile that
-goes through sets Degraded back. Conflicts, throttling and an unavailable
-API server are retried without showing.
+A write the API server refuses (``failures.refused``: invalid, forbidden,
+its own 500) stays local: a DaemonSet's is the Module's ``DaemonSetRefused``
+problem, a build or sign pod's its kernel's image status and ``PodRefused``,
+each with the server's words and one Warning Event per distinct refusal; the
+other DaemonSets, pods, labels and the status still go, and the key is
+retried with backoff (``Result.requeue``). The pods of a DaemonSet that
+admission refuses (Pod Security, a quota) are found by ``podadmission``.
+When a step raises otherwise (a planner's bug, an error that is not one
+object's), the Module shows it before the controller retries the key with
+backoff (``failures``): Degraded ``ReconcileFailed`` naming the step, and a
+Warning Event once per distinct message, not once per retry; the next
+reconcile that goes through sets Degraded back. Conflicts, throttling and an
+unavailable API server are retried without showing.
 For a Module being deleted it deletes its DaemonSets in seed 003's order
 (device plugin and DRA driver, then, once their pods are gone, the loader)
 and waits for the loader pods to go, since they unload the module on their
@@ -62,6 +69,7 @@ from kmm.operator import (
     nodelabels,
     objects,
     plans,
+    podadmission,
     status,
     views,
     writing,
@@ -130,10 +138,13 @@ class ModuleReconciler:
         monotonic: Callable[[], float] = time.monotonic,
         status_interval: float = STATUS_INTERVAL,
         build: build_concern.BuildConcern | None = None,
+        admission: podadmission.PodAdmission | None = None,
     ) -> None:
         self.caches = cached
         # None: no image is checked or built (tests of other concerns).
         self.build = build
+        # None: no DaemonSet's pods are tried (tests of other concerns).
+        self.admission = admission
         self.writer = writer
         self.instance = instance
         self.now = now
@@ -150,6 +161,8 @@ class ModuleReconciler:
         # gave; gone once a reconcile of the key goes through (the Module
         # recovered, or is gone).
         self._shown: dict[str, str] = {}
+        # Per Module, the refusal each object's last Warning Event told.
+        self._told = failures.Told()
 
     async def reconcile(self, key: str) -> controllers.Result:
         try:
@@ -169,6 +182,9 @@ class ModuleReconciler:
             self._status_written.pop(key, None)
             self._versions.pop(key, None)
             self._refused.pop(key, None)
+            self._told.forget(key)
+            if self.admission is not None:
+                self.admission.forget(key)
             if self.build is not None:
                 self.build.forget_module(key)
             namespace, _, name = key.partition("/")
@@ -195,20 +211,25 @@ class ModuleReconciler:
         building = await self._plan_build(view)
         asked = _ask_planners(view, gated=building.gated)
         concerns = asked.concerns()
-        await self._send_build(raw, view, building)
-        await self._send_daemonsets(raw, [ds for plan in concerns for ds in plan.apply])
+        # Refused writes (each one object's) do not stop the others.
+        building, refused = await self._send_build(raw, view, building)
+        refused += await self._send_daemonsets(
+            raw, key, [ds for plan in concerns for ds in plan.apply]
+        )
         await self._delete_daemonsets(raw, [name for plan in concerns for name in plan.delete])
-        problems = await self._send_device_classes(raw, key, view, asked.driver)
+        problems, retried = await self._send_device_classes(raw, key, view, asked.driver)
+        refused += retried
         with failures.step("merging the node labels"):
             changes = nodelabels.merge(view.nodes(), concerns)
         await self._patch_labels(changes, view)
         if asked.loader.versions:
             self._versions.setdefault(key, {}).update(asked.loader.versions)
+        admitted = await self._check_pods(raw, key, view)
 
         with failures.step("computing the status"):
             seen = _observed(
                 module, view, asked.loader, asked.plugin, asked.driver,
-                [*building.problems, *problems],
+                [*refused, *admitted.refused.values(), *building.problems, *problems],
             )  # fmt: skip
             seen = dataclasses.replace(
                 seen,
@@ -216,13 +237,20 @@ class ModuleReconciler:
                 image_rebuild_trigger_generation=self._trigger_generation(view, building),
             )
             new = status.compute(raw, seen, now=self.now())
-        later = controllers.Result(requeue_after=building.requeue_after)
+        # Refused: asked again with the key's backoff (a quota freed, a
+        # policy changed, a server error gone send the Module no event).
+        later = controllers.Result(
+            requeue=bool(refused),
+            requeue_after=_soonest(building.requeue_after, admitted.requeue_after),
+        )
         if not status.differs(raw, new):
             return later
         if status.only_progress(raw, new):
             wait = self._status_written.get(key, -1e9) + self.status_interval - self.monotonic()
             if wait > 0:
-                return controllers.Result(requeue_after=min(wait, building.requeue_after or wait))
+                return controllers.Result(
+                    requeue=later.requeue, requeue_after=_soonest(wait, later.requeue_after)
+                )
         with failures.step("writing the status"):
             written = await self.writer.patch_module_status(raw, status.patch_body(new))
         if written:
@@ -249,25 +277,56 @@ class ModuleReconciler:
 
     async def _send_build(
         self, raw: RawObject, view: views.ModuleView, building: build_planner.BuildPlan
-    ) -> None:
+    ) -> tuple[build_planner.BuildPlan, list[status.Problem]]:
         """Delete the pods the build planner is done with, create the ones it
-        wants, then tell its Events (each once)."""
+        wants, then tell its Events (each once). A refused create is its
+        kernel's: the plan comes back with that image failed, and the refusal."""
         if self.build is None or not (building.concerned or building.delete):
-            return
+            return building, []
+        key = f"{view.namespace}/{view.name}"
+        refused: list[status.Problem] = []
         for pod in building.delete:
             name = pod["metadata"]["name"]
             with failures.step(f"deleting pod {name}"):
                 await self.writer.delete_pod(pod)
         for creation in building.create:
             name = creation.pod["metadata"]["name"]
-            with failures.step(f"creating pod {name}"):
-                created = await self.writer.create_pod(creation.pod)
+            try:
+                with failures.step(f"creating pod {name}"):
+                    created = await self.writer.create_pod(creation.pod)
+            except Exception as err:
+                if not failures.refused(err):
+                    raise
+                message = f"the API server refused pod {name}: {failures.refusal(err)}"
+                refused.append(status.Problem(conditions.REASON_POD_REFUSED, message))
+                building = _image_refused(building, creation.pod, message)
+                await self._tell(raw, key, f"Pod/{name}", conditions.REASON_POD_REFUSED, message)
+                continue
+            self._told.settled(key, f"Pod/{name}")
             if created:
                 event = creation.event
                 await self._event(raw, event.type, event.reason, event.message)
         for event in building.events:
             await self._event(raw, event.type, event.reason, event.message)
         self.build.done(view, building)
+        return building, refused
+
+    async def _tell(self, raw: RawObject, key: str, what: str, reason: str, message: str) -> None:
+        """A Warning Event for a refusal of ``what``, unless it told this one last."""
+        if self._told.news(key, what, message):
+            await self._event(raw, "Warning", reason, message)
+
+    async def _check_pods(
+        self, raw: RawObject, key: str, view: views.ModuleView
+    ) -> podadmission.Checked:
+        """Whether admission lets in the pods of the Module's DaemonSets."""
+        if self.admission is None:
+            return podadmission.Checked()
+        found = [ds for group in view.daemonsets.values() for ds in group]
+        checked = await self.admission.refusals(key, found)
+        for name, problem in checked.refused.items():
+            await self._tell(raw, key, f"Pods/{name}", problem.reason, problem.message)
+        return checked
 
     async def _show_failure(self, key: str, message: str) -> None:
         """Degraded with ``message``, and a Warning Event unless it is the one
@@ -316,9 +375,12 @@ class ModuleReconciler:
 
     async def _send_device_classes(
         self, raw: RawObject, key: str, view: views.ModuleView, plan: dra_planner.DraPlan
-    ) -> list[status.Problem]:
-        """Create, update and delete the Module's DeviceClasses; what stands in the way."""
+    ) -> tuple[list[status.Problem], list[status.Problem]]:
+        """Create, update and delete the Module's DeviceClasses; what stands in
+        the way, and the refusals to retry with backoff (forbidden, or the
+        server's error: an invalid class is not sent again until it changes)."""
         problems: list[status.Problem] = []
+        retried: list[status.Problem] = []
         if plan.enabled and not view.resource_api:
             problems.append(
                 status.Problem(
@@ -327,7 +389,7 @@ class ModuleReconciler:
                     "can be made and no claim allocated; restart the operator once it does",
                 )
             )
-            return problems
+            return problems, retried
         refused = self._refused.setdefault(key, {})
         for name in plan.classes_delete:
             refused.pop(name, None)
@@ -351,24 +413,35 @@ class ModuleReconciler:
                 )
                 continue
             observed = view.device_classes.get(name)
-            # A refusal (Invalid) is this class's problem, kept and shown
-            # below; any other failure ends the reconcile.
-            with failures.step(f"sending DeviceClass {name}"):
-                try:
+            # A refusal is this class's problem: an invalid class is not
+            # sent again until it changes; any other refusal is retried with
+            # the key's backoff. Any other failure ends the reconcile.
+            try:
+                with failures.step(f"sending DeviceClass {name}"):
                     if observed is None:
                         if await self.writer.create_device_class(desired):
-                            await self._event(
-                                raw, "Normal", "DeviceClassCreated", f"created DeviceClass {name}"
-                            )
+                            created = f"created DeviceClass {name}"
+                            await self._event(raw, "Normal", "DeviceClassCreated", created)
                     else:
                         await self.writer.apply_device_class(desired, observed)
-                except errors.Invalid as err:
-                    message = f"{_class_field(view, name)}: the API server refused DeviceClass {name}: {err.message}"
+            except Exception as err:
+                if not failures.refused(err):
+                    raise
+                message = (
+                    f"{_class_field(view, name)}: the API server refused DeviceClass {name}: "
+                    f"{failures.refusal(err)}"
+                )
+                problem = status.Problem(conditions.REASON_DEVICE_CLASS_REFUSED, message)
+                cause = err.cause if isinstance(err, failures.StepFailed) else err
+                if isinstance(cause, errors.Invalid):
                     refused[name] = (digest, message)
-                    problems.append(status.Problem(conditions.REASON_DEVICE_CLASS_REFUSED, message))
-                    await self._event(raw, "Warning", "DeviceClassRefused", message)
+                    problems.append(problem)
                 else:
-                    refused.pop(name, None)
+                    retried.append(problem)
+                await self._tell(raw, key, f"DeviceClass/{name}", problem.reason, message)
+                continue
+            refused.pop(name, None)
+            self._told.settled(key, f"DeviceClass/{name}")
         for name, why in sorted(plan.conflicts.items()):
             problems.append(
                 status.Problem(
@@ -377,7 +450,7 @@ class ModuleReconciler:
             )
         if not refused:
             self._refused.pop(key, None)
-        return problems
+        return problems, retried
 
     async def _remove_device_classes(self, key: str) -> None:
         for observed in self.caches.device_classes.by_index(caches.MODULE_INDEX, key):
@@ -385,15 +458,30 @@ class ModuleReconciler:
             with failures.step(f"deleting DeviceClass {name}"):
                 await self.writer.delete_device_class(name, observed)
 
-    async def _send_daemonsets(self, raw: RawObject, desired: list[RawObject]) -> None:
+    async def _send_daemonsets(
+        self, raw: RawObject, key: str, desired: list[RawObject]
+    ) -> list[status.Problem]:
+        """Apply each DaemonSet; the refusals, each the Module's problem."""
         namespace = raw["metadata"]["namespace"]
+        refused: list[status.Problem] = []
         for obj in desired:
             ds_name = obj["metadata"]["name"]
             observed = self.caches.daemonsets.get(f"{namespace}/{ds_name}")
-            with failures.step(f"applying DaemonSet {ds_name}"):
-                created = await self.writer.apply_daemonset(obj, observed)
+            try:
+                with failures.step(f"applying DaemonSet {ds_name}"):
+                    created = await self.writer.apply_daemonset(obj, observed)
+            except Exception as err:
+                if not failures.refused(err):
+                    raise
+                message = f"the API server refused DaemonSet {ds_name}: {failures.refusal(err)}"
+                refused.append(status.Problem(conditions.REASON_DAEMONSET_REFUSED, message))
+                what = f"DaemonSet/{ds_name}"
+                await self._tell(raw, key, what, conditions.REASON_DAEMONSET_REFUSED, message)
+                continue
+            self._told.settled(key, f"DaemonSet/{ds_name}")
             if created:
                 await self._event(raw, "Normal", "DaemonSetCreated", f"created DaemonSet {ds_name}")
+        return refused
 
     async def _delete_daemonsets(self, raw: RawObject, names: list[str]) -> None:
         namespace = raw["metadata"]["namespace"]
@@ -475,18 +563,31 @@ class ModuleReconciler:
     async def _patch_labels(
         self, changes: nodelabels.LabelChanges, view: views.ModuleView | None
     ) -> None:
+        """One patch per node, ``_PARALLEL_WRITES`` at a time. Once one fails
+        transiently (no answer, throttled, fenced) no more are started: the
+        others would meet the same outage, and the key's backoff retries
+        them all, so an outage costs at most the patches already in flight
+        per retry, not one per node."""
         limit = asyncio.Semaphore(_PARALLEL_WRITES)
+        outage = asyncio.Event()
 
         async def one(node_name: str, change: dict[str, str | None]) -> None:
             async with limit:
+                if outage.is_set():
+                    return
                 # The view is as old as the reconcile; another reconcile's
                 # write may have landed since (DESIGN §5: no repeated writes).
                 node = self.caches.nodes.get(node_name)
                 if node is None:
                     return
                 change = nodelabels.still_needed(node, change)
-                with failures.step(f"patching the labels of node {node_name}"):
-                    sent = bool(change) and await self.writer.patch_node_labels(node, change)
+                try:
+                    with failures.step(f"patching the labels of node {node_name}"):
+                        sent = bool(change) and await self.writer.patch_node_labels(node, change)
+                except Exception as err:
+                    if failures.transient(err):
+                        outage.set()
+                    raise
                 if sent and view is not None:
                     await self._ready_event(view, node, change)
 
@@ -605,6 +706,27 @@ def _observed(
         devices="DRA drivers" if driver.enabled else "device plugins",
         problems=problems,
     )
+
+
+def _soonest(*delays: float | None) -> float | None:
+    """The shortest of the delays given, None if none is."""
+    given = [d for d in delays if d is not None]
+    return min(given) if given else None
+
+
+def _image_refused(
+    building: build_planner.BuildPlan, pod: RawObject, message: str
+) -> build_planner.BuildPlan:
+    """``building`` with the image the refused ``pod`` was to make failed."""
+    name = pod["metadata"]["name"]
+    failed: modules.ImageState = "SignFailed" if _role(pod) == "sign" else "BuildFailed"
+    images = [
+        image.model_copy(update={"state": failed, "pod": None, "message": message})
+        if image.pod == name
+        else image
+        for image in building.images
+    ]
+    return dataclasses.replace(building, images=images)
 
 
 def _class_field(view: views.ModuleView, name: str) -> str:

@@ -7,8 +7,10 @@ ordered upgrades, ``versions`` gives the same sums per module version.
 Conditions (ours, DESIGN §3) come from the node labels' truth, not from the
 DaemonSets' lagging counters:
 
-- Degraded: True with ``InvalidSpec``, ``KernelMappingFailed`` or a DRA
-  problem (``ResourceAPIUnavailable``, ``DeviceClassConflict``,
+- Degraded: True with ``InvalidSpec``, ``KernelMappingFailed``, a write
+  the API server refused (``DaemonSetRefused``, ``PodRefused``: a build or
+  sign pod, or a DaemonSet's pods) or a DRA problem
+  (``ResourceAPIUnavailable``, ``DeviceClassConflict``,
   ``DeviceClassRefused``), else False; ``failed`` sets it alone, True with
   ``ReconcileFailed``, when planning or sending raised (``failures``);
 - Ready: True when every targeted node has the module loaded (and its device

@@ -47,7 +47,7 @@ from typing import Any
 from kmm.aio import backoff
 from kmm.api import modules, preflight
 from kmm.kube import client, errors, listwatch, resources
-from kmm.operator import caches, nodekernels, reconciler, writing
+from kmm.operator import caches, nodekernels, podadmission, reconciler, writing
 from kmm.operator.build import concern as build_concern
 from kmm.operator.build import existence
 from kmm.operator.build import settings as build_settings
@@ -242,7 +242,11 @@ class Operator:
         reader = writing.ApiReader(api)
         self.build = build_concern.BuildConcern(self.checker, reader, configured)
         self.reconciler = reconciler.ModuleReconciler(
-            self.caches, self.writer, instance=instance, build=self.build
+            self.caches,
+            self.writer,
+            instance=instance,
+            build=self.build,
+            admission=podadmission.PodAdmission(reader, self.writer),
         )
         self.counting = Counting(self.reconciler)
         self.controller = controllers.Controller(

@@ -5,7 +5,7 @@ name and pod labels carry the role and the version; it runs where the module
 is loaded (``.ready``, plus the role's own gates and the device-plugin
 version label with a version), or on ``spec.selector`` for a Module without
 ``moduleLoader``; its init container mounts what the user listed and runs
-privileged, as the main container does. The builders add their containers,
+privileged and as root, as the main container does. The builders add their containers,
 volumes and gates.
 """
 
@@ -66,11 +66,12 @@ def init_container(spec: modules.ContainerSpec, name: str) -> RawObject:
     # Privileged, as upstream KMM makes every device-plugin and DRA container,
     # init containers included: the init containers of KMM Modules are
     # written for it (mknod of device nodes, writes under /sys) and would
-    # fail here unprivileged. The pod is privileged already (its main
-    # container), so this grants the pod nothing it did not have.
-    init["securityContext"] = {"privileged": True}
+    # fail here unprivileged; root for the same reason (``podspecs.ROOT``).
+    # The pod is privileged already (its main container), so this grants
+    # the pod nothing it did not have.
+    init["securityContext"] = dict(podspecs.ROOT)
     if spec.volume_mounts:
-        init["volumeMounts"] = list(spec.volume_mounts)
+        init["volumeMounts"] = podspecs.mounts(spec.volume_mounts)
     return init
 
 

@@ -3,7 +3,8 @@
 Writes go as raw JSON (no model parsing): server-side apply of DaemonSets
 (field manager ``kmm``; a create and an update are one idempotent call, so a
 create repeated after a crash cannot duplicate), JSON merge patches of node
-labels, Module status and finalizers, deletes, and Event creates.
+labels, Module status and finalizers, deletes, Event creates, and pods
+created in a dry run (``podadmission``: nothing stored, nothing pending).
 DeviceClasses are created with a plain create (a name someone else took
 must fail, not be taken over) and updated by server-side apply once they
 are known to be the Module's; their ``Pending`` keys are ``class_key(name)``,
@@ -407,6 +408,18 @@ class Writer:
             self.pending.sent(key, "create", desired, objects.resource_version(reply))
         return True
 
+    async def dry_run_pod(self, pod: RawObject) -> None:
+        """Create ``pod`` in a dry run: admission answers (Pod Security,
+        quotas, the service account, the namespace), nothing is stored.
+        Raises what the API server refuses."""
+        await self.api.request(
+            "POST",
+            resources.PODS.path(pod["metadata"]["namespace"]),
+            body=pod,
+            query={"dryRun": "All"},
+            fence=self.fence,
+        )
+
     async def delete_pod(self, observed: RawObject) -> bool:
         """Delete a pod, guarded by its uid: one that ended without grace
         (nothing runs in it to stop), one that did not (a build or sign pod
@@ -534,12 +547,15 @@ class Writer:
 _READABLE: Final = {
     "ConfigMap": resources.Resource("", "v1", "configmaps"),
     "Secret": resources.Resource("", "v1", "secrets"),
+    "DaemonSet": resources.DAEMONSETS,
 }
 
 
 class ApiReader:
     """GETs of the ConfigMaps and Secrets build and sign pods read, on
-    demand (no informer: the operator never lists Secrets)."""
+    demand (no informer: the operator never lists Secrets), and of a
+    DaemonSet whose pod template is tried (``podadmission``: the cache
+    keeps no templates)."""
 
     def __init__(self, api: client.Client) -> None:
         self.api = api

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kmm.api import installation, preflight
+from kmm.api import installation, modules, preflight
 
 
 def _granted() -> set[tuple[str, str, str]]:
@@ -42,7 +42,45 @@ def test_preflight_validations_are_read_and_answered_through_status_only() -> No
     def verbs(resource: str) -> set[str]:
         return {v for g, r, v in granted if g == group and r == resource}
 
-    assert verbs(preflight.PLURAL) == {"get", "list", "watch"}
-    assert verbs(f"{preflight.PLURAL}/status") == {"get", "update", "patch"}
+    assert verbs(preflight.PLURAL) == {"list", "watch"}
+    # The reconciler merge-patches /status (Writer.patch_preflight_status):
+    # never a get or an update (a full replace) of it.
+    assert verbs(f"{preflight.PLURAL}/status") == {"patch"}
     # Preflight pods are owned by their validation with blockOwnerDeletion.
     assert verbs(f"{preflight.PLURAL}/finalizers") == {"update"}
+
+
+def test_every_grant_is_a_request_the_operator_makes() -> None:
+    """The whole ClusterRole, verb by verb. The operator reads through
+    informers (list, watch) and writes only in kmm.operator.writing; a verb
+    added here must name the request that needs it."""
+    by_resource: dict[tuple[str, str], set[str]] = {}
+    for group, resource, verb in _granted():
+        by_resource.setdefault((group, resource), set()).add(verb)
+    assert by_resource == {
+        # informer; merge patch of metadata.finalizers
+        (modules.GROUP, modules.PLURAL): {"list", "watch", "patch"},
+        (modules.GROUP, f"{modules.PLURAL}/status"): {"patch"},
+        # blockOwnerDeletion on the DaemonSets and build pods a Module owns
+        (modules.GROUP, f"{modules.PLURAL}/finalizers"): {"update"},
+        (preflight.GROUP, preflight.PLURAL): {"list", "watch"},
+        (preflight.GROUP, f"{preflight.PLURAL}/status"): {"patch"},
+        (preflight.GROUP, f"{preflight.PLURAL}/finalizers"): {"update"},
+        # server-side apply (patch, and create when the DaemonSet is new), delete
+        ("apps", "daemonsets"): {"list", "watch", "create", "patch", "delete"},
+        ("", "pods"): {"list", "watch", "create", "delete"},
+        ("", "configmaps"): {"get"},
+        ("", "secrets"): {"get"},
+        ("", "nodes"): {"list", "watch", "patch"},
+        ("", "events"): {"create"},
+        ("resource.k8s.io", "deviceclasses"): {"list", "watch", "create", "patch", "delete"},
+        ("resource.k8s.io", "resourceclaims"): {"list", "watch"},
+    }
+    (role, _binding) = installation.leader_election_rbac()
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"],
+        }
+    ]

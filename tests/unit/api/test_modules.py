@@ -6,9 +6,12 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import mount_cases
 import pytest
 
 from kmm.api import examples, labels, modules, validation
+from kmm.operator.deviceplugin import builders as deviceplugin_builders
+from kmm.operator.dra import builders as dra_builders
 
 Obj = dict[str, Any]
 
@@ -453,3 +456,38 @@ def test_namespace_is_counted_in_the_name_budget(upstream_style: Obj) -> None:
     obj["metadata"]["namespace"] += "n"
     with pytest.raises(validation.InvalidModuleError, match=r"metadata\.name"):
         validation.parse_module(obj)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in mount_cases.CASES])
+def test_a_mount_of_no_volume_is_refused_naming_field_and_rule(case: Any) -> None:
+    """The Python half of the rule; tests/integration/test_module_admission.py
+    runs the CEL half on the API server with the same cases."""
+    obj = mount_cases.module()
+    case.mutate(obj)
+    with pytest.raises(validation.InvalidModuleError) as caught:
+        validation.parse_module(obj)
+    found = [(v.path, v.message) for v in caught.value.violations]
+    assert any(p == case.path and case.message in m for p, m in found), found
+    assert "'nowhere'" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "mutate"), mount_cases.ACCEPTED, ids=[n for n, _ in mount_cases.ACCEPTED]
+)
+def test_a_mount_of_a_declared_or_kmm_volume_is_accepted_and_reaches_the_pod(
+    name: str, mutate: Callable[[Obj], None]
+) -> None:
+    obj = mount_cases.module()
+    mutate(obj)
+    parsed = validation.parse_module(obj)
+    dumped = parsed.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True)
+    assert dumped["spec"] == obj["spec"]
+    build = dra_builders.daemonset if parsed.spec.dra else deviceplugin_builders.daemonset
+    pod = build(parsed)["spec"]["template"]["spec"]
+    containers = [*pod["containers"], *pod.get("initContainers", ())]
+    mounted = [
+        m for c in containers for m in c.get("volumeMounts", ()) if m["mountPath"] == "/mnt/x"
+    ]
+    # Passed through as written (readOnly included), naming a volume the pod has.
+    assert [m["readOnly"] for m in mounted] == [True]
+    assert mounted[0]["name"] in {v["name"] for v in pod["volumes"]}

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from kmm.api import admission, chart, crd, examples, labels, manifests, preflight
+from kmm.api import admission, chart, crd, examples, installation, labels, manifests, preflight
 from kmm.cli import app
 
 DEPLOY = pathlib.Path(__file__).resolve().parents[3] / "deploy"
@@ -27,31 +27,58 @@ def test_committed_file_equals_rendering(path: str) -> None:
     )
 
 
-def test_cli_prints_everything_in_deploy() -> None:
-    result = CliRunner().invoke(app, ["manifests"])
+def _printed(*args: str) -> list[dict[str, Any]]:
+    result = CliRunner().invoke(app, ["manifests", *args])
     assert result.exit_code == 0, result.output
-    printed = list(yaml.safe_load_all(result.output))
+    return list(yaml.safe_load_all(result.output))
+
+
+def _committed(*, examples: bool) -> list[dict[str, Any]]:
     # The Helm chart is Go templates, not manifests (test_chart.py checks it).
-    committed = [
+    return [
         document
         for path in sorted(DEPLOY.rglob("*.yaml"))
         if not path.is_relative_to(DEPLOY / chart.DIRECTORY)
+        and (str(path.relative_to(DEPLOY)) in manifests.EXAMPLES) == examples
         for document in yaml.safe_load_all(path.read_text())
     ]
+
+
+def test_cli_prints_the_install_and_no_example() -> None:
+    """What ``kmm manifests | kubectl apply -f -`` puts into a user's cluster:
+    kmm itself, not three demo Modules, a Pod and a ResourceClaimTemplate."""
+    printed = _printed()
     key = json.dumps
-    assert sorted(map(key, printed)) == sorted(map(key, committed))
+    assert sorted(map(key, printed)) == sorted(map(key, _committed(examples=False)))
     kinds = [document["kind"] for document in printed]
+    assert not {"Module", "Pod", "ResourceClaimTemplate"} & set(kinds)
+    # Only kmm's own accounts: not the DRA example's driver account.
+    assert [d["metadata"]["name"] for d in printed if d["kind"] == "ServiceAccount"] == [
+        installation.SERVICE_ACCOUNT
+    ]
     # Apply order: what later documents need comes first.
     assert kinds[:3] == ["Namespace", "ServiceAccount", "CustomResourceDefinition"]
-    # The examples last: every Module after the operator's Deployment, the
-    # DRA example's account before its Module, a workload after its template.
-    deployment = kinds.index("Deployment")
-    assert all(i > deployment for i, kind in enumerate(kinds) if kind == "Module")
+    assert kinds[-1] == "Deployment"
+
+
+def test_cli_prints_the_examples_on_request_and_nothing_else() -> None:
+    printed = _printed("--examples")
+    key = json.dumps
+    assert sorted(map(key, printed)) == sorted(map(key, _committed(examples=True)))
+    kinds = [document["kind"] for document in printed]
+    assert not {"Namespace", "CustomResourceDefinition", "Deployment"} & set(kinds)
+    # The DRA example's account before its Module, a workload after its template.
     names = [(d["kind"], d["metadata"]["name"]) for d in printed]
     dra_module = names.index(("Module", "kmm-dra-demo"))
     assert names.index(("ServiceAccount", "kmm-dra-driver")) < dra_module
     assert names.index(("ClusterRoleBinding", "kmm-dra-driver-default")) < dra_module
     assert kinds.index("ResourceClaimTemplate") < kinds.index("Pod")
+
+
+def test_install_and_examples_are_everything_in_deploy() -> None:
+    assert set(manifests.FILES) >= manifests.EXAMPLES
+    both = manifests.documents() + manifests.documents(examples=True)
+    assert len(both) == sum(len(build()) for build in manifests.FILES.values())
 
 
 def _root(definition: Schema | None = None) -> Schema:

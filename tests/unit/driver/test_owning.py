@@ -7,7 +7,7 @@ import dataclasses
 import json
 import pathlib
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from kubeletplugin import fakeapi, fakes
@@ -169,6 +169,56 @@ async def test_the_health_service_answers_liveness_while_the_driver_runs(
     driver.request_shutdown("test")
     assert await asyncio.wait_for(task, timeout=10) == "test"
     assert not await probes.check(probe, {}, _no_exec)  # gone with the driver
+
+
+async def test_readiness_follows_the_kubelets_registration_status(
+    root: pathlib.Path, api: tuple[client.Client, fakeapi.FakeAPI]
+) -> None:
+    """The DaemonSet's readiness probe asks the empty service: SERVING only
+    while the kubelet's last NotifyRegistrationStatus said registered."""
+    fake_client, _ = api
+    make_tree(root)
+    driver = make_driver(root, fake_client, claimcache.StaticClaims())
+    driver.config = dataclasses.replace(driver.config, health_port=0)
+    task = await run_until_started(driver)
+    paths = plugins.Paths.under(root, DRIVER)
+    assert driver.health_port
+    readiness = {"grpc": {"port": driver.health_port}}
+    liveness = {"grpc": {"port": driver.health_port, "service": owning.LIVENESS}}
+
+    async def ready() -> bool:
+        return await probes.check(readiness, {}, _no_exec)
+
+    try:
+        # Serving, but no kubelet has registered it: alive, not ready.
+        assert await probes.check(liveness, {}, _no_exec)
+        assert not await ready()
+        async with Kubelet(paths.registration_socket(DRIVER)) as kubelet:
+            await kubelet.get_info()
+            assert not await ready()
+            await kubelet.notify(True)
+            assert await _eventually(ready)
+            await kubelet.notify(False, "plugin name already registered")
+            assert await _eventually(lambda: _not(ready))
+            assert await probes.check(liveness, {}, _no_exec)
+    finally:
+        driver.request_shutdown("SIGTERM")
+        await asyncio.wait_for(task, timeout=30)
+    assert not await ready()
+
+
+async def _not(check: Callable[[], Awaitable[bool]]) -> bool:
+    return not await check()
+
+
+async def _eventually(check: Callable[[], Awaitable[bool]]) -> bool:
+    """The readiness set by the registration's handler lands on the loop's
+    next turns; no timing involved (at most 100 turns)."""
+    for _ in range(100):
+        if await check():
+            return True
+        await asyncio.sleep(0)
+    return False
 
 
 async def _no_exec(argv: list[str], timeout: float) -> bool:

@@ -1,8 +1,8 @@
 """Who gets which privilege, field by field: the operator's own pod none
 (Pod Security Standard ``restricted``, plus a read-only root filesystem), the
 loader root with SYS_MODULE only, the device plugin and DRA driver
-privileged, their init containers too (KMM's, so existing images run). No pod
-shares a host namespace.
+privileged and root, their init containers too (KMM's, so existing images
+run, whatever user they name). No pod shares a host namespace.
 tests/integration/test_pod_security.py has the API server judge the same pods.
 """
 
@@ -66,7 +66,9 @@ def _dra() -> dict[str, Any]:
     return dra_builders.daemonset(validation.parse_module(raw))
 
 
-_PRIVILEGED = {"privileged": True}
+# Privileged and root: an image may name a user of its own (kmm's names
+# 65532), which could not write root-owned host directories even privileged.
+_ROOT = {"privileged": True, "runAsUser": 0}
 
 
 @pytest.mark.parametrize(
@@ -78,10 +80,9 @@ _PRIVILEGED = {"privileged": True}
             [],
         ),
         # Upstream KMM runs device-plugin and DRA init containers privileged
-        # (they mknod and write under /sys); kmm does the same.
-        (_device_plugin, _PRIVILEGED, [_PRIVILEGED]),
-        # The DRA driver as root too: its image may name a user of its own.
-        (_dra, {**_PRIVILEGED, "runAsUser": 0}, [_PRIVILEGED]),
+        # (they mknod and write under /sys); kmm does the same, as root.
+        (_device_plugin, _ROOT, [_ROOT]),
+        (_dra, _ROOT, [_ROOT]),
     ],
 )
 def test_module_pods_get_their_privilege_and_nothing_more(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import asyncio
 from typing import Any
 
 import operator_fixtures as fixtures
@@ -433,33 +433,6 @@ class RefusingWriter(RecordingWriter):
 @pytest.mark.parametrize(
     "error",
     [
-        errors.Invalid(422, "spec.template.spec.containers[0].volumeMounts[0].name: Not found"),
-        errors.Forbidden(403, "daemonsets.apps is forbidden"),
-    ],
-    ids=["invalid", "forbidden"],
-)
-async def test_an_object_the_api_server_refuses_degrades_the_module(
-    world: Any, error: errors.ApiError
-) -> None:
-    _, _, cached = world
-    writer = RefusingWriter(cached, error)
-    rec = reconciler.ModuleReconciler(cached, writer, now=lambda: "2026-01-01T00:00:00Z")  # type: ignore[arg-type]
-    cached.modules.put(fixtures.module_raw())
-    for _ in range(3):
-        with pytest.raises(failures.StepFailed, match=re.escape(error.message)):
-            await rec.reconcile("ns/m")
-    degraded = _condition(cached, conditions.DEGRADED)
-    assert degraded["status"] == "True"
-    assert degraded["message"].startswith("applying DaemonSet ")
-    assert degraded["message"].endswith(str(error))
-    assert _warnings(writer) == [("ReconcileFailed", degraded["message"])]
-    # Nothing says Ready while nothing could be made.
-    assert _condition(cached, conditions.READY)["status"] == "Unknown"
-
-
-@pytest.mark.parametrize(
-    "error",
-    [
         errors.Conflict(409, "the object has been modified"),
         errors.Unavailable(503, "etcd leader changed"),
         errors.Throttled(429, "slow down"),
@@ -523,3 +496,39 @@ async def test_a_failing_module_is_retried_with_backoff_until_it_converges(
     assert queue.failures("ns/m") == 0  # success forgot the backoff
     assert _condition(cached, conditions.DEGRADED)["status"] == "False"
     assert len(_warnings(writer)) == 1
+
+
+class DownWriter(RecordingWriter):
+    """Node patches meet an API server that does not answer while ``down``
+    (each in flight until the loop turns, as a real request is)."""
+
+    def __init__(self, cached: reconciler.Caches) -> None:
+        super().__init__(cached)
+        self.down = True
+        self.patches = 0
+
+    async def patch_node_labels(self, node: dict, change: dict) -> bool:
+        self.patches += 1
+        await asyncio.sleep(0)
+        if self.down:
+            raise errors.Unavailable(0, "ClientConnectorError: connection refused")
+        return await super().patch_node_labels(node, change)
+
+
+async def test_an_outage_costs_the_patches_in_flight_not_one_per_node(world: Any) -> None:
+    _, _, cached = world
+    for index in range(100):
+        cached.nodes.put(fixtures.node(f"w{index:03}", K68))
+    writer = DownWriter(cached)
+    rec = reconciler.ModuleReconciler(cached, writer, now=lambda: "2026-01-01T00:00:00Z")  # type: ignore[arg-type]
+    cached.modules.put(fixtures.module_raw())
+    for retry in range(1, 4):
+        with pytest.raises(errors.Unavailable):
+            await rec.reconcile("ns/m")
+        # Each retry sends what was in flight when the first patch failed.
+        assert writer.patches == retry * reconciler._PARALLEL_WRITES
+    writer.down = False
+    await rec.reconcile("ns/m")
+    kernel = labels.KERNEL_VERSION_FULL
+    labelled = [n for n in cached.nodes.objects() if kernel in n["metadata"]["labels"]]
+    assert len(labelled) == 102  # every selected node (x is not)

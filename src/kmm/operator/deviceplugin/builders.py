@@ -31,10 +31,10 @@ def daemonset(module: modules.Module) -> RawObject:
     if plugin is None:
         raise ValueError("a device-plugin DaemonSet needs spec.devicePlugin")
     container = podspecs.container(plugin.container, "device-plugin")
-    container["securityContext"] = {"privileged": True}
+    container["securityContext"] = dict(podspecs.ROOT)
     container["volumeMounts"] = [
         {"name": _PLUGINS_VOLUME, "mountPath": _PLUGINS_DIR},
-        *(plugin.container.volume_mounts or ()),
+        *podspecs.mounts(plugin.container.volume_mounts),
     ]
     pod_spec: RawObject = {
         **podspecs.base(

@@ -7,7 +7,8 @@ and registration directories and the CDI directory from the host; in the
 environment ``NODE_NAME`` and ``POD_UID`` (downward API), ``DRIVER_NAME``,
 ``CDI_ROOT``, ``KUBELET_REGISTRAR_DIRECTORY_PATH``,
 ``KUBELET_PLUGINS_DIRECTORY_PATH`` and ``HEALTHCHECK_PORT`` (the gRPC
-liveness probe's), the user's ``env`` after them so a user may override one;
+liveness and readiness probes'), the user's ``env`` after them, a variable the user sets
+replacing the preset one (``podspecs.environment``);
 privileged and root, whatever user the image names (a driver creates device
 nodes and sockets on the host). It runs
 where the module is loaded and the node is a DRA target (``.ready`` and
@@ -67,7 +68,7 @@ def _environment(dra: modules.DraSpec) -> list[RawObject]:
     def field(path: str) -> RawObject:
         return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
 
-    return [
+    presets = [
         {"name": "NODE_NAME", **field("spec.nodeName")},
         {"name": "POD_UID", **field("metadata.uid")},
         {"name": "DRIVER_NAME", "value": dra.driver_name},
@@ -75,8 +76,12 @@ def _environment(dra: modules.DraSpec) -> list[RawObject]:
         {"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": REGISTRY_DIR},
         {"name": "KUBELET_PLUGINS_DIRECTORY_PATH", "value": PLUGINS_DIR},
         {"name": "HEALTHCHECK_PORT", "value": str(HEALTHCHECK_PORT)},
-        *(dra.container.env or ()),
     ]
+    # Upstream KMM appends the user's list to its presets as it is, so a
+    # preset the user sets too (its own CI Module sets DRIVER_NAME, which
+    # upstream does not preset) is there twice: a server-side apply refuses
+    # that list. Each name once, the user's value winning.
+    return podspecs.environment(presets, dra.container.env)
 
 
 def daemonset(module: modules.Module) -> RawObject:
@@ -84,21 +89,29 @@ def daemonset(module: modules.Module) -> RawObject:
     dra = _dra(module)
     container = podspecs.container(dra.container, "dra-driver")
     container["env"] = _environment(dra)
-    # Root as well as privileged: a privileged container's capabilities are
-    # root's only, and a driver image may name a user of its own (kmm's does,
-    # 65532), which could not write the kubelet's root-owned plugin, registry
-    # and CDI directories.
-    container["securityContext"] = {"privileged": True, "runAsUser": 0}
+    container["securityContext"] = dict(podspecs.ROOT)
     container["volumeMounts"] = [
         {"name": _PLUGINS_VOLUME, "mountPath": PLUGINS_DIR},
         {"name": _REGISTRY_VOLUME, "mountPath": REGISTRY_DIR},
         {"name": _CDI_VOLUME, "mountPath": CDI_DIR},
-        *(dra.container.volume_mounts or ()),
+        *podspecs.mounts(dra.container.volume_mounts),
     ]
     container["livenessProbe"] = {
         "grpc": {"port": HEALTHCHECK_PORT, "service": "liveness"},
         "failureThreshold": 3,
         "periodSeconds": 10,
+    }
+    # Upstream KMM's DaemonSet has the liveness probe only, so a driver is
+    # Ready (and counted, and its node labelled) before the kubelet has
+    # registered it. The readiness probe asks the empty service, the server
+    # as a whole: kmm's driver serves it once the kubelet's registration
+    # status said registered (``kmm.driver.owning``); gRPC's own health
+    # servers and the dra-example-driver serve it as they serve liveness, so
+    # drivers written for upstream's layout are not held unready.
+    container["readinessProbe"] = {
+        "grpc": {"port": HEALTHCHECK_PORT},
+        "failureThreshold": 3,
+        "periodSeconds": 5,
     }
     pod_spec: RawObject = {
         **podspecs.base(

@@ -13,6 +13,10 @@ Level-based (``runtime.controllers.Reconciler``). For a live validation it:
    missing (asked again every poll while it is missing, as the build
    concern does);
 3. deletes the pods the planner is done with, creates the ones it wants;
+   a create the API server refuses (``failures.refused``: a quota, Pod
+   Security, a namespace being deleted) is that Module's verdict, Failure
+   naming the refusal, tried again every ``Settings.poll``; the other
+   Modules' pods and verdicts go ahead;
 4. writes the status subresource only when it differs from the cached one
    (``status.differs``), so a converged validation costs no write.
 
@@ -30,7 +34,7 @@ import time
 from collections.abc import Callable
 
 from kmm.api import labels, preflight
-from kmm.operator import caches, writing
+from kmm.operator import caches, failures, writing
 from kmm.operator.build import existence, images
 from kmm.operator.build import inputs as build_inputs
 from kmm.operator.build import settings as build_settings
@@ -100,11 +104,30 @@ class PreflightReconciler:
         for pod in out.delete:
             await self.writer.delete_pod(pod)
         for pod in out.create:
-            await self.writer.create_pod(pod)
+            await self._create(pod, out)
         wanted = status.compute(found, out.verdicts, now=self.now())
         if status.differs(raw, wanted):
             await self.writer.patch_preflight_status(raw, {"status": wanted})
         return controllers.Result(requeue_after=out.requeue_after)
+
+    async def _create(self, pod: stores.RawObject, out: planner.Plan) -> None:
+        """Create a Module's preflight pod; a refusal is the Module's verdict."""
+        metadata = pod["metadata"]
+        try:
+            await self.writer.create_pod(pod)
+        except Exception as err:
+            if not failures.refused(err):
+                raise
+            pod_labels = metadata.get("labels") or {}
+            key = f"{pod_labels.get(labels.MODULE_NAMESPACE)}/{pod_labels.get(labels.MODULE_NAME)}"
+            before = out.verdicts.get(key)
+            out.verdicts[key] = verdicts.failure(
+                f"{preflight.REASON_BUILD_FAILED}: the API server refused pod "
+                f"{metadata['namespace']}/{metadata['name']}: {failures.refusal(err)}",
+                image=before.image if before is not None else None,
+            )
+            # A freed quota or a relabelled namespace sends no event.
+            out.requeue(self.settings.poll)
 
     async def _gather(
         self,

@@ -187,6 +187,8 @@ def test_daemonset_carries_what_driver_images_expect() -> None:
     assert container["env"][2]["value"] == DRIVER
     assert container["securityContext"] == {"privileged": True, "runAsUser": 0}
     assert container["livenessProbe"]["grpc"] == {"port": 51515, "service": "liveness"}
+    # Readiness asks the server as a whole (gRPC's empty service name).
+    assert container["readinessProbe"]["grpc"] == {"port": 51515}
     host = {v["hostPath"]["path"]: v["hostPath"].get("type") for v in pod["volumes"]}
     assert host == {
         "/var/lib/kubelet/plugins": "DirectoryOrCreate",
@@ -255,12 +257,17 @@ class DraWriter(RecordingWriter):
     def __init__(self, cached: reconciler.Caches) -> None:
         super().__init__(cached)
         self.refuse: set[str] = set()
+        self.forbid: set[str] = set()  # 403 instead (an admission policy)
 
     async def create_device_class(self, desired: dict) -> bool:
         name = desired["metadata"]["name"]
         self.calls.append(("create-class", name))
         if name in self.refuse:
             raise errors.Invalid(422, f'DeviceClass.resource.k8s.io "{name}" is invalid: bad CEL')
+        if name in self.forbid:
+            raise errors.Forbidden(
+                403, f'deviceclasses "{name}" is forbidden: denied by policy', reason="Forbidden"
+            )
         self.cached.device_classes.put(copy.deepcopy(desired))
         return True
 
@@ -366,6 +373,35 @@ async def test_a_refused_device_class_is_reported_once_and_not_resent(dra_world:
     await rec.reconcile("ns/m")
     assert ("create-class", "gpu.example.com") in writer.calls
     assert _condition(cached, conditions.DEGRADED)["status"] == "False"
+
+
+async def test_a_forbidden_device_class_is_shown_retried_and_the_rest_goes(
+    dra_world: Any,
+) -> None:
+    """A 403 (an admission policy, a quota) may pass without the Module
+    changing: shown, told once, and sent again on the key's backoff; the
+    driver's DaemonSet and labels go meanwhile."""
+    rec, writer, cached = dra_world
+    writer.forbid.add("gpu.example.com")
+    cached.modules.put(fixtures.module_raw(dra=_dra()))
+    for _ in range(3):
+        result = await rec.reconcile("ns/m")
+        assert result.requeue
+    assert writer.calls.count(("create-class", "gpu.example.com")) == 3
+    degraded = _condition(cached, conditions.DEGRADED)
+    assert degraded["reason"] == conditions.REASON_DEVICE_CLASS_REFUSED
+    assert degraded["message"] == (
+        "spec.dra.deviceClasses[0]: the API server refused DeviceClass gpu.example.com: "
+        '403 Forbidden: deviceclasses "gpu.example.com" is forbidden: denied by policy'
+    )
+    told = [c[1] for c in writer.calls if c[0] == "event" and c[1][0] == "DeviceClassRefused"]
+    assert told == [("DeviceClassRefused", degraded["message"])]
+    assert any(
+        labels.KERNEL_VERSION_FULL in n["metadata"]["labels"] for n in cached.nodes.objects()
+    )
+    writer.forbid.clear()
+    assert not (await rec.reconcile("ns/m")).requeue
+    assert cached.device_classes.get("gpu.example.com") is not None
 
 
 async def test_without_the_resource_api_a_dra_module_is_degraded(dra_world: Any) -> None:

@@ -10,9 +10,11 @@ import itertools
 import json
 from typing import Any
 
+import pytest
 import test_preflight_planner as cases
 
 from kmm.api import labels, preflight
+from kmm.kube import errors
 from kmm.operator import caches
 from kmm.operator.build import existence, pods
 from kmm.operator.preflight import reconciler
@@ -46,16 +48,28 @@ class _Reader:
 
 
 class _Writer:
-    """The writer's calls the reconciler makes; each applied to the stores."""
+    """The writer's calls the reconciler makes; each applied to the stores,
+    with ``writing.Writer``'s answers: a create of a name taken is False
+    (AlreadyExists), a delete of a pod gone is False, and a create in a
+    namespace listed in ``refusing`` raises that namespace's refusal (the
+    API server's error class; nothing is made)."""
 
     def __init__(self, validations: stores.Store, pod_store: stores.Store) -> None:
         self.validations = validations
         self.pods = pod_store
         self.calls: list[tuple[str, str]] = []
+        self.refusing: dict[str, errors.ApiError] = {}
         self._uids = itertools.count()
 
     async def create_pod(self, desired: Obj) -> bool:
-        self.calls.append(("create", desired["metadata"]["name"]))
+        metadata = desired["metadata"]
+        refusal = self.refusing.get(metadata["namespace"])
+        if refusal is not None:
+            self.calls.append(("refused", metadata["name"]))
+            raise refusal
+        self.calls.append(("create", metadata["name"]))
+        if self.pods.get(stores.key_of(desired)) is not None:
+            return False
         made = copy.deepcopy(desired)
         made["metadata"]["uid"] = f"pod-{next(self._uids)}"
         made["status"] = {"phase": "Pending"}
@@ -64,6 +78,8 @@ class _Writer:
 
     async def delete_pod(self, observed: Obj) -> bool:
         self.calls.append(("delete", observed["metadata"]["name"]))
+        if self.pods.get(stores.key_of(observed)) is None:
+            return False
         self.pods.delete(stores.key_of(observed))
         return True
 
@@ -306,3 +322,79 @@ def test_module_events_that_concern_validations() -> None:
     assert not caches.validations_of_module_change(raw, status_only)
     assert caches.validations_of_module_change(raw, spec)
     assert caches.validations_of_module_change(raw, going)
+
+
+_QUOTA = errors.Forbidden(
+    403,
+    'pods "pfv-builds-preflight" is forbidden: exceeded quota: pods, requested: pods=1, '
+    "used: pods=1, limited: pods=1",
+    reason="Forbidden",
+    method="POST",
+    path="/api/v1/namespaces/other/pods",
+)
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        _QUOTA,
+        errors.Forbidden(
+            403,
+            'pods "x" is forbidden: unable to create new content in namespace other because it '
+            "is being terminated",
+            reason="Forbidden",
+        ),
+        errors.Forbidden(
+            403,
+            'pods "x" is forbidden: violates PodSecurity "restricted:latest": privileged',
+            reason="Forbidden",
+        ),
+    ],
+    ids=["quota", "terminating", "pod-security"],
+)
+async def test_a_refused_pod_is_its_modules_verdict_and_the_others_go_ahead(
+    refusal: errors.ApiError,
+) -> None:
+    world = World()
+    world.modules.put(cases.module_raw("builds", "other", build=True))
+    world.modules.put(cases.module_raw("m", "ns", build=True))
+    world.validations.put(cases.validation_raw())
+    world.writer.refusing["other"] = refusal
+    result = await world.reconcile()
+    verdicts = world.status()
+    refused = verdicts["other/builds"]
+    assert refused["verificationStatus"] == "Failure"
+    name = pods.preflight_pod_name("pfv", "builds")
+    assert refused["statusReason"] == (
+        f"{preflight.REASON_BUILD_FAILED}: the API server refused pod other/{name}: "
+        f"403 Forbidden: {refusal.message}"
+    )
+    assert refused["image"] == cases.IMAGE
+    assert "pod" not in refused
+    # The other Module's pod was made, and its verdict written with this one.
+    assert verdicts["ns/m"]["verificationStatus"] == "InProgress"
+    assert world.writer.calls == [
+        ("create", pods.preflight_pod_name("pfv", "m")),
+        ("refused", name),
+        ("status", "pfv"),
+    ]
+    # Asked again after the poll: a freed quota sends no event.
+    assert result.requeue_after == cases.SETTINGS.poll
+    world.writer.calls.clear()
+    await world.reconcile()
+    assert world.writer.calls == [("refused", name)]  # the same verdict: no write
+
+    del world.writer.refusing["other"]
+    await world.reconcile()
+    assert world.status()["other/builds"]["verificationStatus"] == "InProgress"
+    assert world.pods.get(f"other/{name}") is not None
+
+
+async def test_a_transient_failure_of_a_create_ends_the_reconcile_unwritten() -> None:
+    world = World()
+    world.modules.put(cases.module_raw("m", "ns", build=True))
+    world.validations.put(cases.validation_raw())
+    world.writer.refusing["ns"] = errors.Unavailable(0, "connection refused")
+    with pytest.raises(errors.Unavailable):
+        await world.reconcile()
+    assert world.status() == {}
