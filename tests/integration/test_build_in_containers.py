@@ -564,7 +564,7 @@ async def test_a_converged_module_asks_no_registry(
     name, _ = await _quick_module(sandbox, api, quick)
     async with _operator(sandbox) as running:
         await running.wait_idle("converged")
-        checks = running.op.checker.requests
+        checks = running.op.asker.requests
         assert checks > 0  # the restart asked once
         writes = running.counter.total_writes
         done = running.op.counting.done
@@ -572,7 +572,7 @@ async def test_a_converged_module_asks_no_registry(
             running.op.resync()
             await running.wait_idle("resynced")
         assert running.op.counting.done >= done + 5
-        assert running.op.checker.requests == checks
+        assert running.op.asker.requests == checks
         assert running.counter.total_writes == writes  # no status write, no Event
         assert _state(sandbox.kernel, "Exists")(await _get_module(api, name))
 

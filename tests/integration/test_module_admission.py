@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import build_sign_cases
+import image_cases
 import mount_cases
 import pytest
 import regexp_cases as cases
@@ -531,3 +532,27 @@ async def _stored_as_sent(api_client: client.ApiClient, namespace: str, obj: Obj
     assert stored["spec"]["moduleLoader"]["container"]["modprobe"].pop("dirName") == "/opt"
     assert stored["spec"] == obj["spec"]
     return stored
+
+
+async def test_image_names_are_judged_as_the_operator_judges_them(
+    api_client: client.ApiClient, namespace: str
+) -> None:
+    """Each image rule in CEL (the API server) and in Python (the operator's
+    validation) gives the same verdict on the same name, naming the same
+    field and rule: one dry run per case."""
+    await install(api_client)
+    wrong: list[str] = []
+    for case in image_cases.CASES:
+        obj = examples.module(name=f"m-{uuid.uuid4().hex[:6]}")
+        path = image_cases.place(case, obj)
+        message = await refusal(api_client, namespace, obj)
+        if case.message is None:
+            if message is not None:
+                wrong.append(f"{case.name}: refused: {message}")
+            validation.parse_module(obj)
+            continue
+        if message is None or f"{path}: " not in message or case.message not in message:
+            wrong.append(f"{case.name}: {message}")
+        with pytest.raises(validation.InvalidModuleError):
+            validation.parse_module(obj)
+    assert wrong == []

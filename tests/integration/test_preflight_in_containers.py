@@ -288,12 +288,12 @@ async def test_three_modules_a_build_that_pushes_nothing_then_one_that_pushes(
 
             # Converged: no API write, no registry request, however often.
             await running.wait_idle("converged")
-            asked, api_writes = running.op.checker.requests, running.counter.total_writes
+            asked, api_writes = running.op.asker.requests, running.counter.total_writes
             reconciles = running.op.preflight.done
             log_size = _registry_log(sandbox).stat().st_size
             await _settled(running)
             assert running.op.preflight.done >= reconciles + 3
-            assert running.op.checker.requests == asked
+            assert running.op.asker.requests == asked
             assert running.counter.total_writes == api_writes
             assert _registry_requests(sandbox, log_size) == []
 

@@ -19,15 +19,19 @@ import ssl
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import ociarchives
 import pytest
+from aiohttp import web
 
 from kmm.cli import paths
 from kmm.oci import archive, auth, errors, mediatypes, pushing
 from kmm.oci import client as oci_client
+from kmm.operator.build import asking, existence
 from kmm.sandbox import (
     addressing,
     building,
@@ -356,3 +360,171 @@ async def test_a_layer_of_megabytes_is_pushed_in_process_without_a_warning(
         pushed = await pushing.push(open_client, opened, "kmm/big", "v1")
     assert pushed.digest == made.manifest_digest
     assert await open_client.exists("kmm/big", "v1") is not None
+
+
+# Inside a network namespace of the test's own (the rule: traffic stays in
+# namespaces the sandbox makes): a registry whose manifests redirect, the
+# storage it redirects to, a registry whose Bearer realm is the cloud
+# metadata address, and listeners on that address and on loopback that
+# count whoever reaches them.
+_REGISTRY, _STORAGE, _BEARER = "192.0.2.1:5000", "192.0.2.2:5000", "192.0.2.3:5000"
+_METADATA = "169.254.169.254"
+_LOOPBACK = "127.0.0.1:5001"
+_BASIC = "Basic " + base64.b64encode(b"robot:s3cret").decode()
+_REDIRECTS = {
+    "v1": f"http://{_STORAGE}/objects/kmm/mod/v1",
+    "v2": f"http://{_STORAGE}/objects/kmm/mod/v2",
+    "meta": f"http://{_METADATA}/latest/meta-data/iam/",
+    "loop": f"http://{_LOOPBACK}/x",
+    "mapped": "http://[::ffff:127.0.0.1]:5001/x",
+}
+
+
+class _Launcher:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.launched: list[processes.Process] = []
+
+    def launch(self, name: str, argv: list[str], *, health_url: str) -> processes.Process:
+        process = processes.launch(
+            name, argv, log=self.directory / f"{name}.log", health_url=health_url
+        )
+        self.launched.append(process)
+        return process
+
+
+async def _redirect_world() -> tuple[dict[str, existence.Fact | None], dict[str, list[str]]]:
+    """Serve the doubles, check each image with the operator's checker (no
+    configured endpoint: nothing is trusted); the facts and who saw what."""
+    seen: dict[str, list[str]] = {n: [] for n in ("registry", "storage", "bearer", "metadata", "loopback")}  # fmt: skip
+
+    async def registry_(request: web.Request) -> web.Response:
+        seen["registry"].append(request.headers.get("Authorization", ""))
+        if request.headers.get("Authorization") != _BASIC:
+            return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="r"'})
+        return web.Response(status=307, headers={"Location": _REDIRECTS[request.match_info["ref"]]})
+
+    async def storage(request: web.Request) -> web.Response:
+        seen["storage"].append(f"{request.path} {request.headers.get('Authorization', '')}")
+        if request.path.endswith("/v1"):
+            return web.Response(
+                headers={
+                    "Content-Type": mediatypes.OCI_MANIFEST,
+                    "Docker-Content-Digest": "sha256:" + "e" * 64,
+                }
+            )
+        return web.Response(status=404)
+
+    async def bearer(request: web.Request) -> web.Response:
+        seen["bearer"].append(request.path)
+        realm = f'Bearer realm="http://{_METADATA}/token",service="double"'
+        return web.Response(status=401, headers={"WWW-Authenticate": realm})
+
+    def counting(name: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            seen[name].append(request.path)
+            return web.Response(text="secret credentials")
+
+        return handle
+
+    routes = {
+        _REGISTRY: ("/v2/kmm/mod/manifests/{ref}", registry_),
+        _STORAGE: ("/{tail:.*}", storage),
+        _BEARER: ("/{tail:.*}", bearer),
+        f"{_METADATA}:80": ("/{tail:.*}", counting("metadata")),
+        _LOOPBACK: ("/{tail:.*}", counting("loopback")),
+    }
+    runners: list[web.AppRunner] = []
+    checker = existence.Checker(asking.Asker(timeout=5.0))
+    try:
+        for address, (path, handler) in routes.items():
+            app = web.Application()
+            app.router.add_route("*", path, handler)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            runners.append(runner)
+            host, _, port = address.rpartition(":")
+            await web.TCPSite(runner, host, int(port)).start()
+        document = json.dumps({"auths": {_REGISTRY: {"username": "robot", "password": "s3cret"}}})
+        secret = {
+            "metadata": {"resourceVersion": "1"},
+            "data": {".dockerconfigjson": base64.b64encode(document.encode()).decode()},
+        }
+
+        async def secrets(_namespace: str, _name: str) -> dict[str, Any]:
+            return secret
+
+        insecure = existence.Tls(insecure=True)
+        keys = {
+            ref: existence.Key(f"{_REGISTRY}/kmm/mod:{ref}", insecure, "ns/repo")
+            for ref in _REDIRECTS
+        }
+        keys["direct"] = existence.Key(f"{_METADATA}/latest:meta-data", insecure)
+        keys["realm"] = existence.Key(f"{_BEARER}/kmm/mod:v1", insecure)
+        for key in keys.values():
+            checker.fact(key, secrets)
+        await checker.settled()
+        return {name: checker.known(key) for name, key in keys.items()}, seen
+    finally:
+        await checker.close()
+        for runner in runners:
+            await runner.cleanup()
+
+
+def test_manifest_redirects_are_followed_and_guarded_in_a_namespace(tmp_path: Path) -> None:
+    """registry.k8s.io answers every manifest request with a redirect: the
+    checker follows it, without the registry's credentials, but never to
+    the metadata address or loopback, nor to a realm there (none of those
+    listeners is reached)."""
+    launcher = _Launcher(tmp_path)
+    holder = namespaces.start_holder(launcher, "redirects")
+    try:
+        addresses = ("192.0.2.1/32", "192.0.2.2/32", "192.0.2.3/32", f"{_METADATA}/32")
+        namespaces.run_in(
+            holder,
+            ["ip", "-batch", "-"],
+            stdin="".join(f"addr add {a} dev lo\n" for a in addresses),
+        )
+        found: list[Any] = []
+
+        def in_namespace() -> None:
+            try:
+                namespaces.enter(holder.net_path)  # this thread only, for good
+                found.append(asyncio.run(_redirect_world()))
+            except BaseException as err:  # handed to the test's thread
+                found.append(err)
+
+        worker = threading.Thread(target=in_namespace, name="redirects")
+        worker.start()
+        worker.join()
+    finally:
+        for process in launcher.launched:
+            process.stop()
+    if isinstance(found[0], BaseException):
+        raise found[0]
+    facts, seen = found[0]
+    states = {name: (f.state.value, f.failure) if f else None for name, f in facts.items()}
+    assert states == {
+        "v1": ("Exists", ""),
+        "v2": ("Missing", ""),
+        "meta": ("Error", "DestinationRefused"),
+        "loop": ("Error", "DestinationRefused"),
+        "mapped": ("Error", "DestinationRefused"),
+        "direct": ("Error", "DestinationRefused"),
+        "realm": ("Error", "DestinationRefused"),
+    }
+    assert "link-local" in facts["meta"].message
+    assert "loopback" in facts["loop"].message
+    assert "loopback" in facts["mapped"].message
+    assert all(facts[n].undecided for n in ("meta", "loop", "mapped", "direct", "realm"))
+    # Nothing of the operator's network in what a Module's author reads
+    # (the direct image names the address itself).
+    told = [f.message for name, f in facts.items() if f and name != "direct"]
+    assert not any(_METADATA in m or "127.0.0.1" in m or _STORAGE in m for m in told), told
+    assert seen["metadata"] == []
+    assert seen["loopback"] == []
+    # The storage got the manifest requests, never the registry's credentials.
+    assert seen["storage"]
+    assert all(entry.endswith(" ") for entry in seen["storage"])
+    assert _BASIC in seen["registry"]
+    assert seen["bearer"] == ["/v2/kmm/mod/manifests/v1"]  # over http, once https failed

@@ -90,8 +90,11 @@ def cluster_rbac() -> list[dict[str, Any]]:
         _rule(preflight.GROUP, [f"{preflight.PLURAL}/status"], ["patch"]),
         _rule(preflight.GROUP, [f"{preflight.PLURAL}/finalizers"], ["update"]),
         # Server-side apply creates through patch, and the API server asks
-        # for create as well when the object does not exist yet.
-        _rule("apps", ["daemonsets"], ["list", "watch", "create", "patch", "delete"]),
+        # for create as well when the object does not exist yet. get: the
+        # pod template of a DaemonSet whose pods stay missing is read whole
+        # (the cache keeps no template) for a dry-run pod create
+        # (``operator.podadmission``: Pod Security, quotas).
+        _rule("apps", ["daemonsets"], ["get", "list", "watch", "create", "patch", "delete"]),
         # Loader pods are watched; build, sign and preflight pods are also
         # made and removed. Their failure text comes from the termination message in
         # the pod's status, so no pods/log.

@@ -168,7 +168,9 @@ def target(module: modules.Module, kernel_version: str) -> Target | None:
 
     None when the Module has no ``moduleLoader`` or no mapping matches (the
     node is not targeted). Raises ``KernelMappingError`` when the image cannot
-    be expanded for this kernel or expands to an invalid reference.
+    be expanded for this kernel, expands to a name the reference grammar
+    refuses (``formats.image_error``: admission judged only its literal
+    parts), or to a digest beside build or sign.
     """
     loader = module.spec.module_loader
     if loader is None:
@@ -202,6 +204,13 @@ def target(module: modules.Module, kernel_version: str) -> Target | None:
         raise KernelMappingError(f"for kernel {kernel!r}: {invalid}")
     build = _build(container.build, mapping.build, kernel)
     sign = _sign(container.sign, mapping.sign, kernel, values)
+    if (build is not None or sign is not None) and "@" in image:
+        # Admission refuses a digest beside build or sign; a variable can
+        # still expand to one (a kernel string is the node's to choose).
+        raise KernelMappingError(
+            f"for kernel {kernel!r}: image {image!r} names a digest; a build or sign "
+            "pushes to a tag"
+        )
     if build is None and sign is not None and sign.unsigned_image == image:
         # Written apart, equal once expanded: the unsigned image would pass
         # for the signed one and never be signed.

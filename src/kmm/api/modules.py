@@ -133,6 +133,22 @@ def _checked(check: Callable[[str], str | None]) -> AfterValidator:
     return AfterValidator(validate)
 
 
+def _reference_rules(literal: str) -> tuple[cel.Rule, cel.Rule]:
+    """The reference grammar and name length over the CEL expression
+    ``literal`` (the image, its variables substituted), as ``formats.image_error``."""
+    return (
+        cel.Rule(
+            f"{literal}.matches({formats.IMAGE_REFERENCE_PATTERN!r})",
+            formats.IMAGE_REFERENCE_MESSAGE,
+        ),
+        cel.Rule(
+            f"size({literal}.find({formats.IMAGE_NAME_PREFIX_PATTERN!r})) "
+            f"<= {formats.MAX_IMAGE_NAME}",
+            formats.IMAGE_NAME_LENGTH_MESSAGE,
+        ),
+    )
+
+
 # Both spellings of every known variable, as CEL list literal items.
 _PLACEHOLDERS = [f"${{{v}}}" for v in formats.IMAGE_VARIABLES] + [
     f"${v}" for v in formats.IMAGE_VARIABLES
@@ -149,6 +165,7 @@ Image = Annotated[
         f"self.findAll({formats.PLACEHOLDER.pattern!r}).all(v, v in {_PLACEHOLDERS!r})",
         f"may only use the variables {', '.join(formats.IMAGE_VARIABLES)}",
     ),
+    *_reference_rules(formats.cel_substituted("self")),
 ]
 # Device-plugin and DRA images go to the pod as written (KMM expands
 # variables only in kernel-mapping images); a variable would never be pulled.
@@ -165,6 +182,7 @@ PlainImage = Annotated[
         f"self.matches({formats.IMAGE_PATTERN!r})",
         "must name an explicit tag (name:tag) or digest (name@sha256:...)",
     ),
+    *_reference_rules("self"),
 ]
 DnsSubdomain = Annotated[
     str,

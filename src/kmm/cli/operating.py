@@ -21,7 +21,7 @@ from kmm.cli import clients
 from kmm.kube import client
 from kmm.oci import trust
 from kmm.operator import jsonlogs, running, wiring
-from kmm.operator.build import existence, pods
+from kmm.operator.build import asking, pods
 from kmm.operator.build import settings as build_settings
 from kmm.runtime import leaderelection, manager
 
@@ -104,7 +104,8 @@ def operator(
             metavar="HOST=ENDPOINT",
             help="Dial ENDPOINT (host:port) for registry HOST in the image existence checks "
             "(repeatable): an operator outside the network HOST is reached in. TLS still "
-            "checks HOST's name.",
+            "checks HOST's name. ENDPOINT is dialled even on loopback or link-local "
+            "addresses, which the checks refuse for any other host.",
             show_default=False,
         ),
     ] = None,
@@ -136,7 +137,7 @@ def operator(
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--registry-ca") from err
     try:
-        endpoints = existence.parse_endpoints(registry_endpoint or ())
+        endpoints = asking.parse_endpoints(registry_endpoint or ())
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--registry-endpoint") from err
     jsonlogs.configure()

@@ -7,28 +7,84 @@
 - ``ScopeDenied``: 401/403 after a token *was* granted (``insufficient_scope``,
   ``DENIED``): how Docker Hub and GHCR answer for a repository that does not
   exist, and what a read-only credential gets on push.
-- ``UnexpectedResponse``: any other status; ``Unreachable``: no HTTP answer
-  (connection refused, TLS verification failed, timeout).
+- ``UnexpectedResponse``: any other status (a redirect loop included);
+  ``Unreachable``: no HTTP answer (connection refused, TLS verification
+  failed, timeout).
+- ``DestinationRefused``: not dialled at all: the address is loopback,
+  link-local or otherwise refused (``destinations``), or a Bearer realm or
+  redirect would go to plain HTTP from a registry that is not insecure.
 
 ``AuthenticationError`` is the base of the first two.
+
+Two texts per error. ``public`` is what a Module's author may read (a
+condition, an Event, a preflight verdict): the request, the host as the
+image names it, the class of failure and the HTTP status, and a
+distribution error code only when it is one the spec defines. It never
+holds a response body, a socket error's text or an address a name resolved
+to: a Module naming a host would otherwise read back what the operator's
+network answers (a probe of it). ``str()`` adds ``detail`` (those texts),
+for the operator's log and the CLI, whose user dialled the registry
+themselves.
 """
 
 from __future__ import annotations
 
+from typing import Final
+
 __all__ = [
+    "SPEC_CODES",
     "AuthenticationError",
     "CredentialsRejected",
     "CredentialsRequired",
+    "DestinationRefused",
     "NotFound",
     "RegistryError",
     "ScopeDenied",
     "UnexpectedResponse",
     "Unreachable",
+    "public_code",
 ]
+
+#: The error codes of the distribution spec: a fixed vocabulary, safe to show
+#: (a code outside it is text a server chose, and is left out).
+SPEC_CODES: Final = frozenset(
+    {
+        "BLOB_UNKNOWN",
+        "BLOB_UPLOAD_INVALID",
+        "BLOB_UPLOAD_UNKNOWN",
+        "DIGEST_INVALID",
+        "MANIFEST_BLOB_UNKNOWN",
+        "MANIFEST_INVALID",
+        "MANIFEST_UNKNOWN",
+        "NAME_INVALID",
+        "NAME_UNKNOWN",
+        "SIZE_INVALID",
+        "UNAUTHORIZED",
+        "DENIED",
+        "UNSUPPORTED",
+        "TOOMANYREQUESTS",
+    }
+)
+
+
+def public_code(code: str) -> str:
+    """``code`` if it is one of the spec's, else ""."""
+    return code if code in SPEC_CODES else ""
 
 
 class RegistryError(Exception):
-    """A registry request that did not succeed; the message names the request."""
+    """A registry request that did not succeed.
+
+    ``public``: the text a tenant may read; ``detail``: what else is known
+    (a body's message, a socket error), for logs; ``status``: the HTTP
+    status, 0 when there was no answer."""
+
+    def __init__(self, public: str, *, detail: str = "", status: int = 0, code: str = "") -> None:
+        super().__init__(f"{public} ({detail})" if detail else public)
+        self.public = public
+        self.detail = detail
+        self.status = status
+        self.code = code
 
 
 class AuthenticationError(RegistryError):
@@ -55,11 +111,11 @@ class ScopeDenied(RegistryError):
 class UnexpectedResponse(RegistryError):
     """Any other status; ``status`` and the registry's first error ``code``."""
 
-    def __init__(self, message: str, *, status: int, code: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-
 
 class Unreachable(RegistryError):
     """No HTTP answer: connection refused, TLS verification failed, timeout."""
+
+
+class DestinationRefused(RegistryError):
+    """A destination the client does not dial (``destinations``), or a realm
+    or redirect to plain HTTP from a registry that is not insecure."""

@@ -48,8 +48,8 @@ from kmm.aio import backoff
 from kmm.api import modules, preflight
 from kmm.kube import client, errors, listwatch, resources
 from kmm.operator import caches, nodekernels, podadmission, reconciler, writing
+from kmm.operator.build import asking, existence
 from kmm.operator.build import concern as build_concern
-from kmm.operator.build import existence
 from kmm.operator.build import settings as build_settings
 from kmm.operator.preflight import reconciler as preflight_reconciler
 from kmm.runtime import (
@@ -234,8 +234,10 @@ class Operator:
             claims=self.claims.store,
         )
         # Image existence for build and sign: its facts live as long as the
-        # process (a restarted operator asks each registry once).
-        self.checker = existence.Checker(ca_files=registry_ca_files, endpoints=registry_endpoints)
+        # process (a restarted operator asks each registry once); its checks
+        # run beside the reconciles, which it requeues when answers land.
+        self.asker = asking.Asker(ca_files=registry_ca_files, endpoints=registry_endpoints)
+        self.checker = existence.Checker(self.asker)
         configured = build or build_settings.Settings(
             registry_ca=build_settings.registry_ca_bundle(registry_ca_files)
         )
@@ -253,6 +255,7 @@ class Operator:
             "module", self.counting, workers=workers, metrics=metrics
         )
         enqueue = self.controller.enqueue
+        self.build.enqueue = enqueue
         modules_store = self.modules.store
         wrap = wrap_handler or (lambda _name, handler: handler)
 
@@ -320,6 +323,7 @@ class Operator:
                 checker=self.checker,
                 reader=reader,
                 settings=configured,
+                enqueue=lambda name: self.preflight_controller.enqueue(name),
             )
         )
         self.preflight_controller = controllers.Controller(
@@ -371,6 +375,7 @@ class Operator:
             self.manager.add_informer(informer)
         self.manager.add_controller(self.controller)
         self.manager.add_controller(self.kernel_controller)
+        self.manager.add(self.checker, leader_only=True)
         self.manager.add(self.resyncer, leader_only=True)
 
     def leading(self) -> bool:
@@ -398,7 +403,7 @@ class Operator:
     def registry_requests(self) -> tuple[int, dict[str, int]]:
         """HTTP requests sent to registries, and existence checks by outcome
         (``kmm_registry_requests_total``, ``kmm_registry_checks_total``)."""
-        return self.checker.requests, dict(self.checker.checks)
+        return self.asker.requests, dict(self.checker.checks)
 
     def relists(self) -> dict[tuple[str, str], int]:
         """Completed lists per (informer, reason): ``kmm_informer_relists_total``."""
@@ -409,8 +414,9 @@ class Operator:
         }
 
     def idle(self) -> bool:
-        """Nothing queued, delayed or running (tests wait for this, then count writes)."""
-        return all(
+        """Nothing queued, delayed or running, no registry check in flight
+        (tests wait for this, then count writes)."""
+        return self.checker.running() == 0 and all(
             len(controller.queue) == 0 and controller.queue.delayed == 0 and count.in_flight == 0
             for controller, count in (
                 (self.controller, self.counting),

@@ -67,7 +67,7 @@ def test_every_grant_is_a_request_the_operator_makes() -> None:
         (preflight.GROUP, f"{preflight.PLURAL}/status"): {"patch"},
         (preflight.GROUP, f"{preflight.PLURAL}/finalizers"): {"update"},
         # server-side apply (patch, and create when the DaemonSet is new), delete
-        ("apps", "daemonsets"): {"list", "watch", "create", "patch", "delete"},
+        ("apps", "daemonsets"): {"get", "list", "watch", "create", "patch", "delete"},
         ("", "pods"): {"list", "watch", "create", "delete"},
         ("", "configmaps"): {"get"},
         ("", "secrets"): {"get"},

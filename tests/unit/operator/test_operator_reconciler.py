@@ -12,6 +12,8 @@ from kmm.aio import clocks
 from kmm.api import conditions, labels
 from kmm.kube import errors
 from kmm.operator import caches, failures, reconciler, views, writing
+from kmm.operator.build import asking, existence
+from kmm.operator.build import concern as build_concern
 from kmm.operator.loader import planner as loader_planner
 from kmm.runtime import controllers, stores, workqueue
 
@@ -532,3 +534,106 @@ async def test_an_outage_costs_the_patches_in_flight_not_one_per_node(world: Any
     kernel = labels.KERNEL_VERSION_FULL
     labelled = [n for n in cached.nodes.objects() if kernel in n["metadata"]["labels"]]
     assert len(labelled) == 102  # every selected node (x is not)
+
+
+class _Inputs:
+    """GETs of the ConfigMaps and Secrets build pods read: all exist."""
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return {"metadata": {"name": name, "resourceVersion": "1"}, "data": {}}
+
+
+async def test_a_black_holed_registry_holds_no_module_reconcile(world: Any) -> None:
+    """A Module whose images point at a registry that accepts connections
+    and never answers: the reconcile returns at once with its kernels
+    Checking, no pod made, while the checks wait in the background (counted:
+    the black hole's connections, the reconciles that returned)."""
+    rec, writer, cached = world
+    connected = asyncio.Event()
+    connections: list[asyncio.StreamWriter] = []
+
+    async def swallow(_reader: asyncio.StreamReader, peer: asyncio.StreamWriter) -> None:
+        connections.append(peer)  # never answered
+        connected.set()
+
+    hole = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = hole.sockets[0].getsockname()[1]
+    asker = asking.Asker(endpoints={"black.hole:5000": f"127.0.0.1:{port}"}, timeout=300)
+    checker = existence.Checker(asker)
+    rec.build = build_concern.BuildConcern(checker, _Inputs())  # type: ignore[arg-type]
+    requeued: list[str] = []
+    rec.build.enqueue = requeued.append
+    raw = fixtures.module_raw()
+    container = raw["spec"]["moduleLoader"]["container"]
+    container["build"] = {"dockerfileConfigMap": {"name": "dockerfile"}}
+    for mapping in container["kernelMappings"]:
+        mapping["containerImage"] = "black.hole:5000/m:${KERNEL_XYZ}"
+    cached.modules.put(raw)
+    try:
+        reconciling = asyncio.ensure_future(rec.reconcile("ns/m"))
+        await connected.wait()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert reconciling.done(), "the reconcile waits for the registry"
+        result = reconciling.result()
+        assert result.requeue_after is not None  # a safety net, not a wait
+        status = cached.modules.get("ns/m")["status"]
+        assert {i["state"] for i in status["images"]} == {"Checking"}
+        assert "apply" not in writer.kinds()  # the gated kernels get no loader yet
+        assert checker.running() == 2
+        assert len(connections) >= 1
+        # Reconciled again meanwhile: nothing new is asked.
+        await rec.reconcile("ns/m")
+        assert checker.running() == 2
+        assert requeued == []
+    finally:
+        await checker.close()
+        for peer in connections:
+            peer.close()
+        hole.close()
+        await hole.wait_closed()
+
+
+class _Table:
+    """``existence.Ask``: every image exists; what was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def __call__(self, key: existence.Key, secret: dict[str, Any] | None) -> existence.Fact:
+        self.asked.append(key.image)
+        return existence.Fact(existence.State.EXISTS)
+
+
+async def test_an_image_only_one_kernel_expands_wrongly_is_that_kernels_status(
+    world: Any,
+) -> None:
+    """Admitted (its literal parts are a reference), the image expands for
+    one node's kernel to a name no registry takes ('+' in a path): that
+    kernel is the Module's KernelMappingFailed; the other kernel is checked
+    and gets its loader. Nothing raises out of the reconcile."""
+    rec, writer, cached = world
+    rec.status_interval = 0.0  # every status change written at once
+    cached.nodes.put(fixtures.node("n1", "6.1.0+rt-1"))  # KERNEL_Z = "0+rt"
+    table = _Table()
+    checker = existence.Checker(table)
+    rec.build = build_concern.BuildConcern(checker, _Inputs())  # type: ignore[arg-type]
+    raw = fixtures.module_raw()
+    container = raw["spec"]["moduleLoader"]["container"]
+    container["build"] = {"dockerfileConfigMap": {"name": "dockerfile"}}
+    container["kernelMappings"] = [{"regexp": "^.+$", "containerImage": "r.io/m-${KERNEL_Z}/x:v1"}]
+    cached.modules.put(raw)
+    try:
+        await rec.reconcile("ns/m")
+        await checker.settled()
+        await rec.reconcile("ns/m")
+    finally:
+        await checker.close()
+    assert table.asked == ["r.io/m-0/x:v1"]
+    status = cached.modules.get("ns/m")["status"]
+    assert [(i["kernel"], i["state"]) for i in status["images"]] == [(K68, "Exists")]
+    degraded = next(c for c in status["conditions"] if c["type"] == conditions.DEGRADED)
+    assert degraded["status"] == "True"
+    assert "6.1.0+rt-1" in degraded["message"]
+    assert "image reference" in degraded["message"]
+    assert writer.kinds().count("apply") == 1

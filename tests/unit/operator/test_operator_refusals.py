@@ -185,16 +185,23 @@ async def test_a_refused_daemonset_degrades_the_module_and_the_others_still_go(
 def _building() -> concern.BuildConcern:
     """A build concern whose registry has no image (only 6.8's is built)."""
 
-    class Checker(existence.Checker):
-        async def _ask(self, key: existence.Key, secret: Obj | None) -> existence.Fact:
-            return existence.Fact(existence.State.MISSING)
+    async def missing(key: existence.Key, secret: Obj | None) -> existence.Fact:
+        return existence.Fact(existence.State.MISSING)
 
     class Reader:
         async def get(self, kind: str, namespace: str, name: str) -> Obj | None:
             data = {"dockerfile": "FROM scratch\n"} if kind == "ConfigMap" else {}
             return {"metadata": {"name": name, "resourceVersion": "1"}, "data": data}
 
-    return concern.BuildConcern(Checker(), Reader())
+    return concern.BuildConcern(existence.Checker(missing), Reader())
+
+
+async def _asked(rec: reconciler.ModuleReconciler, key: str) -> None:
+    """One reconcile that starts the registry checks, and their answers
+    (the build concern checks beside the reconcile, never in it)."""
+    assert rec.build is not None
+    await rec.reconcile(key)
+    await rec.build.checker.settled()
 
 
 def _building_module() -> Obj:
@@ -220,9 +227,13 @@ async def test_a_refused_build_pod_is_its_kernels_and_the_other_kernels_loader_g
         build=_building(),  # type: ignore[arg-type]
     )
     cached.modules.put(_building_module())
-    for _ in range(2):
-        result = await rec.reconcile("ns/m")
-        assert result.requeue
+    try:
+        await _asked(rec, "ns/m")
+        for _ in range(2):
+            result = await rec.reconcile("ns/m")
+            assert result.requeue
+    finally:
+        await rec.build.checker.close()  # type: ignore[union-attr]
     assert [name for kind, name in writer.calls if kind == "refused"] == [build_pod] * 2
     # 6.1's image is not built: its loader went; 6.8's waits for its image.
     assert [name for kind, name in writer.calls if kind == "apply"] == [_loader_name(K61)]
@@ -257,8 +268,13 @@ async def test_a_transient_failure_of_a_build_pod_still_ends_the_reconcile() -> 
         build=_building(),  # type: ignore[arg-type]
     )
     cached.modules.put(_building_module())
-    with pytest.raises(errors.Unavailable):
-        await rec.reconcile("ns/m")
+    try:
+        await _asked(rec, "ns/m")  # the kernel's image known missing
+        writer.calls.clear()
+        with pytest.raises(errors.Unavailable):
+            await rec.reconcile("ns/m")
+    finally:
+        await rec.build.checker.close()  # type: ignore[union-attr]
     assert "status" not in writer.kinds()
 
 

@@ -9,7 +9,11 @@ in another, pushing only a signed image under the final name.
 - :mod:`.scripts`: the shell scripts those pods run, and what they report;
 - :mod:`.images`: a kernel's final and unsigned images, and how their
   existence is asked;
-- :mod:`.existence`: asks registries whether an image exists, remembers it;
+- :mod:`.existence`: whether an image exists, remembered; checks run in the
+  background (never on a reconcile's path) and requeue whoever waits;
+- :mod:`.asking`: one check over the network: what it dials (the image's
+  host, its realm and redirects, never loopback or link-local unless
+  configured) and what a Module's author may read of the outcome;
 - :mod:`.inputs`: the ConfigMaps and Secrets a pod reads, read and picked;
 - :mod:`.hashing`: the digest of a pod's inputs (``last-hash``);
 - :mod:`.desired`: the build or sign pod a kernel needs now, stamped;

@@ -13,14 +13,20 @@ planner needs for the kernels whose mapping builds or signs:
    process's memory: after a restart, a build running or succeeded counts,
    and a kernel whose build was already gone is built once more;
 2. a build or sign pod that succeeded since the last reconcile: the image it
-   pushed is forgotten (``planner.pushed_by_succeeded``);
+   pushed is forgotten (``planner.pushed_by_succeeded``), once per pod
+   (``_refreshed``: the planner notices the pod only once the new answer
+   came, a reconcile or more later);
 3. existence facts (``existence.Checker``; remembered, so a converged Module
    asks no registry anything); while the final image is missing, also of the
    image a sign pod would sign (the build's intermediate one, or
    ``unsignedImage`` without build, which someone else pushes: asked again
-   on every requeue while it is missing);
+   every ``Settings.poll`` seconds while it is missing). The checker never
+   makes the reconcile wait: a fact with no answer yet is pending (the
+   kernel shows "Checking"), its check runs in the background, and the
+   Module is requeued (``enqueue``) when the answer lands;
 4. the ConfigMaps and Secrets the pods read (``inputs``), GET on demand and
-   only for kernels whose image is not known to exist (no informer on Secrets).
+   only for kernels whose image is known to be missing (no informer on
+   Secrets).
 
 ``done`` records what the planner noticed (pods whose outcome was told);
 ``trigger_generation`` says which generation the status may claim done.
@@ -37,7 +43,7 @@ from typing import Any
 
 from kmm.api import kernels
 from kmm.operator import views
-from kmm.operator.build import existence, images, inputs, planner, pods, settings
+from kmm.operator.build import existence, images, inputs, planner, pods, podstatus, settings, steps
 
 __all__ = ["BuildConcern"]
 
@@ -55,7 +61,11 @@ class BuildConcern:
     settings: settings.Settings = dataclasses.field(default_factory=settings.Settings)
     now: Callable[[], datetime.datetime] = _now
     monotonic: Callable[[], float] = time.monotonic
+    # Requeues a Module (by key) when a registry answer it waits for lands.
+    enqueue: Callable[[str], None] | None = None
     _noticed: dict[str, set[str]] = dataclasses.field(default_factory=dict)
+    # Per Module, the succeeded pods whose pushed image was forgotten (by uid).
+    _refreshed: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     _rebuilt: dict[str, int] = dataclasses.field(default_factory=dict)
     # Per Module in a trigger pass: (its generation, kernel -> whether the
     # pass's build succeeded: False while it runs).
@@ -63,6 +73,7 @@ class BuildConcern:
 
     def forget_module(self, key: str) -> None:
         self._noticed.pop(key, None)
+        self._refreshed.pop(key, None)
         self._rebuilt.pop(key, None)
         self._passes.pop(key, None)
 
@@ -130,24 +141,34 @@ class BuildConcern:
         self._trigger(view, wanted)
         rebuild = self._rebuilding(view, wanted)
         noticed = self._noticed.get(key, set())
-        for image in planner.pushed_by_succeeded(view, wanted, noticed):
+        succeeded = _succeeded(view)
+        refreshed = self._refreshed.get(key, set()) & succeeded
+        for image in planner.pushed_by_succeeded(view, wanted, noticed | refreshed):
             self.checker.forget(image)
+        self._refreshed[key] = succeeded
         facts: dict[str, images.Facts] = {}
         retry: list[float] = []
+        waiter = existence.Waiter(self.enqueue, key) if self.enqueue is not None else None
         for kernel, target in wanted.items():
             final_key, unsigned_key = images.keys(view.module, target)
-            final = await self.checker.fact(final_key, self._secret)
+            final = self.checker.fact(final_key, self._secret, waiter=waiter)
             unsigned = None
             if images.unsigned_wanted(target, final) and kernel not in rebuild:
-                unsigned = await self.checker.fact(unsigned_key, self._secret)
+                # Someone else's unsigned image is pushed whenever: a
+                # MISSING answer goes stale, and is asked again every poll.
+                foreign = images.foreign_unsigned(target) is not None
+                unsigned = self.checker.fact(
+                    unsigned_key,
+                    self._secret,
+                    waiter=waiter,
+                    recheck_missing=self.settings.poll if foreign else None,
+                )
             facts[kernel] = images.Facts(final, unsigned)
-            retry.extend(
-                f.retry_at
-                for f in (final, unsigned)
-                if f is not None and f.state is existence.State.ERROR
-            )
+            retry.extend(f.retry_at for f in (final, unsigned) if f is not None and f.retry_at)
+        # Only a kernel whose final image is known missing may get a pod (a
+        # pending or failed check makes none): only its inputs are read.
         missing = {
-            k: t for k, t in wanted.items() if facts[k].final.state is not existence.State.EXISTS
+            k: t for k, t in wanted.items() if facts[k].final.state is existence.State.MISSING
         }
         read = await self._inputs(view, missing) if missing else inputs.Snapshot()
         found = planner.plan(
@@ -157,12 +178,6 @@ class BuildConcern:
         self._building(view, rebuild, found)
         for at in retry:
             found.requeue(at - self.monotonic())
-        for kernel, target in wanted.items():
-            # Pushed by someone else, whenever: asked again on the planner's
-            # requeue (every poll) rather than remembered as missing.
-            awaited = images.unsigned_awaited(target, facts[kernel])
-            if awaited is not None:
-                self.checker.forget(awaited)
         return found
 
     async def _inputs(
@@ -186,3 +201,14 @@ class BuildConcern:
         if wanted is not None and plan.all_exist() and not plan.create:
             return wanted
         return done
+
+
+def _succeeded(view: views.ModuleView) -> set[str]:
+    """The uids (names where a test gave none) of the Module's succeeded
+    build and sign pods the cache shows."""
+    return {
+        podstatus.uid(pod)
+        for role in steps.ROLES
+        for pod in view.pods.get(role, ())
+        if podstatus.phase(pod) == "Succeeded"
+    }

@@ -1,63 +1,79 @@
-"""Whether an image exists in its registry, asked over the OCI distribution
-API (``kmm.oci.client``) and remembered.
+"""Whether an image exists in its registry: facts remembered, checks run in
+the background, never on a reconcile's path.
 
 A ``Key`` is what decides the answer: the image, the registry TLS options
 that govern the request, and whose credentials (the Module's
 ``imageRepoSecret``, by namespace/name). A ``Fact`` is one of:
 
-- ``EXISTS``: a manifest HEAD answered 200;
+- ``EXISTS``: a manifest HEAD answered 200 (after its redirects);
 - ``MISSING``: 404, or 401/403 ``insufficient_scope`` after a token was
   granted (how Docker Hub and GHCR answer for a repository that does not
-  exist; ``Client.exists`` maps both);
+  exist);
 - ``AUTH_FAILED``: the credentials were refused or required, or the Secret
   cannot be read as a ``.dockerconfigjson``: never a reason to build;
-- ``ERROR``: anything else (no answer, a 5xx); asked again after an
-  exponential back-off (``due``).
+- ``ERROR``: anything else (no answer, a 5xx, an address not dialled), and
+  a key with no answer yet (``pending``: shown as "Checking").
+
+``Checker.fact`` never waits for a registry. It answers from memory; a key
+it has no answer for is a pending ``ERROR`` fact, and a check starts in the
+background (a task of the checker's ``kmm.aio.tasks.TaskSet``, at most
+``concurrency`` at once, each bounded by ``budget`` seconds) whose answer is
+remembered; the ``Waiter`` the caller gave is then requeued, so the
+reconcile runs again and reads it. ``ask`` is the check itself
+(``asking.Asker`` over the network; a table in tests).
 
 Facts are kept until someone says the answer may have changed (``forget``:
 an image name changed, ``imageRebuildTriggerGeneration`` moved, a build or
-sign pod of the image succeeded) and are never refreshed on their own: a
-converged Module costs no registry request. The memory starts empty, so a
-restarted operator asks once. An ``AUTH_FAILED`` fact records the
-resourceVersion of the Secret it was judged with; ``fact`` asks again when
-the Secret changed (a GET of the Secret, no registry request otherwise).
+sign pod of the image succeeded), so a converged Module costs no registry
+request; a check in flight when its image is forgotten is cancelled and its
+answer never kept (it could be older than what ``forget`` announced). What
+is asked again on its own: ``ERROR`` and an anonymous ``AUTH_FAILED`` (the
+registry wants credentials, the Module gives none: they may be made public)
+after an exponential back-off (``retry_at``); a fact older than the
+caller's ``max_age`` (an ``unsignedImage`` someone else pushes); an
+``AUTH_FAILED`` judged with a Secret, once that Secret's resourceVersion
+changed (a GET of the Secret in the background; no registry request while
+it is the same). While such a fact is asked again it is still shown, marked
+``pending``. The memory starts empty, so a restarted operator asks once.
 
-Registry TLS: ``insecure`` allows plain HTTP, tried after HTTPS fails to
-answer (go-containerregistry's order), and verifies no certificate (as the
-build and sign pods' ``--tls-verify=false``); ``insecureSkipTLSVerify``
-verifies no certificate. The operator's ``--registry-ca`` files are trusted beside
-the system's roots, and ``endpoints`` (``--registry-endpoint HOST=ENDPOINT``)
-dial another address for a host while the TLS server name stays the host's.
-
-``requests`` counts every HTTP request sent (``kmm_registry_requests_total``)
-and ``checks`` the checks by outcome, so a test can show a converged Module
-makes none.
+``undecided`` marks a fact the operator cannot decide from where it stands
+(``asking``): a node may still be able to pull the image.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
+import asyncio
 import collections
 import dataclasses
 import enum
+import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
-from kmm.aio import backoff
+from kmm.aio import backoff, tasks
 from kmm.api import modules
-from kmm.oci import auth, client, errors, references
 
-__all__ = ["Checker", "Fact", "Key", "SecretReader", "State", "Tls", "parse_endpoints"]
+__all__ = [
+    "Ask",
+    "Checker",
+    "Fact",
+    "Key",
+    "SecretReader",
+    "State",
+    "Tls",
+    "Waiter",
+    "secret_version",
+]
+
+_log = logging.getLogger(__name__)
 
 RawObject = dict[str, Any]
 
 #: GET of a Secret: the raw object, or None when it does not exist.
 SecretReader = Callable[[str, str], Awaitable[RawObject | None]]
 
-_DOCKERCONFIG = ".dockerconfigjson"
+CHECKING = "checking the registry"
 
 
 class State(enum.StrEnum):
@@ -92,164 +108,220 @@ class Key:
 @dataclasses.dataclass(frozen=True)
 class Fact:
     state: State
+    # What a Module's author may read: never a response body or socket error.
     message: str = ""
     # AUTH_FAILED: the Secret's resourceVersion it was judged with.
     secret_version: str = ""
-    # ERROR: when (``clock``) to ask again.
+    # When (``clock``) to ask again; 0: only once forgotten (or its Secret changed).
     retry_at: float = 0.0
+    # No answer yet (an ERROR fact), or this one is being asked again.
+    pending: bool = False
+    # The operator cannot decide from here (no answer, an address it does
+    # not dial, credentials required and none given): a node may.
+    undecided: bool = False
+    # The class of failure (``kmm.oci.errors`` type name, "InvalidReference",
+    # "InvalidSecret", "Timeout") and its HTTP status (0: none).
+    failure: str = ""
+    status: int = 0
+    # When (``clock``) the registry answered.
+    checked_at: float = 0.0
 
 
-def parse_endpoints(pairs: Sequence[str]) -> dict[str, str]:
-    """``HOST=ENDPOINT`` flags as a mapping; ValueError naming a malformed one."""
-    found: dict[str, str] = {}
-    for pair in pairs:
-        host, equals, endpoint = pair.partition("=")
-        if not equals or not host.strip() or not endpoint.strip() or "/" in host + endpoint:
-            raise ValueError(f"{pair!r} is not HOST=ENDPOINT (each host[:port], no scheme)")
-        found[host.strip()] = endpoint.strip()
-    return found
-
-
-def _secret_version(secret: RawObject | None) -> str:
+def secret_version(secret: RawObject | None) -> str:
+    """The resourceVersion an ``AUTH_FAILED`` fact records of its Secret."""
     if secret is None:
         return "absent"
     return str((secret.get("metadata") or {}).get("resourceVersion") or "")
 
 
-def _credentials(secret: RawObject | None, key: Key, host: str) -> auth.Credentials | None:
-    """The Secret's credentials for ``host``; ValueError naming what is wrong."""
-    if secret is None:
-        raise ValueError(f"imageRepoSecret {key.secret} does not exist")
-    encoded = (secret.get("data") or {}).get(_DOCKERCONFIG)
-    if not isinstance(encoded, str):
-        raise ValueError(f"imageRepoSecret {key.secret} has no {_DOCKERCONFIG} key")
-    try:
-        document = base64.b64decode(encoded, validate=True)
-    except binascii.Error as err:
-        raise ValueError(f"imageRepoSecret {key.secret}: {_DOCKERCONFIG} is not base64") from err
-    try:
-        return auth.credentials_for(document, host)
-    except ValueError as err:
-        raise ValueError(f"imageRepoSecret {key.secret}: {err}") from err
+class Ask(Protocol):
+    """One check: whether ``key.image`` exists, given the imageRepoSecret
+    as read (None: the key names none, or it does not exist)."""
+
+    async def __call__(self, key: Key, secret: RawObject | None, /) -> Fact: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Waiter:
+    """Told (``enqueue(key)``) when the answer it waits for lands."""
+
+    enqueue: Callable[[str], None]
+    key: str
 
 
 class Checker:
-    """Existence facts per ``Key``, asked of registries only when due."""
+    """Existence facts per ``Key``; a ``runtime.manager`` runnable whose
+    ``run`` cancels the checks in flight when it stops."""
+
+    name = "registry-checks"
 
     def __init__(
         self,
+        ask: Ask,
         *,
-        ca_files: Sequence[Path] = (),
-        endpoints: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         retry_initial: float = 2.0,
         retry_maximum: float = 120.0,
-        timeout: float = 30.0,
+        concurrency: int = 4,
+        budget: float = 30.0,
     ) -> None:
-        self._ca_files = tuple(ca_files)
-        self._endpoints = dict(endpoints or {})
+        self._ask = ask
         self._clock = clock
         self._retry = (retry_initial, retry_maximum)
-        self._timeout = timeout
+        self._budget = budget
+        self._slots = asyncio.Semaphore(concurrency)
         self._facts: dict[Key, Fact] = {}
         self._backoffs: dict[Key, backoff.Backoff] = {}
-        self.requests = 0
+        # The check whose answer is kept, per key: the task itself is its
+        # generation (a forgotten key's check is no longer listed).
+        self._running: dict[Key, asyncio.Task[None]] = {}
+        self._waiters: dict[Key, set[Waiter]] = {}
+        self._rechecks: dict[Key, float] = {}
+        self._tasks = tasks.TaskSet("registry-checks")
+        self._closed = False
         self.checks: collections.Counter[str] = collections.Counter()
 
     def known(self, key: Key) -> Fact | None:
         """The remembered fact, without asking anyone."""
         return self._facts.get(key)
 
+    def running(self) -> int:
+        """Checks in flight (started and not yet answered or cancelled)."""
+        return len(self._running)
+
     def forget(self, image: str) -> None:
-        """Every fact about ``image`` (any TLS, any credentials): ask again."""
+        """Every fact about ``image`` (any TLS, any credentials): ask again.
+        A check of it in flight is cancelled: its answer may predate the change."""
         for key in [k for k in self._facts if k.image == image]:
             del self._facts[key]
             self._backoffs.pop(key, None)
+        for key in [k for k in self._running if k.image == image]:
+            self._running.pop(key).cancel()
 
-    def due(self, key: Key) -> bool:
-        """Whether the registry is to be asked (not counting a changed Secret)."""
-        found = self._facts.get(key)
-        return found is None or (found.state is State.ERROR and self._clock() >= found.retry_at)
+    def _due(self, key: Key, found: Fact, now: float) -> bool:
+        if found.retry_at:
+            return now >= found.retry_at
+        recheck = self._rechecks.get(key)
+        return (
+            found.state is State.MISSING
+            and recheck is not None
+            and now >= found.checked_at + recheck
+        )
 
-    async def fact(self, key: Key, read_secret: SecretReader) -> Fact:
-        """The remembered fact, or the registry's answer when one is due; an
-        ``AUTH_FAILED`` fact is asked again once its Secret changed."""
+    def fact(
+        self,
+        key: Key,
+        read_secret: SecretReader,
+        *,
+        waiter: Waiter | None = None,
+        recheck_missing: float | None = None,
+    ) -> Fact:
+        """The remembered fact, at once. A check starts in the background
+        when there is none (a pending ``ERROR`` fact is returned then), when
+        it is due (``retry_at`` passed), or, for an ``AUTH_FAILED`` fact
+        judged with a Secret, in case the Secret changed; ``waiter`` is
+        told when its answer lands. ``recheck_missing``: a ``MISSING``
+        answer for ``key`` is asked again after that many seconds (an
+        image someone else pushes)."""
+        now = self._clock()
+        if recheck_missing is not None:
+            self._rechecks[key] = recheck_missing
         found = self._facts.get(key)
-        if found is not None and found.state is State.AUTH_FAILED and key.secret:
-            namespace, _, name = key.secret.partition("/")
-            secret = await read_secret(namespace, name)
-            if _secret_version(secret) == found.secret_version:
+        if key not in self._running:
+            if found is None or self._due(key, found, now):
+                self._start(key, read_secret, probe=False)
+            elif found.state is State.AUTH_FAILED and key.secret:
+                self._start(key, read_secret, probe=True)
+            else:
                 return found
-            return await self._check(key, secret)
-        if not self.due(key):
-            assert found is not None
-            return found
+        if waiter is not None:
+            self._waiters.setdefault(key, set()).add(waiter)
+        # The waiter is requeued when the answer lands; this retry_at is a
+        # safety net that never spins.
+        shown_retry = now + self._budget
+        if found is None:
+            return Fact(State.ERROR, CHECKING, pending=True, retry_at=shown_retry)
+        return dataclasses.replace(
+            found, pending=True, retry_at=shown_retry if found.retry_at else 0.0
+        )
+
+    def _start(self, key: Key, read_secret: SecretReader, *, probe: bool) -> None:
+        if self._closed:
+            return  # stopping: a reconcile still finishing starts nothing that outlives it
+        self._running[key] = self._tasks.spawn(
+            self._check(key, read_secret, probe=probe), name=f"check/{key.image}"
+        )
+
+    async def _check(self, key: Key, read_secret: SecretReader, *, probe: bool) -> None:
+        try:
+            answer = await self._answer(key, read_secret, probe=probe)
+        except Exception:
+            _log.exception("registry check of %s failed", key.image)
+            answer = Fact(State.ERROR, f"{key.image}: the check failed", failure="CheckFailed")
+        if self._running.get(key) is not asyncio.current_task():
+            return  # forgotten meanwhile: a newer check decides
+        del self._running[key]
+        waiters = self._waiters.pop(key, set())
+        if answer is None:
+            return  # the Secret is as it was: the fact stands
+        self._facts[key] = self._scheduled(key, answer)
+        self.checks[answer.state.value] += 1
+        for waiter in sorted(waiters, key=lambda w: w.key):
+            waiter.enqueue(waiter.key)
+
+    async def _answer(self, key: Key, read_secret: SecretReader, *, probe: bool) -> Fact | None:
+        """The registry's answer; None when ``probe`` found the Secret unchanged."""
         secret = None
         if key.secret:
             namespace, _, name = key.secret.partition("/")
             secret = await read_secret(namespace, name)
-        return await self._check(key, secret)
-
-    async def _check(self, key: Key, secret: RawObject | None) -> Fact:
-        found = await self._ask(key, secret)
-        self.checks[found.state.value] += 1
-        if found.state is State.ERROR:
-            delay = self._backoffs.setdefault(
-                key, backoff.Backoff(initial=self._retry[0], maximum=self._retry[1])
-            )
-            found = dataclasses.replace(found, retry_at=self._clock() + delay.next())
-        else:
-            self._backoffs.pop(key, None)
-        self._facts[key] = found
-        return found
-
-    def _count(self) -> None:
-        self.requests += 1
-
-    async def _ask(self, key: Key, secret: RawObject | None) -> Fact:
-        try:
-            reference = references.parse(key.image)
-        except ValueError as err:
-            return Fact(State.ERROR, str(err))
-        credentials = None
-        if key.secret:
+            before = self._facts.get(key)
+            if probe and before is not None and secret_version(secret) == before.secret_version:
+                return None
+        async with self._slots:
             try:
-                credentials = _credentials(secret, key, reference.host)
-            except ValueError as err:
-                return Fact(State.AUTH_FAILED, str(err), secret_version=_secret_version(secret))
-        # insecure: HTTPS first, plain HTTP when HTTPS gets no answer; and,
-        # as the builder's --tls-verify=false and Docker's insecure
-        # registries, a certificate nobody vouches for is accepted (else the
-        # pod would push an image this check never sees).
-        for plain in (False, True) if key.tls.insecure else (False,):
-            registry = client.Client(
-                reference.host,
-                credentials=credentials,
-                ca_files=self._ca_files,
-                verify_tls=not (key.tls.skip_verify or key.tls.insecure),
-                plain_http=plain,
-                actions=("pull",),
-                timeout=self._timeout,
-                endpoint=self._endpoints.get(reference.host),
-                on_request=self._count,
-            )
-            try:
-                async with registry:
-                    found = await registry.exists(reference.name, reference.reference)
-            except errors.Unreachable as err:
-                if key.tls.insecure and not plain:
-                    continue
-                return Fact(State.ERROR, str(err))
-            except errors.AuthenticationError as err:
-                who = f" with imageRepoSecret {key.secret}" if key.secret else ""
+                async with asyncio.timeout(self._budget):
+                    return await self._ask(key, secret)
+            except TimeoutError:
                 return Fact(
-                    State.AUTH_FAILED,
-                    f"{key.image}{who}: {err}",
-                    secret_version=_secret_version(secret),
+                    State.ERROR,
+                    f"{key.image}: the registry did not answer within {self._budget:g} s",
+                    undecided=True,
+                    failure="Timeout",
                 )
-            except errors.RegistryError as err:
-                return Fact(State.ERROR, f"{key.image}: {err}")
-            if found is None:
-                return Fact(State.MISSING, f"{key.image} does not exist")
-            return Fact(State.EXISTS)
-        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _scheduled(self, key: Key, answer: Fact) -> Fact:
+        """``answer`` stamped with when it came and when to ask again."""
+        now = self._clock()
+        answered = dataclasses.replace(answer, checked_at=now, retry_at=0.0, pending=False)
+        recheck = self._rechecks.get(key)
+        if answer.state is State.MISSING and recheck is not None:
+            self._backoffs.pop(key, None)
+            return dataclasses.replace(answered, retry_at=now + recheck)
+        if not (
+            answer.state is State.ERROR or (answer.state is State.AUTH_FAILED and not key.secret)
+        ):
+            self._backoffs.pop(key, None)
+            return answered
+        delay = self._backoffs.setdefault(
+            key, backoff.Backoff(initial=self._retry[0], maximum=self._retry[1])
+        )
+        return dataclasses.replace(answered, retry_at=now + delay.next())
+
+    async def settled(self) -> None:
+        """Wait until every check task has ended, cancelled ones included
+        (tests; a drained operator)."""
+        while pending := self._tasks.tasks():
+            await asyncio.wait(pending)
+
+    async def close(self) -> None:
+        """Cancel the checks in flight; start none after."""
+        self._closed = True
+        self._running.clear()
+        await self._tasks.close()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await stop.wait()
+        finally:
+            await self.close()

@@ -29,7 +29,6 @@ __all__ = [
     "intermediate_image",
     "keys",
     "pushed_by",
-    "unsigned_awaited",
     "unsigned_image",
     "unsigned_wanted",
 ]
@@ -121,13 +120,3 @@ def unsigned_wanted(target: kernels.Target, final: existence.Fact) -> bool:
     """Whether the unsigned image's existence matters to the build concern:
     the kernel signs and its final image is missing."""
     return target.sign is not None and final.state is existence.State.MISSING
-
-
-def unsigned_awaited(target: kernels.Target, facts: Facts) -> str | None:
-    """The foreign unsigned image the registry says is missing, if any (it
-    is asked again every ``Settings.poll`` seconds, and no sign pod is made
-    meanwhile)."""
-    found = facts.unsigned
-    if found is None or found.state is not existence.State.MISSING:
-        return None
-    return foreign_unsigned(target)

@@ -14,7 +14,8 @@ per Module, whether an image exists for it, or can be built and signed:
   only when a verdict does;
 - :mod:`.reconciler`: the I/O around it, keyed by the validation's name:
   registry facts through the build concern's ``existence.Checker`` (the
-  same instance, so a converged validation asks no registry), GETs of the
+  same instance, so a converged validation asks no registry; a check runs
+  in the background and requeues the validation), GETs of the
   inputs, pod creates and deletes and the status write (status
   subresource), each only when something changed.
 

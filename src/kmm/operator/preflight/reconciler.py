@@ -11,7 +11,9 @@ Level-based (``runtime.controllers.Reconciler``). For a live validation it:
    concern: remembered, so a converged validation asks no registry) when no
    kept pod decides; ``unsignedImage``'s when a sign-only Module's image is
    missing (asked again every poll while it is missing, as the build
-   concern does);
+   concern does). A fact with no answer yet is pending (InProgress): the
+   check runs in the background and the validation is requeued
+   (``enqueue``) when the answer lands, so no reconcile waits on a registry;
 3. deletes the pods the planner is done with, creates the ones it wants;
    a create the API server refuses (``failures.refused``: a quota, Pod
    Security, a namespace being deleted) is that Module's verdict, Failure
@@ -63,6 +65,7 @@ class PreflightReconciler:
         settings: build_settings.Settings,
         now: Callable[[], str] = _now,
         monotonic: Callable[[], float] = time.monotonic,
+        enqueue: Callable[[str], None] | None = None,
     ) -> None:
         self.validations = validations
         self.modules = modules
@@ -73,6 +76,8 @@ class PreflightReconciler:
         self.settings = settings
         self.now = now
         self.monotonic = monotonic
+        # Requeues a validation (by name) when a registry answer it waits for lands.
+        self.enqueue = enqueue
         # Per validation, the uids of succeeded pods whose pushed image the
         # checker was told to forget (once per pod).
         self._told: dict[str, set[str]] = {}
@@ -94,13 +99,13 @@ class PreflightReconciler:
         observed = self.pods.by_index(
             caches.PREFLIGHT_INDEX, labels.preflight_value(found.metadata.name)
         )
-        facts, inputs, retry = await self._gather(found, judged, observed)
+        facts, inputs, retry = await self._gather(key, found, judged, observed)
         out = planner.plan(
             found, judged, observed=observed, facts=facts, inputs=inputs, settings=self.settings
         )
         for at in retry:
             out.requeue(at - self.monotonic())
-        self._forget(key, judged, facts, out)
+        self._forget(key, out)
         for pod in out.delete:
             await self.writer.delete_pod(pod)
         for pod in out.create:
@@ -131,6 +136,7 @@ class PreflightReconciler:
 
     async def _gather(
         self,
+        key: str,
         found: preflight.PreflightValidation,
         judged: list[verdicts.Subject],
         observed: list[stores.RawObject],
@@ -140,6 +146,7 @@ class PreflightReconciler:
         facts: dict[str, images.Facts] = {}
         inputs: dict[str, build_inputs.Snapshot] = {}
         retry: list[float] = []
+        waiter = existence.Waiter(self.enqueue, key) if self.enqueue is not None else None
         for subject in judged:
             if subject.target is None or subject.module is None:
                 continue
@@ -148,43 +155,32 @@ class PreflightReconciler:
                 read = await self._inputs(subject)
             if planner.asks_registry(found, subject, observed, read, self.settings):
                 final_key, unsigned_key = images.keys(subject.module, subject.target)
-                final = await self.checker.fact(final_key, self._secret)
+                final = self.checker.fact(final_key, self._secret, waiter=waiter)
                 unsigned = None
                 if planner.unsigned_wanted(subject.target, final):
-                    unsigned = await self.checker.fact(unsigned_key, self._secret)
+                    # Someone else pushes it: a missing one is asked again every poll.
+                    unsigned = self.checker.fact(
+                        unsigned_key,
+                        self._secret,
+                        waiter=waiter,
+                        recheck_missing=self.settings.poll,
+                    )
                 facts[subject.key] = images.Facts(final, unsigned)
-                retry.extend(
-                    f.retry_at
-                    for f in (final, unsigned)
-                    if f is not None and f.state is existence.State.ERROR
-                )
+                retry.extend(f.retry_at for f in (final, unsigned) if f is not None and f.retry_at)
                 if subject.makes and read is None and final.state is existence.State.MISSING:
                     read = await self._inputs(subject)
             if read is not None:
                 inputs[subject.key] = read
         return facts, inputs, retry
 
-    def _forget(
-        self,
-        key: str,
-        judged: list[verdicts.Subject],
-        facts: dict[str, images.Facts],
-        out: planner.Plan,
-    ) -> None:
+    def _forget(self, key: str, out: planner.Plan) -> None:
         """What the checker must ask again: an image a preflight pod pushed
-        (once per pod), an ``unsignedImage`` still missing (every poll)."""
+        (once per pod)."""
         told = self._told.get(key, set())
         for uid, image in out.pushed.items():
             if uid not in told:
                 self.checker.forget(image)
         self._told[key] = set(out.pushed)
-        for subject in judged:
-            target, found = subject.target, facts.get(subject.key)
-            if target is None or found is None or target.sign is None:
-                continue
-            unsigned = found.unsigned
-            if unsigned is not None and unsigned.state is existence.State.MISSING:
-                self.checker.forget(target.sign.unsigned_image or "")
 
     async def _secret(self, namespace: str, name: str) -> stores.RawObject | None:
         return await self.reader.get("Secret", namespace, name)

@@ -10,18 +10,21 @@ from typing import Any
 import test_build_planner as cases
 
 from kmm.operator.build import concern, existence, images, planner, pods
+from kmm.operator.build import settings as build_settings
 from kmm.operator.loader import planner as loader_planner
 
 Obj = dict[str, Any]
 
 
 class _Checker(existence.Checker):
-    def __init__(self, images: dict[str, existence.State]) -> None:
-        super().__init__()
+    """A checker whose registry is a table (``images``)."""
+
+    def __init__(self, images: dict[str, existence.State], **more: Any) -> None:
+        super().__init__(self._table, **more)
         self.images = images
         self.asked: collections.Counter[str] = collections.Counter()
 
-    async def _ask(self, key: existence.Key, secret: Obj | None) -> existence.Fact:
+    async def _table(self, key: existence.Key, secret: Obj | None) -> existence.Fact:
         self.asked[key.image] += 1
         return existence.Fact(self.images.get(key.image, existence.State.MISSING))
 
@@ -41,10 +44,20 @@ def _view(raw: Obj, pods_: list[Obj] = ()) -> Any:  # type: ignore[assignment]
 
 
 async def _plan(build: concern.BuildConcern, raw: Obj, pods_: list[Obj] = ()) -> planner.BuildPlan:  # type: ignore[assignment]
+    """A reconcile's plan, and again once the checks it started answered
+    (what the checker's requeue makes the reconciler do), until none starts."""
+    requeued: list[str] = []
+    build.enqueue = requeued.append
     view = _view(raw, list(pods_))
-    found = await build.plan(view, loader_planner.grouping(view).targets)
-    build.done(view, found)
-    return found
+    for _ in range(4):  # a plan that starts a check on every round never settles
+        found = await build.plan(view, loader_planner.grouping(view).targets)
+        build.done(view, found)
+        if not build.checker.running():
+            return found
+        await build.checker.settled()
+        assert set(requeued) == {"ns/m"}, requeued  # one per check that landed
+        requeued.clear()
+    raise AssertionError("the plan keeps asking the registry")
 
 
 async def test_known_images_are_not_asked_again_and_inputs_read_only_when_missing() -> None:
@@ -100,17 +113,28 @@ async def test_a_succeeded_pod_has_its_image_asked_again_once() -> None:
     assert pods.pod_name("m", "build", cases.K1) == done["metadata"]["name"]
 
 
-async def test_an_awaited_unsigned_image_is_asked_again_each_time_until_it_exists() -> None:
+async def test_an_awaited_unsigned_image_is_asked_again_every_poll_until_it_exists() -> None:
     unsigned = f"r.io/unsigned:{cases.K1}"
-    checker = _Checker({cases.IMAGE2: existence.State.EXISTS})
-    build = concern.BuildConcern(checker, _Reader())
+    now = [100.0]
+    checker = _Checker({cases.IMAGE2: existence.State.EXISTS}, clock=lambda: now[0])
+    settings = build_settings.Settings(poll=10.0)
+    build = concern.BuildConcern(checker, _Reader(), settings, monotonic=lambda: now[0])
     raw = cases._raw(build=False)
-    for _ in range(3):
+    found = await _plan(build, raw)
+    assert found.create == []
+    assert {i.kernel: i.state for i in found.images}[cases.K1] == "Missing"
+    assert found.requeue_after == 10.0
+    for _ in range(2):  # within the poll: remembered
+        await _plan(build, raw)
+    assert checker.asked[unsigned] == 1
+    for asked in (2, 3):
+        now[0] += 10.0
         found = await _plan(build, raw)
         assert found.create == []
-    assert checker.asked[unsigned] == 3
+        assert checker.asked[unsigned] == asked
     assert checker.asked[cases.IMAGE1] == 1  # the final image stays known missing
     checker.images[unsigned] = existence.State.EXISTS
+    now[0] += 10.0
     (creation,) = (await _plan(build, raw)).create
     assert creation.pod["metadata"]["labels"]["kmm.node.kubernetes.io/role"] == "sign"
     await _plan(build, raw)

@@ -1,273 +1,250 @@
-"""The existence checker against a registry double on loopback (Basic auth,
-as the sandbox's htpasswd registry): what it answers, what it remembers, and
-how many requests that costs."""
+"""The existence checker's policy, with an ``Ask`` double whose answers the
+test releases one by one: facts answered from memory, checks only in the
+background (bounded in number and time), requeues when answers land, a
+forgotten check never kept, what is asked again and when."""
 
 from __future__ import annotations
 
-import base64
-import dataclasses
-import json
-import ssl
-from collections.abc import AsyncIterator
+import asyncio
+import collections
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
-from kmm.oci import mediatypes, references
 from kmm.operator.build import existence
-from kmm.sandbox import pki
 
-_DIGEST = "sha256:" + "b" * 64
+Obj = dict[str, Any]
+_SECRET = {"metadata": {"resourceVersion": "1"}}
 
 
-@dataclasses.dataclass
 class _Registry:
-    tags: dict[str, set[str]]
-    user: str = "robot"
-    password: str = "s3cret"
-    requests: int = 0
-    failing: bool = False
+    """``existence.Ask``: each check waits until the test answers it."""
 
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_route("*", "/v2/{name:.+}/manifests/{reference}", self.manifest)
-        return app
-
-    async def manifest(self, request: web.Request) -> web.Response:
-        self.requests += 1
-        if self.failing:
-            return web.Response(status=503)
-        expected = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
-        if request.headers.get("Authorization") != f"Basic {expected}":
-            return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="r"'})
-        if request.match_info["reference"] not in self.tags.get(request.match_info["name"], ()):
-            return web.Response(status=404)
-        return web.Response(
-            headers={"Content-Type": mediatypes.OCI_MANIFEST, "Docker-Content-Digest": _DIGEST}
+    def __init__(self) -> None:
+        self.asked: collections.Counter[str] = collections.Counter()
+        self.waiting: dict[str, list[asyncio.Future[existence.Fact]]] = collections.defaultdict(
+            list
         )
+        self.secrets: list[Obj | None] = []
 
+    async def __call__(self, key: existence.Key, secret: Obj | None) -> existence.Fact:
+        self.asked[key.image] += 1
+        self.secrets.append(secret)
+        answer: asyncio.Future[existence.Fact] = asyncio.get_running_loop().create_future()
+        self.waiting[key.image].append(answer)
+        return await answer
 
-@pytest.fixture
-async def plain() -> AsyncIterator[tuple[_Registry, str]]:
-    registry = _Registry({"kmm/mod": {"v1"}})
-    server = TestServer(registry.app(), host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield registry, f"127.0.0.1:{server.port}"
-    finally:
-        await server.close()
+    def in_flight(self) -> int:
+        return sum(1 for found in self.waiting.values() for f in found if not f.done())
 
-
-def _secret(user: str, password: str, host: str, version: str = "1") -> dict[str, Any]:
-    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
-    document = json.dumps({"auths": {host: {"auth": auth}}}).encode()
-    return {
-        "metadata": {"name": "repo", "namespace": "ns", "resourceVersion": version},
-        "type": "kubernetes.io/dockerconfigjson",
-        "data": {".dockerconfigjson": base64.b64encode(document).decode()},
-    }
+    async def answer(self, image: str, state: existence.State, **more: Any) -> None:
+        """Answer the oldest open check of ``image``; let it land."""
+        found = next(f for f in self.waiting[image] if not f.done())
+        found.set_result(existence.Fact(state, **more))
+        for _ in range(3):
+            await asyncio.sleep(0)
 
 
 class _Secrets:
-    def __init__(self, secret: dict[str, Any] | None) -> None:
-        self.secret = secret
+    def __init__(self) -> None:
+        self.version = "1"
         self.reads = 0
 
-    async def __call__(self, namespace: str, name: str) -> dict[str, Any] | None:
-        assert (namespace, name) == ("ns", "repo")
+    async def __call__(self, namespace: str, name: str) -> Obj | None:
         self.reads += 1
-        return self.secret
+        return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": self.version}}
 
 
-_INSECURE = existence.Tls(insecure=True)
+async def _turns(count: int = 3) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
 
 
-async def test_a_fact_is_remembered_until_forgotten(plain: tuple[_Registry, str]) -> None:
-    registry, host = plain
-    secrets = _Secrets(_secret("robot", "s3cret", host))
-    checker = existence.Checker()
-    here = existence.Key(f"{host}/kmm/mod:v1", _INSECURE, "ns/repo")
-    absent = existence.Key(f"{host}/kmm/mod:v2", _INSECURE, "ns/repo")
-    assert (await checker.fact(here, secrets)).state is existence.State.EXISTS
-    assert (await checker.fact(absent, secrets)).state is existence.State.MISSING
-    asked = registry.requests
-    for _ in range(3):  # a converged Module: nothing asked of anyone
-        assert (await checker.fact(here, secrets)).state is existence.State.EXISTS
-        assert (await checker.fact(absent, secrets)).state is existence.State.MISSING
-    assert registry.requests == asked
-    assert secrets.reads == 2
-    assert checker.checks == {"Exists": 1, "Missing": 1}
-    registry.tags["kmm/mod"].add("v2")  # built meanwhile
-    checker.forget(absent.image)
-    assert (await checker.fact(absent, secrets)).state is existence.State.EXISTS
-    assert registry.requests > asked
-    # Every HTTP request is counted (https refused, http challenged, http answered).
-    assert checker.requests >= registry.requests
+def _key(image: str = "r.io/m:1", secret: str = "") -> existence.Key:
+    return existence.Key(image, secret=secret)
 
 
-async def test_rejected_credentials_are_asked_again_only_once_the_secret_changed(
-    plain: tuple[_Registry, str],
-) -> None:
-    registry, host = plain
-    secrets = _Secrets(_secret("robot", "wrong", host, version="7"))
-    checker = existence.Checker()
-    key = existence.Key(f"{host}/kmm/mod:v1", _INSECURE, "ns/repo")
-    found = await checker.fact(key, secrets)
-    assert found.state is existence.State.AUTH_FAILED
-    assert "ns/repo" in found.message
-    assert "refused the credentials" in found.message
-    asked = registry.requests
-    assert (await checker.fact(key, secrets)).state is existence.State.AUTH_FAILED
-    assert registry.requests == asked  # the Secret was read; the registry not asked
-    secrets.secret = _secret("robot", "s3cret", host, version="8")
-    assert (await checker.fact(key, secrets)).state is existence.State.EXISTS
-
-
-@pytest.mark.parametrize(
-    ("secret", "words"),
-    [
-        (None, "ns/repo does not exist"),
-        ({"metadata": {"resourceVersion": "1"}, "data": {}}, "no .dockerconfigjson"),
-    ],
-)
-async def test_an_unusable_secret_is_an_authentication_error(
-    plain: tuple[_Registry, str], secret: dict[str, Any] | None, words: str
-) -> None:
-    registry, host = plain
-    checker = existence.Checker()
-    found = await checker.fact(
-        existence.Key(f"{host}/kmm/mod:v1", _INSECURE, "ns/repo"), _Secrets(secret)
+async def test_no_answer_yet_is_checking_and_the_waiter_is_requeued_when_it_lands() -> None:
+    registry, requeued = _Registry(), []
+    checker = existence.Checker(registry)
+    waiter = existence.Waiter(requeued.append, "ns/m")
+    found = checker.fact(_key(), _Secrets(), waiter=waiter)
+    assert (found.state, found.pending, found.message) == (
+        existence.State.ERROR,
+        True,
+        existence.CHECKING,
     )
-    assert found.state is existence.State.AUTH_FAILED
-    assert words in found.message
-    assert registry.requests == 0
+    await _turns()
+    assert registry.in_flight() == 1
+    again = checker.fact(_key(), _Secrets(), waiter=existence.Waiter(requeued.append, "ns/other"))
+    assert again.pending
+    assert registry.asked["r.io/m:1"] == 1
+    assert requeued == []
+    await registry.answer("r.io/m:1", existence.State.EXISTS)
+    assert requeued == ["ns/m", "ns/other"]
+    assert checker.fact(_key(), _Secrets()) == checker.known(_key())
+    assert checker.known(_key()) is not None
+    assert checker.known(_key()).state is existence.State.EXISTS  # type: ignore[union-attr]
+    assert checker.checks == {"Exists": 1}
+    assert registry.asked["r.io/m:1"] == 1  # remembered: a converged Module asks nothing
 
 
-async def test_other_failures_are_retried_after_a_backoff(plain: tuple[_Registry, str]) -> None:
-    registry, host = plain
-    registry.failing = True
+async def test_a_black_holed_registry_holds_no_caller_and_at_most_a_few_checks() -> None:
+    registry = _Registry()
+    checker = existence.Checker(registry, concurrency=2)
+    for index in range(5):
+        found = checker.fact(_key(f"black.hole/m:{index}"), _Secrets())
+        assert found.pending
+    await _turns()
+    assert registry.in_flight() == 2  # the others wait for a slot, not the caller
+    assert checker.running() == 5
+    await checker.close()
+    assert checker.running() == 0
+
+
+async def test_a_check_that_never_ends_ends_at_its_budget() -> None:
+    registry = _Registry()
+    checker = existence.Checker(registry, budget=0.01)
+    checker.fact(_key(), _Secrets())
+    await checker.settled()
+    found = checker.known(_key())
+    assert found is not None
+    assert (found.state, found.failure, found.undecided) == (
+        existence.State.ERROR,
+        "Timeout",
+        True,
+    )
+    assert found.retry_at > 0
+
+
+async def test_a_forgotten_check_never_overwrites_the_newer_answer() -> None:
+    registry, requeued = _Registry(), []
+    checker = existence.Checker(registry)
+    waiter = existence.Waiter(requeued.append, "ns/m")
+    checker.fact(_key(), _Secrets(), waiter=waiter)
+    await _turns()
+    old = registry.waiting["r.io/m:1"][0]
+    checker.forget("r.io/m:1")  # e.g. the build pod pushed it meanwhile
+    checker.fact(_key(), _Secrets(), waiter=waiter)
+    await _turns()
+    assert registry.asked["r.io/m:1"] == 2
+    await registry.answer("r.io/m:1", existence.State.EXISTS)  # the newer check
+    if not old.done():  # the older one, had it not been cancelled
+        old.set_result(existence.Fact(existence.State.MISSING))
+    await checker.settled()
+    found = checker.known(_key())
+    assert found is not None
+    assert found.state is existence.State.EXISTS
+    assert checker.checks == {"Exists": 1}
+    assert requeued == ["ns/m"]
+
+
+async def test_errors_and_anonymous_authentication_failures_are_asked_again_after_a_backoff() -> (
+    None
+):
+    registry = _Registry()
     now = [100.0]
-    checker = existence.Checker(clock=lambda: now[0], retry_initial=5.0)
-    key = existence.Key(f"{host}/kmm/mod:v1", _INSECURE, "ns/repo")
-    secrets = _Secrets(_secret("robot", "s3cret", host))
-    found = await checker.fact(key, secrets)
-    assert found.state is existence.State.ERROR
-    assert "503" in found.message
-    asked = registry.requests
-    await checker.fact(key, secrets)
-    assert registry.requests == asked
-    assert not checker.due(key)
+    checker = existence.Checker(registry, clock=lambda: now[0], retry_initial=5.0)
+    # Jitter makes the first delay between 2.5 and 5 seconds.
+    for state in (existence.State.ERROR, existence.State.AUTH_FAILED):
+        image = f"r.io/{state.value.lower()}:1"
+        checker.fact(_key(image), _Secrets())
+        await _turns()
+        await registry.answer(image, state, undecided=state is existence.State.AUTH_FAILED)
+        found = checker.known(_key(image))
+        assert found is not None
+        assert 102.5 <= found.retry_at <= 105.0
+        assert checker.fact(_key(image), _Secrets()) == found  # not due: nothing asked
+        assert registry.asked[image] == 1
     now[0] += 5.0
-    assert checker.due(key)
-    registry.failing = False
-    assert (await checker.fact(key, secrets)).state is existence.State.EXISTS
+    for state in (existence.State.ERROR, existence.State.AUTH_FAILED):
+        image = f"r.io/{state.value.lower()}:1"
+        shown = checker.fact(_key(image), _Secrets())
+        assert (shown.state, shown.pending) == (state, True)  # still shown meanwhile
+        await _turns()
+        assert registry.asked[image] == 2
+        await registry.answer(image, existence.State.EXISTS)
+        found = checker.known(_key(image))
+        assert found is not None
+        assert (found.state, found.retry_at) == (existence.State.EXISTS, 0.0)
 
 
-async def test_plain_http_only_when_the_registry_is_insecure(
-    plain: tuple[_Registry, str],
-) -> None:
-    _, host = plain
-    checker = existence.Checker(retry_initial=60.0)
-    secrets = _Secrets(_secret("robot", "s3cret", host))
-    strict = existence.Key(f"{host}/kmm/mod:v1", existence.Tls(), "ns/repo")
-    found = await checker.fact(strict, secrets)
-    assert found.state is existence.State.ERROR
+async def test_an_authentication_failure_with_a_secret_is_asked_again_once_the_secret_changed() -> (
+    None
+):
+    registry, secrets = _Registry(), _Secrets()
+    checker = existence.Checker(registry)
+    key = _key(secret="ns/repo")
+    checker.fact(key, secrets)
+    await _turns()
+    await registry.answer(key.image, existence.State.AUTH_FAILED, secret_version="1")
+    for _ in range(3):  # the Secret is read, the registry not asked
+        found = checker.fact(key, secrets)
+        assert found.state is existence.State.AUTH_FAILED
+        await checker.settled()
+    assert registry.asked[key.image] == 1
+    assert secrets.reads == 4
+    secrets.version = "2"
+    checker.fact(key, secrets)
+    await _turns()
+    assert registry.asked[key.image] == 2
+    await registry.answer(key.image, existence.State.EXISTS)
+    found = checker.known(key)
+    assert found is not None
+    assert found.state is existence.State.EXISTS
 
 
-@pytest.fixture(scope="module")
-def authority(tmp_path_factory: pytest.TempPathFactory) -> pki.Pki:
-    return pki.create(tmp_path_factory.mktemp("pki"), ())
+async def test_a_missing_image_someone_else_pushes_is_asked_again_every_recheck() -> None:
+    registry = _Registry()
+    now = [100.0]
+    checker = existence.Checker(registry, clock=lambda: now[0])
+    checker.fact(_key(), _Secrets(), recheck_missing=10.0)
+    await _turns()
+    await registry.answer("r.io/m:1", existence.State.MISSING)
+    found = checker.known(_key())
+    assert found is not None
+    assert found.retry_at == 110.0
+    now[0] += 9.0
+    assert not checker.fact(_key(), _Secrets(), recheck_missing=10.0).pending
+    now[0] += 1.0
+    assert checker.fact(_key(), _Secrets(), recheck_missing=10.0).pending
+    await _turns()
+    assert registry.asked["r.io/m:1"] == 2
+    await checker.close()
 
 
-async def _tls_registry(
-    authority: pki.Pki, stem: str, dns_name: str
-) -> tuple[_Registry, TestServer]:
-    cert, key = pki.issue_serving(authority, stem, stem, dns_names=(dns_name,), ips=())
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    registry = _Registry({"kmm/mod": {"v1"}})
-    server = TestServer(registry.app(), host="127.0.0.1")
-    await server.start_server(ssl=context)
-    return registry, server
+async def test_a_check_that_fails_unexpectedly_is_an_error_fact() -> None:
+    async def broken(key: existence.Key, secret: Obj | None) -> existence.Fact:
+        raise RuntimeError("a bug")
+
+    checker = existence.Checker(broken)
+    checker.fact(_key(), _Secrets())
+    await checker.settled()
+    found = checker.known(_key())
+    assert found is not None
+    assert (found.state, found.failure) == (existence.State.ERROR, "CheckFailed")
+    assert "a bug" not in found.message
 
 
-@pytest.mark.parametrize(("named", "state"), [("registry.test", "Exists"), ("other.test", "Error")])
-async def test_an_endpoint_is_dialled_for_a_host_whose_name_tls_checks(
-    authority: pki.Pki, named: str, state: str
-) -> None:
-    registry, server = await _tls_registry(authority, named.split(".")[0], named)
-    try:
-        host = "registry.test:5000"
-        checker = existence.Checker(
-            ca_files=(authority.ca_cert,),
-            endpoints=existence.parse_endpoints([f"{host}=127.0.0.1:{server.port}"]),
-        )
-        found = await checker.fact(
-            existence.Key(f"{host}/kmm/mod:v1", existence.Tls(), "ns/repo"),
-            _Secrets(_secret("robot", "s3cret", host)),
-        )
-        assert found.state.value == state, found.message
-        assert registry.requests == (2 if state == "Exists" else 0)
-    finally:
-        await server.close()
-
-
-async def test_skip_verify_accepts_a_certificate_nobody_vouches_for(authority: pki.Pki) -> None:
-    _registry, server = await _tls_registry(authority, "unknown", "registry.test")
-    try:
-        host = f"127.0.0.1:{server.port}"
-        checker = existence.Checker()  # the CA is not trusted
-        secrets = _Secrets(_secret("robot", "s3cret", host))
-        image = f"{host}/kmm/mod:v1"
-        verified = await checker.fact(existence.Key(image, existence.Tls(), "ns/repo"), secrets)
-        assert verified.state is existence.State.ERROR
-        skipping = existence.Tls(skip_verify=True)
-        found = await checker.fact(existence.Key(image, skipping, "ns/repo"), secrets)
-        assert found.state is existence.State.EXISTS, found.message
-    finally:
-        await server.close()
-
-
-async def test_insecure_accepts_an_unvouched_certificate_as_the_builder_does(
-    authority: pki.Pki,
-) -> None:
-    # The build pod pushes with --tls-verify=false for an insecure registry:
-    # the check must see what it pushed, over the same HTTPS.
-    _registry, server = await _tls_registry(authority, "selfsigned", "registry.test")
-    try:
-        host = f"127.0.0.1:{server.port}"
-        found = await existence.Checker().fact(
-            existence.Key(f"{host}/kmm/mod:v1", _INSECURE, "ns/repo"),
-            _Secrets(_secret("robot", "s3cret", host)),
-        )
-        assert found.state is existence.State.EXISTS, found.message
-    finally:
-        await server.close()
-
-
-@pytest.mark.parametrize("pair", ["10.253.0.1:5000", "=127.0.0.1:1", "a=", "https://a=127.0.0.1:1"])
-def test_a_malformed_endpoint_is_refused(pair: str) -> None:
-    with pytest.raises(ValueError, match="HOST=ENDPOINT"):
-        existence.parse_endpoints([pair])
-
-
-@pytest.mark.parametrize(
-    ("image", "parsed"),
-    [
-        ("10.253.0.1:5000/kmm/mod:6.1", ("10.253.0.1:5000", "kmm/mod", "6.1")),
-        ("quay.io/a/b@sha256:" + "c" * 64, ("quay.io", "a/b", "sha256:" + "c" * 64)),
-        ("localhost/x:1", ("localhost", "x", "1")),
-        ("busybox:1.36", (references.DOCKER_HUB, "library/busybox", "1.36")),
-        ("user/app:2", (references.DOCKER_HUB, "user/app", "2")),
-    ],
-)
-def test_references_split_as_runtimes_read_them(image: str, parsed: tuple[str, ...]) -> None:
-    found = references.parse(image)
-    assert (found.host, found.name, found.reference) == parsed
-
-
-def test_a_reference_without_tag_or_digest_is_refused() -> None:
-    with pytest.raises(ValueError, match="no tag"):
-        references.parse("quay.io/a/b")
+@pytest.mark.parametrize("stop", [False, True])
+async def test_run_cancels_the_checks_in_flight_when_it_stops(stop: bool) -> None:
+    registry = _Registry()
+    checker = existence.Checker(registry)
+    stopping = asyncio.Event()
+    running = asyncio.ensure_future(checker.run(stopping))
+    checker.fact(_key(), _Secrets())
+    await _turns()
+    assert registry.in_flight() == 1
+    if stop:
+        stopping.set()
+        await running
+    else:
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+    assert checker.running() == 0
+    # A reconcile still finishing starts nothing once stopped.
+    assert checker.fact(_key("r.io/late:1"), _Secrets()).pending
+    assert checker.running() == 0
+    await checker.settled()
+    assert registry.asked["r.io/late:1"] == 0

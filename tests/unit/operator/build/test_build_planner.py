@@ -183,7 +183,7 @@ def test_sign_without_build_waits_for_its_unsigned_image_without_a_pod() -> None
     assert f"r.io/unsigned:{K1}" in waiting.message
     assert found.requeue_after == SETTINGS.poll
     targets = loader_planner.grouping(view).targets
-    assert images.unsigned_awaited(targets[K1], facts[K1]) == f"r.io/unsigned:{K1}"
+    assert images.foreign_unsigned(targets[K1]) == f"r.io/unsigned:{K1}"
     assert images.keys(view.module, targets[K1])[1].image == f"r.io/unsigned:{K1}"
 
 

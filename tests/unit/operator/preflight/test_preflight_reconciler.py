@@ -4,6 +4,7 @@ table, a writer that records and applies to the stores)."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import copy
 import itertools
@@ -25,12 +26,14 @@ UNSIGNED = "r.io/unsigned:6.8.0-45-generic"
 
 
 class _Checker(existence.Checker):
-    def __init__(self, images: dict[str, existence.State]) -> None:
-        super().__init__()
+    """A checker whose registry is a table (``images``)."""
+
+    def __init__(self, images: dict[str, existence.State], **more: Any) -> None:
+        super().__init__(self._table, **more)
         self.images = images
         self.asked: collections.Counter[str] = collections.Counter()
 
-    async def _ask(self, key: existence.Key, secret: Obj | None) -> existence.Fact:
+    async def _table(self, key: existence.Key, secret: Obj | None) -> existence.Fact:
         self.asked[key.image] += 1
         return existence.Fact(self.images.get(key.image, existence.State.MISSING))
 
@@ -97,9 +100,11 @@ class World:
         self.modules = stores.Store()
         self.pods = stores.Store(indexers={caches.PREFLIGHT_INDEX: caches.preflight_index})
         self.writer = _Writer(self.validations, self.pods)
-        self.checker = _Checker(images or {})
+        self.clock = [100.0]
+        self.checker = _Checker(images or {}, clock=lambda: self.clock[0])
         self.reader = _Reader()
         self.times = iter(f"2026-12-02T12:00:{s:02d}Z" for s in range(60))
+        self.requeued: list[str] = []
         self.reconciler = reconciler.PreflightReconciler(
             self.validations,
             self.modules,
@@ -109,10 +114,21 @@ class World:
             reader=self.reader,
             settings=cases.SETTINGS,
             now=lambda: next(self.times),
+            monotonic=lambda: self.clock[0],
+            enqueue=self.requeued.append,
         )
 
     async def reconcile(self, name: str = "pfv") -> Any:
-        return await self.reconciler.reconcile(name)
+        """A reconcile and, while it started registry checks, another once
+        they answered (the requeue the checker asks for)."""
+        for _ in range(4):  # a reconcile that asks on every round never settles
+            result = await self.reconciler.reconcile(name)
+            if not self.checker.running():
+                return result
+            await self.checker.settled()
+            assert set(self.requeued) == {name}, self.requeued
+            self.requeued.clear()
+        raise AssertionError("the reconcile keeps asking the registry")
 
     def status(self, name: str = "pfv") -> dict[str, Obj]:
         found = self.validations.get(name) or {}
@@ -148,11 +164,12 @@ async def test_three_modules_then_a_converged_validation_asks_and_writes_nothing
         "other/builds": "Success",  # the same image name exists
     }
     assert verdicts["ns/unmapped"]["statusReason"] == preflight.REASON_MAPPING_NOT_FOUND
-    assert world.writer.calls == [("status", "pfv")]
+    # InProgress while the registry was asked, then the verdicts.
+    assert world.writer.calls == [("status", "pfv")] * 2
     asked = dict(world.checker.asked)
     for _ in range(3):
         await world.reconcile()
-    assert world.writer.calls == [("status", "pfv")]
+    assert world.writer.calls == [("status", "pfv")] * 2
     assert world.checker.asked == asked
     # The image existed: no ConfigMap was read, only the repo Secrets for the asks.
     assert all(kind == "Secret" for kind, _, _ in world.reader.gets)
@@ -164,11 +181,12 @@ async def test_a_build_runs_once_then_its_pod_is_the_verdict() -> None:
     world.validations.put(cases.validation_raw())
     await world.reconcile()
     name = pods.preflight_pod_name("pfv", "m")
-    assert world.writer.calls == [("create", name), ("status", "pfv")]
+    made = [("status", "pfv"), ("create", name), ("status", "pfv")]
+    assert world.writer.calls == made  # InProgress while checking, then with its pod
     first = world.status()["ns/m"]
     assert (first["verificationStatus"], first["pod"]) == ("InProgress", name)
     await world.reconcile()
-    assert world.writer.calls == [("create", name), ("status", "pfv")]  # running: nothing new
+    assert world.writer.calls == made  # running: nothing new
     world.finish("Succeeded", json.dumps({"pushed": False}))
     await world.reconcile()
     done = world.status()["ns/m"]
@@ -237,21 +255,27 @@ async def test_a_pushed_image_is_forgotten_once_per_pod() -> None:
     assert world.checker.known(key) is not None
     await world.reconcile()
     assert world.checker.known(key) is None  # the build concern asks again
-    await world.checker.fact(key, world.reconciler._secret)
+    world.checker.fact(key, world.reconciler._secret)
+    await world.checker.settled()
     await world.reconcile()
     assert world.checker.known(key) is not None  # once
 
 
-async def test_a_missing_unsigned_image_is_asked_again_each_time() -> None:
+async def test_a_missing_unsigned_image_is_asked_again_every_poll() -> None:
     world = World()
     world.modules.put(cases.module_raw(sign=True))
     world.validations.put(cases.validation_raw())
-    for _ in range(3):
+    for _ in range(2):  # within a poll: remembered
         result = await world.reconcile()
         assert result.requeue_after == cases.SETTINGS.poll
-    assert world.checker.asked == {cases.IMAGE: 1, UNSIGNED: 3}
+    assert world.checker.asked == {cases.IMAGE: 1, UNSIGNED: 1}
+    for asked in (2, 3):
+        world.clock[0] += cases.SETTINGS.poll
+        await world.reconcile()
+        assert world.checker.asked == {cases.IMAGE: 1, UNSIGNED: asked}
     assert "sign.unsignedImage" in world.status()["ns/m"]["statusReason"]
     world.checker.images[UNSIGNED] = existence.State.EXISTS
+    world.clock[0] += cases.SETTINGS.poll
     await world.reconcile()
     assert world.writer.calls[-2][0] == "create"
 
@@ -371,9 +395,11 @@ async def test_a_refused_pod_is_its_modules_verdict_and_the_others_go_ahead(
     )
     assert refused["image"] == cases.IMAGE
     assert "pod" not in refused
-    # The other Module's pod was made, and its verdict written with this one.
+    # The other Module's pod was made, and its verdict written with this one
+    # (after the first round's verdicts, written while the registry was asked).
     assert verdicts["ns/m"]["verificationStatus"] == "InProgress"
     assert world.writer.calls == [
+        ("status", "pfv"),
         ("create", pods.preflight_pod_name("pfv", "m")),
         ("refused", name),
         ("status", "pfv"),
@@ -397,4 +423,60 @@ async def test_a_transient_failure_of_a_create_ends_the_reconcile_unwritten() ->
     world.writer.refusing["ns"] = errors.Unavailable(0, "connection refused")
     with pytest.raises(errors.Unavailable):
         await world.reconcile()
-    assert world.status() == {}
+    # The first round's verdict (InProgress while the registry was asked)
+    # is all that was written: the round whose create failed wrote nothing.
+    name = pods.preflight_pod_name("pfv", "m")
+    assert world.writer.calls == [("status", "pfv"), ("refused", name)]
+
+
+async def test_a_registry_that_never_answers_holds_no_validation() -> None:
+    """The reconcile returns with the Module InProgress while its check
+    hangs (counted: the checks asked and in flight); the verdict comes on
+    the requeue once the registry answers."""
+    world = World()
+    answer: asyncio.Future[existence.Fact] = asyncio.get_running_loop().create_future()
+    asked: list[str] = []
+
+    async def hanging(key: existence.Key, secret: Obj | None) -> existence.Fact:
+        asked.append(key.image)
+        return await answer
+
+    checker = existence.Checker(hanging)
+    world.reconciler.checker = checker
+    world.modules.put(cases.module_raw(build=True))
+    world.validations.put(cases.validation_raw())
+    try:
+        await world.reconciler.reconcile("pfv")
+        await asyncio.sleep(0)
+        assert asked == [cases.IMAGE]
+        assert checker.running() == 1
+        verdict = world.status()["ns/m"]
+        assert verdict["verificationStatus"] == "InProgress"
+        assert world.writer.calls == [("status", "pfv")]  # no pod while unknown
+        answer.set_result(existence.Fact(existence.State.EXISTS))
+        await checker.settled()
+        assert world.requeued == ["pfv"]
+        await world.reconciler.reconcile("pfv")
+        assert world.status()["ns/m"]["verificationStatus"] == "Success"
+        assert asked == [cases.IMAGE]
+    finally:
+        await checker.close()
+
+
+async def test_an_image_only_the_kernel_makes_invalid_fails_its_module_alone() -> None:
+    """Admitted (its literal parts are a reference), a Module's image
+    expands for the validation's kernel to a tag of 144 characters: that
+    Module's verdict is a Failure naming why; the other Module is judged."""
+    world = World({cases.IMAGE: existence.State.EXISTS})
+    world.modules.put(cases.module_raw("fine"))
+    long = cases.module_raw("long", build=True)
+    mapping = long["spec"]["moduleLoader"]["container"]["kernelMappings"][0]
+    mapping["containerImage"] = "r.io/m:" + "${KERNEL_FULL_VERSION}" * 9
+    world.modules.put(long)
+    world.validations.put(cases.validation_raw())
+    await world.reconcile()
+    verdicts = world.status()
+    assert verdicts["ns/fine"]["verificationStatus"] == "Success"
+    assert verdicts["ns/long"]["verificationStatus"] == "Failure"
+    assert "image reference" in verdicts["ns/long"]["statusReason"]
+    assert list(world.checker.asked) == [cases.IMAGE]
