@@ -61,8 +61,8 @@ from kmm.kube import client as kube_client
 from kmm.kube import kubeconfigs, resources
 from kmm.oci import archive
 from kmm.operator import wiring
-from kmm.operator.build import planner as build_planner
 from kmm.operator.build import pods
+from kmm.operator.build import settings as build_settings
 from kmm.sandbox import cluster, pki, registry
 
 NAMESPACE = "default"
@@ -154,7 +154,7 @@ def operator_settings(record: cluster.state.SandboxState, resync: float) -> dict
     ca = pki.Pki(record.directory / "pki").ca_cert
     return {
         "resync_period": resync,
-        "build": build_planner.Settings(
+        "build": build_settings.Settings(
             builder_image=f"{registry.REFERENCE_HOST}/bench/builder:1", registry_ca=ca.read_text()
         ),
         "registry_endpoints": {registry.REFERENCE_HOST: record.registry.host},
@@ -309,7 +309,7 @@ def host_build(
     root, image_env = builder_root(work)
     storage = work / "storage"
     storage.mkdir()
-    inputs = pods.PodInputs(
+    inputs = pods.PodParams(
         module=NAME,
         namespace=NAMESPACE,
         kernel=kernel,

@@ -9,9 +9,12 @@ loopback port (``--registry-endpoint``), trusting the sandbox CA
 (``--registry-ca``), whose certificate names both.
 
 Kernels: ``K1`` is the kbuild image's (``build/images/kbuild.kernel``,
-derived from its headers, never written here), ``K2`` another. What is
-shown, sharing builds between tests (each test's Module stays for the next
-where it says so):
+derived from its headers, never written here), ``K2`` another. The Modules
+tolerate the KWOK nodes' taint, so their build and sign pods do too:
+``build.selector`` pins those to the container node (KWOK would "run" them
+for ever). What is shown, sharing builds between tests where one finds the
+Module an earlier test left (each makes its own otherwise: no test needs
+another to have run):
 
 - a real module compiled against kbuild's headers and signed: one build pod,
   then one sign pod; no image under the final name before the sign pod
@@ -26,7 +29,11 @@ where it says so):
 - a signing key that does not match: SignFailed; the key fixed in the same
   Secret: one new sign pod, and still one build pod;
 - a wrong password in ``imageRepoSecret``: an authentication error on the
-  Module, no build pod.
+  Module, no build pod;
+- a build-only pod that no node can take yet: Unschedulable on the Module;
+  ``sign`` added meanwhile: the pod is replaced, and once a node takes it
+  only the signed image ever carries the final name (one manifest PUT of
+  that tag, its module signed).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import buildsign_support
 import containersandbox
 import pytest
 import test_operator_support as support
@@ -51,7 +59,8 @@ from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
 from kmm.oci import references
-from kmm.operator.build import planner, pods
+from kmm.operator.build import images, pods
+from kmm.operator.build import settings as build_settings
 from kmm.sandbox import cluster, pki, registry, testing
 
 IMAGES = Path("build/images")
@@ -78,6 +87,7 @@ class Sandbox:
         assert record.registry is not None
         self.host = record.registry.reference_host
         self.ca = pki.Pki(record.directory / "pki").ca_cert
+        (self.node,) = record.kubelet_nodes  # where build and sign pods run
         self.builder = ""
         self.kbuild = ""
         self.loader = ""
@@ -107,7 +117,7 @@ async def api(sandbox: Sandbox) -> AsyncIterator[kube_client.Client]:
 @contextlib.asynccontextmanager
 async def _operator(sandbox: Sandbox) -> AsyncIterator[support.InProcess]:
     assert sandbox.record.registry is not None
-    settings = planner.Settings(
+    settings = build_settings.Settings(
         builder_image=sandbox.builder,
         registry_ca=sandbox.ca.read_text(),
         poll=_POLL,
@@ -172,8 +182,19 @@ def _module(
     name: str,
     secret: str,
     mappings: list[dict[str, Any]],
+    *,
+    builds_on: str | None = None,
     **container: Any,
 ) -> dict[str, Any]:
+    """A Module whose loaders go to the KWOK nodes (tolerating their taint).
+    Build and sign pods carry that toleration too, as KMM's do, and KWOK
+    "runs" any pod it gets for ever: ``builds_on`` pins them, through
+    ``build.selector``, to the container node of that name."""
+    if builds_on is not None and "build" in container:
+        container["build"] = {
+            **container["build"],
+            "selector": {"kubernetes.io/hostname": builds_on},
+        }
     return {
         "apiVersion": modules.API_VERSION,
         "kind": modules.KIND,
@@ -205,11 +226,12 @@ async def _until(
     what: str,
     *,
     each: Callable[[], Any] | None = None,
+    bound: float = _LONG,
 ) -> dict[str, Any]:
     """The Module once ``done`` says so; ``each`` runs at every look."""
     found: dict[str, Any] = {}
     try:
-        async with asyncio.timeout(_LONG):
+        async with asyncio.timeout(bound):
             while True:
                 if each is not None:
                     await each()
@@ -397,8 +419,9 @@ async def test_a_missing_image_is_built_and_signed_before_its_loader_runs(
             # form ("+" -> "_"), the modules' directory the kernel itself.
             "filesToSign": ["/opt/lib/modules/*/kmm_ci_a.ko"],
         },
+        builds_on=sandbox.node,
     )
-    intermediate = pods.intermediate_image(final)
+    intermediate = images.intermediate_image(final)
     early: list[str] = []  # the final image seen before any sign pod was made
     between: list[bool] = []  # built, not signed yet: whether the final image was there
     k1_before_image: list[str] = []
@@ -476,6 +499,7 @@ async def test_a_failed_build_is_kept_until_its_configmap_is_fixed(
         f"{name}-repo",
         [{"literal": sandbox.kernel, "containerImage": final}],
         build={"dockerfileConfigMap": {"name": f"{name}-dockerfile"}},
+        builds_on=sandbox.node,
     )
     await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
     quick.update(name=name, final=final)
@@ -503,12 +527,41 @@ async def test_a_failed_build_is_kept_until_its_configmap_is_fixed(
         assert await _exists(sandbox, final)
 
 
+async def _quick_module(
+    sandbox: Sandbox, api: kube_client.Client, quick: dict[str, Any]
+) -> tuple[str, str]:
+    """(name, final image) of a Module built from the quick Dockerfile and
+    Ready: the one an earlier test of this module left, else one made and
+    built here (its operator stopped again)."""
+    name = quick.get("name")
+    if name is not None:
+        with contextlib.suppress(kube_errors.NotFound):
+            if _condition(await _get_module(api, name), "Ready").get("status") == "True":
+                return name, quick["final"]
+    name = f"qk-{uuid.uuid4().hex[:6]}"
+    final = f"{sandbox.host}/ci/{name}:{_tag(sandbox.kernel)}"
+    await _create(api, _SECRETS, _pull_secret(sandbox, f"{name}-repo"))
+    await _create(api, _CONFIGMAPS, _dockerfile(f"{name}-dockerfile", _quick_dockerfile(sandbox)))
+    body = _module(
+        name,
+        f"{name}-repo",
+        [{"literal": sandbox.kernel, "containerImage": final}],
+        build={"dockerfileConfigMap": {"name": f"{name}-dockerfile"}},
+        builds_on=sandbox.node,
+    )
+    await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
+    async with _operator(sandbox):
+        await _until(api, name, lambda m: _condition(m, "Ready").get("status") == "True", "Ready")
+    quick.update(name=name, final=final)
+    return name, final
+
+
 async def test_a_converged_module_asks_no_registry(
     sandbox: Sandbox, api: kube_client.Client, quick: dict[str, Any]
 ) -> None:
-    """The previous test's Module, under a restarted operator: one check
-    each after the restart, then none however often it reconciles."""
-    name = quick["name"]
+    """A built Module under a restarted operator: one check each after the
+    restart, then none however often it reconciles."""
+    name, _ = await _quick_module(sandbox, api, quick)
     async with _operator(sandbox) as running:
         await running.wait_idle("converged")
         checks = running.op.asker.requests
@@ -527,7 +580,7 @@ async def test_a_converged_module_asks_no_registry(
 async def test_a_bumped_trigger_rebuilds_a_deleted_image_once(
     sandbox: Sandbox, api: kube_client.Client, quick: dict[str, Any]
 ) -> None:
-    name, final = quick["name"], quick["final"]
+    name, final = await _quick_module(sandbox, api, quick)
     async with _operator(sandbox) as running:
         await running.wait_idle("converged")
         before = await _loader_pods(api, name)
@@ -544,6 +597,7 @@ async def test_a_bumped_trigger_rebuilds_a_deleted_image_once(
             await running.wait_idle("resynced")
         assert (await _events(api, name))["BuildCreated"] == built + 1
         await _delete_module(api, name)
+        quick.clear()
 
 
 async def test_a_wrong_signing_key_fails_the_sign_until_the_secret_is_fixed(
@@ -568,6 +622,7 @@ async def test_a_wrong_signing_key_fails_the_sign_until_the_secret_is_fixed(
             "certSecret": {"name": f"{name}-cert"},
             "filesToSign": ["/opt/lib/modules/*/*.ko"],
         },
+        builds_on=sandbox.node,
     )
     await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
     async with _operator(sandbox) as running:
@@ -601,6 +656,7 @@ async def test_a_wrong_password_is_an_authentication_error_and_builds_nothing(
         f"{name}-repo",
         [{"literal": sandbox.kernel, "containerImage": final}],
         build={"dockerfileConfigMap": {"name": f"{name}-dockerfile"}},
+        builds_on=sandbox.node,
     )
     await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
     async with _operator(sandbox) as running:
@@ -623,4 +679,81 @@ async def test_a_wrong_password_is_an_authentication_error_and_builds_nothing(
             assert found["items"] == []
             assert await _loader_daemonsets(api, name) == {}
         finally:
+            await _delete_module(api, name)
+
+
+async def _label_node(api: kube_client.Client, node: str, key: str, value: str | None) -> None:
+    await api.request(
+        "PATCH",
+        resources.NODES.path(name=node),
+        body={"metadata": {"labels": {key: value}}},
+        content_type=kube_client.MERGE_PATCH,
+    )
+
+
+def _manifest_puts(sandbox: Sandbox, image: str) -> int:
+    """Manifest PUTs of ``image``'s tag the registry answered with 201."""
+    parsed = references.parse(image)
+    path = f"/v2/{parsed.name}/manifests/{parsed.reference}"
+    return sum(1 for r in buildsign_support.requests(sandbox.record) if r == ("PUT", path, 201))
+
+
+async def test_only_the_signed_image_ever_carried_the_final_name(
+    sandbox: Sandbox, api: kube_client.Client, tmp_path: Path
+) -> None:
+    """The operator's own path: a build-only pod, pushing to the final name,
+    waits for a node (its build.selector matches none yet: Unschedulable,
+    shown on the Module); ``sign`` is added to the Module meanwhile; then a
+    node takes the pods. The stale pod would push an unsigned image under
+    the final name: it is replaced, so the one manifest the final tag ever
+    received is the signed one."""
+    name = f"us-{uuid.uuid4().hex[:6]}"
+    final = f"{sandbox.host}/ci/{name}:{_tag(sandbox.kernel)}"
+    builders = f"kmm-test/builders-{name}"
+    key, cert = _key_and_cert(tmp_path, "signer")
+    await _create(api, _SECRETS, _pull_secret(sandbox, f"{name}-repo"))
+    await _create(api, _SECRETS, _opaque(f"{name}-key", {"key": key}))
+    await _create(api, _SECRETS, _opaque(f"{name}-cert", {"cert": cert}))
+    await _create(api, _CONFIGMAPS, _dockerfile(f"{name}-dockerfile", _quick_dockerfile(sandbox)))
+    build = {"dockerfileConfigMap": {"name": f"{name}-dockerfile"}, "selector": {builders: "yes"}}
+    body = _module(
+        name, f"{name}-repo", [{"literal": sandbox.kernel, "containerImage": final}], build=build
+    )
+    path = _MODULES.path(namespace=NAMESPACE, name=name)
+    await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
+    async with _operator(sandbox):
+        try:
+            stuck = await _until(
+                api, name,
+                lambda m: "Unschedulable" in (_images(m).get(sandbox.kernel, {}).get("message") or ""),
+                "the build pod shown Unschedulable", bound=180,
+            )  # fmt: skip
+            assert _condition(stuck, "Degraded")["reason"] == "Unschedulable"
+            assert pods.pod_name(name, "build", sandbox.kernel) in _condition(stuck, "Degraded")["message"]  # fmt: skip
+            sign = {
+                "keySecret": {"name": f"{name}-key"},
+                "certSecret": {"name": f"{name}-cert"},
+                "filesToSign": ["/opt/lib/modules/*/kmm_ci_a.ko"],
+            }
+            await api.request(
+                "PATCH", path,
+                body={"spec": {"moduleLoader": {"container": {"sign": sign}}}},
+                content_type=kube_client.MERGE_PATCH,
+            )  # fmt: skip
+            await _until(
+                api, name, lambda m: (m.get("status") or {}).get("observedGeneration") == 2,
+                "the sign seen", bound=180,
+            )  # fmt: skip
+            await _label_node(api, sandbox.node, builders, "yes")
+            await _until(api, name, _state(sandbox.kernel, "Exists"), "the final image")
+            _, files = await buildsign_support.pulled(sandbox.record, final)
+            module = next(v for k, v in files.items() if k.endswith("/kmm_ci_a.ko"))
+            assert module.endswith(buildsign_support.TRAILER), "an unsigned module under the final name"  # fmt: skip
+            assert _manifest_puts(sandbox, final) == 1
+            reasons = await _events(api, name)
+            assert reasons["BuildReplaced"] == 1, reasons
+            assert (reasons["BuildCreated"], reasons["SignCreated"]) == (2, 1), reasons
+            assert reasons["BuildSucceeded"] == 1, reasons
+        finally:
+            await _label_node(api, sandbox.node, builders, None)
             await _delete_module(api, name)

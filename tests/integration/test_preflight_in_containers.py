@@ -53,7 +53,8 @@ from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
 from kmm.operator import writing
-from kmm.operator.build import planner, pods
+from kmm.operator.build import images, pods
+from kmm.operator.build import settings as build_settings
 from kmm.sandbox import cluster, registry, testing
 
 NAMESPACE = built.NAMESPACE
@@ -87,7 +88,7 @@ async def api(sandbox: built.Sandbox) -> AsyncIterator[kube_client.Client]:
 @contextlib.asynccontextmanager
 async def _operator(sandbox: built.Sandbox) -> AsyncIterator[support.InProcess]:
     assert sandbox.record.registry is not None
-    settings = planner.Settings(
+    settings = build_settings.Settings(
         builder_image=sandbox.builder, registry_ca=sandbox.ca.read_text(), poll=built._POLL
     )
     async with support.operator_in_process(
@@ -281,7 +282,7 @@ async def test_three_modules_a_build_that_pushes_nothing_then_one_that_pushes(
             writes = [r for r in _registry_requests(sandbox, since) if r[0] in _WRITES]
             assert writes == []
             assert not await built._exists(sandbox, final)
-            assert not await built._exists(sandbox, pods.intermediate_image(final))
+            assert not await built._exists(sandbox, images.intermediate_image(final))
             made = await _preflight_pods(api, validation)
             assert list(made) == [pod]
 
@@ -306,7 +307,7 @@ async def test_three_modules_a_build_that_pushes_nothing_then_one_that_pushes(
             # Every verdict started over, unchanged ones included.
             assert verdicts[have]["lastTransitionTime"] > _verdicts(first)[have]["lastTransitionTime"]  # fmt: skip
             assert await built._exists(sandbox, final)
-            assert not await built._exists(sandbox, pods.intermediate_image(final))
+            assert not await built._exists(sandbox, images.intermediate_image(final))
             again = await _preflight_pods(api, validation)
             assert list(again) == [pod]
             assert again[pod] != made[pod]  # made again: its hash changed
@@ -466,7 +467,7 @@ async def test_the_deployed_rbac_is_enough(sandbox: built.Sandbox, api: kube_cli
     await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
     await api.request("POST", _PREFLIGHTS.path(), body=_validation(validation, sandbox.kernel))
     assert sandbox.record.registry is not None
-    settings = planner.Settings(
+    settings = build_settings.Settings(
         builder_image=sandbox.builder, registry_ca=sandbox.ca.read_text(), poll=built._POLL
     )
     async with support.operator_in_process(

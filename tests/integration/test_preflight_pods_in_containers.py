@@ -39,7 +39,7 @@ import pytest
 
 from kmm.api import kernels
 from kmm.kube import resources
-from kmm.operator.build import pods
+from kmm.operator.build import images, pods
 from kmm.sandbox import cluster, pki, registry
 
 IMAGES = Path("build/images")
@@ -111,7 +111,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         quiet, broken, quiet_requests, pushed, pushed_requests, after_quiet = asyncio.run(
             _preflight(setup)
         )
-        intermediate = asyncio.run(support.exists(record, pods.intermediate_image(final)))
+        intermediate = asyncio.run(support.exists(record, images.intermediate_image(final)))
         final_digest, signed = asyncio.run(support.pulled(record, final))
         yield Run(
             record, kernel, final, tag, quiet, broken, pushed, quiet_requests,
@@ -170,7 +170,7 @@ async def _preflight(
             "controller": True,
             "blockOwnerDeletion": True,
         }
-        inputs = pods.PodInputs(
+        inputs = pods.PodParams(
             module=MODULE,
             namespace=NAMESPACE,
             kernel=setup.kernel,
@@ -201,7 +201,7 @@ async def _preflight(
             files_to_sign=(f"/opt/lib/modules/{setup.kernel}/kmm_ci_a*.ko",),
         )
 
-        async def create(validation: str, inputs: pods.PodInputs, dockerfile: str) -> str:
+        async def create(validation: str, inputs: pods.PodParams, dockerfile: str) -> str:
             body = pods.preflight_pod(
                 inputs,
                 validation=validation,

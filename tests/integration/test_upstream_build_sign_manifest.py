@@ -49,7 +49,7 @@ from kmm.api import kernels, labels, modules
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.operator.build import planner as build_planner
+from kmm.operator.build import settings as build_settings
 from kmm.sandbox import cluster, pki, registry, testing
 
 HERE = Path(__file__).parent / "upstream"
@@ -228,7 +228,7 @@ def operator_settings(record: cluster.state.SandboxState) -> dict[str, Any]:
     assert record.registry is not None
     ca = pki.Pki(record.directory / "pki").ca_cert
     return {
-        "build": build_planner.Settings(
+        "build": build_settings.Settings(
             builder_image=f"{registry.REFERENCE_HOST}/kmm/builder:1", registry_ca=ca.read_text()
         ),
         "registry_endpoints": {registry.REFERENCE_HOST: record.registry.host},

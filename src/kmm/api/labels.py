@@ -24,6 +24,7 @@ __all__ = [
     "IMAGE_HASH",
     "KERNEL_VERSION_FULL",
     "LAST_HASH",
+    "LAST_INPUTS",
     "MAX_LABEL_NAME",
     "MAX_NAME_AND_NAMESPACE",
     "MODULES_ORDER",
@@ -33,6 +34,7 @@ __all__ = [
     "MODULE_VERSION",
     "PREFIX",
     "PREFLIGHT",
+    "REGISTRY_CA",
     "RESOURCE_TYPE",
     "ROLE",
     "SPEC_HASH",
@@ -90,6 +92,13 @@ SPEC_HASH: Final = PREFIX + "spec-hash"
 # Annotation on build, sign and preflight pods: the digest of their inputs
 # (kmm.operator.build.hashing), so a failed pod is replaced only when they change.
 LAST_HASH: Final = PREFIX + "last-hash"
+# Beside it: what that digest was made of (JSON: part -> digest or
+# resourceVersion), so a replaced pod's Event can say what changed.
+LAST_INPUTS: Final = PREFIX + "last-inputs"
+# On build, sign and preflight pods: the registry CA bundle the operator was
+# given, projected into the containers as a file by the downward API (an
+# environment variable holds at most 128 KiB; annotations 256 KiB in all).
+REGISTRY_CA: Final = PREFIX + "registry-ca"
 
 FINALIZER: Final = PREFIX + "module-finalizer"
 

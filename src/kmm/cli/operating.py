@@ -22,7 +22,7 @@ from kmm.kube import client
 from kmm.oci import trust
 from kmm.operator import jsonlogs, running, wiring
 from kmm.operator.build import asking, pods
-from kmm.operator.build import planner as build_planner
+from kmm.operator.build import settings as build_settings
 from kmm.runtime import leaderelection, manager
 
 __all__ = ["operator", "register"]
@@ -119,12 +119,12 @@ def operator(
     build_input_poll: Annotated[
         float,
         typer.Option(
-            help="Seconds between looks at the inputs (ConfigMaps, Secrets) of a failed build "
-            "or sign pod, which is made again once they change; and between asks for a "
-            "sign-only kernel's unsignedImage until the registry has it.",
+            help="Seconds between looks at the inputs (ConfigMaps, Secrets) of a build or sign "
+            "pod that has not succeeded, which is replaced once they change; and between asks "
+            "for a sign-only kernel's unsignedImage until the registry has it.",
             min=0.1,
         ),
-    ] = build_planner.DEFAULT_POLL,
+    ] = build_settings.DEFAULT_POLL,
 ) -> None:
     """Run the Module operator: loader and device-plugin DaemonSets, node labels, status."""
     try:
@@ -133,6 +133,7 @@ def operator(
         raise typer.BadParameter(str(err), param_hint="--lease-duration/--renew-deadline") from err
     try:
         registry_ca_files = trust.load(registry_ca or ())
+        build_settings.registry_ca_bundle(registry_ca_files)  # it fits in a pod annotation
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--registry-ca") from err
     try:

@@ -174,13 +174,21 @@ def project_daemonset(obj: stores.RawObject) -> stores.RawObject:
 
 def project_pod(obj: stores.RawObject) -> stores.RawObject:
     """The fields kept of a pod, with its controller's uid: more of build,
-    sign and preflight pods than of the many others."""
+    sign and preflight pods than of the many others, but not their registry
+    CA annotation (up to 240 KiB each, which no planner reads)."""
     role = _labels(obj).get(labels.ROLE)
     if role in _BUILD_ROLES:
-        return _with_controller(obj, _build_pod_fields(obj))
+        return _with_controller(obj, _without_registry_ca(_build_pod_fields(obj)))
     if role == _PREFLIGHT_ROLE:
-        return _with_controller(obj, _preflight_pod_fields(obj))
+        return _with_controller(obj, _without_registry_ca(_preflight_pod_fields(obj)))
     return _with_controller(obj, _pod_fields(obj))
+
+
+def _without_registry_ca(kept: stores.RawObject) -> stores.RawObject:
+    annotations = (kept.get("metadata") or {}).get("annotations")
+    if isinstance(annotations, dict):
+        annotations.pop(labels.REGISTRY_CA, None)
+    return kept
 
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:

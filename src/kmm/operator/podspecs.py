@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from kmm.api import modules
 
-__all__ = ["ROOT", "base", "container", "environment", "mounts", "volumes"]
+__all__ = ["ROOT", "base", "container", "environment", "mounts", "tolerations", "volumes"]
 
 RawObject = dict[str, Any]
 
@@ -47,9 +47,7 @@ def base(
     """
     spec: RawObject = {"priorityClassName": "system-node-critical"}
     if module.spec.tolerations:
-        spec["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_none=True) for t in module.spec.tolerations
-        ]
+        spec["tolerations"] = tolerations(module)
     if module.spec.image_repo_secret is not None:
         spec["imagePullSecrets"] = [{"name": module.spec.image_repo_secret.name}]
     if service_account:
@@ -57,6 +55,12 @@ def base(
     if automount_token is not None:
         spec["automountServiceAccountToken"] = automount_token
     return spec
+
+
+def tolerations(module: modules.Module) -> list[RawObject]:
+    """The Module's tolerations as pod-spec entries (build, sign and
+    preflight pods carry them too, ``kmm.operator.build.desired``)."""
+    return [t.model_dump(by_alias=True, exclude_none=True) for t in module.spec.tolerations or ()]
 
 
 def volumes(declared: Sequence[modules.Volume] | None) -> list[RawObject]:

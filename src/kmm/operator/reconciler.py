@@ -21,7 +21,8 @@ Level-based (``runtime.controllers.Reconciler``). For a live Module it:
 5. writes the status (``status``, ``status.images`` among it) only when a
    field it owns changes, and counts-only changes at most once per
    ``STATUS_INTERVAL`` (requeued); a Module whose build or sign pod failed
-   is requeued every ``--build-input-poll`` seconds to notice fixed inputs.
+   (or whose pod is still on its way) is requeued every
+   ``--build-input-poll`` seconds to notice changed inputs.
 A write the API server refuses (``failures.refused``: invalid, forbidden,
 its own 500) stays local: a DaemonSet's is the Module's ``DaemonSetRefused``
 problem, a build or sign pod's its kernel's image status and ``PodRefused``,

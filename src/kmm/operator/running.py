@@ -19,8 +19,8 @@ from pathlib import Path
 from kmm.aio import httpserving, tasks
 from kmm.kube import client
 from kmm.operator import metrics, wiring
-from kmm.operator.build import planner as build_planner
 from kmm.operator.build import pods
+from kmm.operator.build import settings as build_settings
 
 __all__ = ["Settings", "run"]
 
@@ -46,7 +46,7 @@ class Settings:
     # kept, how often a failed one's inputs are looked at.
     builder_image: str = pods.DEFAULT_BUILDER_IMAGE
     build_pod_retention: float = 0.0
-    build_input_poll: float = build_planner.DEFAULT_POLL
+    build_input_poll: float = build_settings.DEFAULT_POLL
 
 
 async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> None:
@@ -66,9 +66,9 @@ async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> No
         instance=settings.identity,
         resync_period=settings.resync_period,
         handler_errors=registry,
-        build=build_planner.Settings(
+        build=build_settings.Settings(
             builder_image=settings.builder_image,
-            registry_ca="".join(path.read_text() for path in settings.registry_ca_files),
+            registry_ca=build_settings.registry_ca_bundle(settings.registry_ca_files),
             retention=settings.build_pod_retention,
             poll=settings.build_input_poll,
         ),

@@ -46,11 +46,11 @@ from typing import Any
 
 from kmm.aio import backoff
 from kmm.api import modules, preflight
-from kmm.kube import client, errors, listwatch, objects, resources
+from kmm.kube import client, errors, listwatch, resources
 from kmm.operator import caches, nodekernels, podadmission, reconciler, writing
 from kmm.operator.build import asking, existence
 from kmm.operator.build import concern as build_concern
-from kmm.operator.build import planner as build_planner
+from kmm.operator.build import settings as build_settings
 from kmm.operator.preflight import reconciler as preflight_reconciler
 from kmm.runtime import (
     controllers,
@@ -119,22 +119,6 @@ class Counting:
             self.done += 1
 
 
-def _seen(
-    pending: writing.Pending, key: Callable[[str], str] = lambda k: k
-) -> informers.FuncHandler:
-    version = objects.resource_version
-    return informers.FuncHandler(
-        add=lambda obj: pending.seen(key(stores.key_of(obj)), version(obj)),
-        update=lambda _old, new: pending.seen(key(stores.key_of(new)), version(new)),
-        delete=lambda obj: pending.seen(key(stores.key_of(obj)), None),
-    )
-
-
-def _pem(files: tuple[Path, ...]) -> str:
-    """The CA files as one PEM bundle, for build and sign pods."""
-    return "".join(path.read_text() for path in files)
-
-
 _DRA_RESOURCES = frozenset({resources.DEVICE_CLASSES.plural, resources.RESOURCE_CLAIMS.plural})
 
 
@@ -181,7 +165,7 @@ class Operator:
         resync_period: float = DEFAULT_RESYNC_PERIOD,
         handler_errors: informers.HandlerErrors | None = None,
         wrap_handler: HandlerWrapper | None = None,
-        build: build_planner.Settings | None = None,
+        build: build_settings.Settings | None = None,
         registry_ca_files: tuple[Path, ...] = (),
         registry_endpoints: Mapping[str, str] | None = None,
     ) -> None:
@@ -254,9 +238,11 @@ class Operator:
         # run beside the reconciles, which it requeues when answers land.
         self.asker = asking.Asker(ca_files=registry_ca_files, endpoints=registry_endpoints)
         self.checker = existence.Checker(self.asker)
-        build_settings = build or build_planner.Settings(registry_ca=_pem(registry_ca_files))
+        configured = build or build_settings.Settings(
+            registry_ca=build_settings.registry_ca_bundle(registry_ca_files)
+        )
         reader = writing.ApiReader(api)
-        self.build = build_concern.BuildConcern(self.checker, reader, build_settings)
+        self.build = build_concern.BuildConcern(self.checker, reader, configured)
         self.reconciler = reconciler.ModuleReconciler(
             self.caches,
             self.writer,
@@ -281,20 +267,20 @@ class Operator:
             return [key] if key else []
 
         # Pending first: a reconcile the event triggers must see it cleared.
-        self.modules.add_handler(_seen(self.pending))
+        self.pending.follow(self.modules)
         requeueing(self.modules, handlers.enqueue_object(enqueue))
-        self.daemonsets.add_handler(_seen(self.pending))
+        self.pending.follow(self.daemonsets)
         requeueing(self.daemonsets, handlers.enqueue_mapped(enqueue, owner))
-        self.pods.add_handler(_seen(self.pending, writing.pod_key))
+        self.pending.follow(self.pods, writing.POD_PREFIX)
         requeueing(self.pods, handlers.enqueue_mapped(enqueue, owner))
-        self.nodes.add_handler(_seen(self.pending))
+        self.pending.follow(self.nodes)
         requeueing(
             self.nodes,
             handlers.enqueue_mapped(
                 enqueue, lambda node: caches.modules_of_node(node, modules_store)
             ),
         )
-        self.device_classes.add_handler(_seen(self.pending, writing.class_key))
+        self.pending.follow(self.device_classes, writing.CLASS_PREFIX)
         requeueing(
             self.device_classes,
             handlers.enqueue_mapped(
@@ -336,7 +322,7 @@ class Operator:
                 self.writer,
                 checker=self.checker,
                 reader=reader,
-                settings=build_settings,
+                settings=configured,
                 enqueue=lambda name: self.preflight_controller.enqueue(name),
             )
         )
@@ -351,7 +337,7 @@ class Operator:
                 for name in validations_store.list_keys():
                     validate(name)
 
-        self.validations.add_handler(_seen(self.pending, writing.preflight_key))
+        self.pending.follow(self.validations, writing.PREFLIGHT_PREFIX)
         requeueing(self.validations, handlers.enqueue_object(validate))
         requeueing(
             self.modules,

@@ -23,7 +23,10 @@ whose events are on their way: a write that changed nothing (a delete or
 patch answered 404, a delete whose uid no longer matches) leaves
 none, and events that arrive while a write is on the wire (``Pending.sending``)
 count against its result, so a DELETED event that beats the DELETE's own
-reply leaves nothing behind either.
+reply leaves nothing behind either. A create whose object the cache never
+showed (made and deleted while the watch was broken, the gap closed by a
+relist) gets no event at all: the relist clears it (``Pending.relisted``),
+or it would skip the same create for ever.
 
 Every write carries the ``fence`` the wiring gives (the leader elector's
 ``holds``): a replica whose lease may have run out sends nothing more, not
@@ -41,11 +44,15 @@ from typing import Any, Final
 
 from kmm.api import modules, preflight
 from kmm.kube import client, errors, objects, resources
+from kmm.runtime import informers, stores
 
 __all__ = [
+    "CLASS_PREFIX",
     "FIELD_MANAGER",
     "MODULES",
+    "POD_PREFIX",
     "PREFLIGHTS",
+    "PREFLIGHT_PREFIX",
     "ApiReader",
     "Pending",
     "Writer",
@@ -84,12 +91,37 @@ class Pending:
     def __init__(self) -> None:
         self._entries: dict[str, dict[str, tuple[str, str | None]]] = {}
         self._flights: dict[str, _Flight] = {}
+        # Per key prefix, the resourceVersion of its informer's last list.
+        self._listed: dict[str, str] = {}
 
-    def seen(self, key: str, version: str | None) -> None:
-        """The cache shows ``key`` at ``version`` (None: deleted)."""
-        flight = self._flights.get(key)
-        if flight is not None:
-            flight.saw(version)
+    def follow(self, informer: informers.Informer, prefix: str = "") -> None:
+        """Keep the entries of ``informer``'s objects (keys: ``prefix`` and
+        the store key) true to its cache: each event clears what it shows;
+        with a ``prefix`` (a key space of the informer's own), each relist
+        clears what it shows too (``relisted``)."""
+        version = objects.resource_version
+        informer.add_handler(
+            informers.FuncHandler(
+                add=lambda obj: self.seen(prefix + stores.key_of(obj), version(obj)),
+                update=lambda _old, new: self.seen(prefix + stores.key_of(new), version(new)),
+                delete=lambda obj: self.seen(prefix + stores.key_of(obj), None),
+            )
+        )
+        if prefix:
+            informer.add_relist_hook(lambda listed: self.relisted(prefix, listed))
+
+    def relisted(self, prefix: str, version: str) -> None:
+        """The informer of the keys under ``prefix`` listed them afresh at
+        ``version``: its cache shows every write of theirs whose result is
+        not newer, or the object gone since. Their entries go, a create's
+        included whose object the cache never showed (made and deleted in
+        the watch gap this list closes: no event will ever clear it). A
+        delete waits for its object to be seen gone, as before."""
+        self._listed[prefix] = version
+        for key in [k for k in self._entries if k.startswith(prefix)]:
+            self._clear(key, version)
+
+    def _clear(self, key: str, version: str | None) -> None:
         parts = self._entries.get(key)
         if parts is None:
             return
@@ -98,6 +130,20 @@ class Pending:
                 del parts[part]
         if not parts:
             del self._entries[key]
+
+    def _listed_past(self, key: str, result: str) -> bool:
+        """Whether a list of ``key``'s informer already reflects ``result``."""
+        return any(
+            key.startswith(prefix) and _caught_up(listed, result)
+            for prefix, listed in self._listed.items()
+        )
+
+    def seen(self, key: str, version: str | None) -> None:
+        """The cache shows ``key`` at ``version`` (None: deleted)."""
+        flight = self._flights.get(key)
+        if flight is not None:
+            flight.saw(version)
+        self._clear(key, version)
 
     @contextlib.contextmanager
     def sending(self, key: str) -> Iterator[None]:
@@ -115,7 +161,11 @@ class Pending:
         """``part`` of ``key`` was written as ``body``; the cache shows it at
         ``result`` (None: the write changed nothing, so nothing is in flight)."""
         flight = self._flights.get(key)
-        if result is None or (flight is not None and flight.shows(result)):
+        if (
+            result is None
+            or (flight is not None and flight.shows(result))
+            or self._listed_past(key, result)
+        ):
             self._forget(key, part)
             return
         self._entries.setdefault(key, {})[part] = (_digest(body), result)
@@ -167,20 +217,36 @@ def _caught_up(version: str | None, result: str | None) -> bool:
         return True
 
 
+# Key spaces of their own (``Pending.follow``): pods apart from DaemonSets,
+# DeviceClasses and PreflightValidations apart from Nodes.
+POD_PREFIX: Final = "pod:"
+CLASS_PREFIX: Final = "deviceclass:"
+PREFLIGHT_PREFIX: Final = "preflightvalidation:"
+
+
 def class_key(name: str) -> str:
     """The ``Pending`` key of a DeviceClass."""
-    return f"deviceclass:{name}"
+    return CLASS_PREFIX + name
 
 
 def preflight_key(name: str) -> str:
     """The ``Pending`` key of a PreflightValidation, apart from Nodes' (both
     are cluster-scoped names)."""
-    return f"preflightvalidation:{name}"
+    return PREFLIGHT_PREFIX + name
 
 
 def pod_key(key: str) -> str:
     """The ``Pending`` key of a pod (``<ns>/<name>``), apart from DaemonSets'."""
-    return f"pod:{key}"
+    return POD_PREFIX + key
+
+
+# Seconds a pod that did not end gets to stop: the builder's shell ignores
+# SIGTERM (it is PID 1), so this is how long its kill waits, and short.
+_RUNNING_POD_GRACE: Final = 1
+
+
+def _ended(pod: RawObject) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
 # A create's result is in flight until the cache shows the object at all.
@@ -369,13 +435,19 @@ class Writer:
         )
 
     async def delete_pod(self, observed: RawObject) -> bool:
-        """Delete a pod that ended, guarded by its uid, without grace (nothing
-        runs in it to stop)."""
+        """Delete a pod, guarded by its uid: one that ended without grace
+        (nothing runs in it to stop), one that did not (a build or sign pod
+        replaced) with a grace period of ``_RUNNING_POD_GRACE``: a pod
+        deleted without grace leaves the API at once, its containers still
+        running on the node until the kubelet notices, so a successor of the
+        same name could start (and push) beside them. With one, the pod goes
+        only once the kubelet stopped its containers."""
         metadata = observed["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
         key = pod_key(f"{namespace}/{name}")
         part = _deleting(observed)
-        body = _delete_options(observed, gracePeriodSeconds=0)
+        grace = 0 if _ended(observed) else _RUNNING_POD_GRACE
+        body = _delete_options(observed, gracePeriodSeconds=grace)
         if self.pending.in_flight(key, part, objects.resource_version(observed), None):
             return False
         with self.pending.sending(key):

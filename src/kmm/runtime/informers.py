@@ -6,6 +6,11 @@ sink is the store. A relist replaces the store (handlers see adds, updates of
 changed objects, deletes of vanished ones) and marks the informer synced;
 each watch event updates it.
 
+A relist also calls each relist hook (``add_relist_hook``) with the list's
+resourceVersion once the store holds it: an object made and deleted in the
+watch gap it closes was never shown, and no handler hears of it; a hook
+learns that everything up to that version is now shown.
+
 Handlers are synchronous and must be quick (they enqueue keys); an exception
 in one is logged, counted (``HandlerErrors``: ``kmm_handler_errors_total`` in
 the operator) and does not stop the informer; the event it was handling is
@@ -121,6 +126,7 @@ class Informer:
             projection=projection,
         )
         self._handlers: list[Handler] = []
+        self._relist_hooks: list[Callable[[str], None]] = []
         self._synced = asyncio.Event()
 
     @property
@@ -143,6 +149,10 @@ class Informer:
     def add_handler(self, handler: Handler) -> None:
         """Register before `run`; a late handler misses earlier events."""
         self._handlers.append(handler)
+
+    def add_relist_hook(self, hook: Callable[[str], None]) -> None:
+        """Register before `run`: ``hook(resource_version)`` after each list."""
+        self._relist_hooks.append(hook)
 
     def has_synced(self) -> bool:
         return self._synced.is_set()
@@ -168,6 +178,13 @@ class Informer:
                 self._notify("on_add", obj)
             elif not _same_apart_from_version(old, obj):
                 self._notify("on_update", old, obj)
+        for hook in self._relist_hooks:
+            try:
+                hook(resource_version)
+            except Exception:
+                _log.exception("%s: relist hook failed", self.name)
+                if self.handler_errors is not None:
+                    self.handler_errors.handler_failed(self.name, "relisted")
         self._synced.set()
 
     def apply(self, event: listwatch.WatchEvent) -> None:

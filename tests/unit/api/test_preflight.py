@@ -11,7 +11,6 @@ import preflight_cases as cases
 import pytest
 
 from kmm.api import kernels, labels, preflight, validation
-from kmm.operator.build import hashing
 
 Obj = cases.Obj
 
@@ -161,7 +160,3 @@ def test_preflight_label_value_is_the_name_or_a_cut_with_a_digest() -> None:
         assert labels.is_label_value(value), value
         assert re.search(r"-[0-9a-f]{10}$", value), value
     assert labels.preflight_value(long_a) != labels.preflight_value(long_b)
-
-
-def test_last_hash_is_the_build_concerns_annotation() -> None:
-    assert labels.LAST_HASH == hashing.LAST_HASH

@@ -16,9 +16,9 @@ import operator_fixtures as fixtures
 import pytest
 from scripted import Server
 
-from kmm.kube import client, errors
-from kmm.operator import reconciler, writing
-from kmm.runtime import stores
+from kmm.kube import client, errors, listwatch, resources
+from kmm.operator import caches, reconciler, writing
+from kmm.runtime import informers, stores
 
 
 def node(rv: str, **labels: str) -> dict[str, Any]:
@@ -287,3 +287,66 @@ async def test_events_that_beat_the_reply_leave_nothing_in_flight() -> None:
             assert await write.patch_node_labels(node("10"), {"ready": ""})
             assert len(server.seen) == 4
             assert len(write.pending) == 0
+
+
+async def test_a_create_the_cache_never_showed_does_not_block_the_same_create_after_a_relist(
+    writer: tuple[writing.Writer, Server],
+) -> None:
+    """The pod informer's watch broke; meanwhile the pod kmm created was
+    deleted (say by hand), so its ADDED and DELETED events were never seen,
+    and the relist that closes the gap does not list it: no event would ever
+    clear its entry, and the identical create (the planner wants the pod
+    again) would be skipped for ever."""
+    write, server = writer
+    pods_informer = informers.Informer(
+        "pods", listwatch.ApiListWatch(write.api, resources.PODS), projection=caches.project_pod
+    )
+    write.pending.follow(pods_informer, writing.POD_PREFIX)
+    pods_informer.replace([], "5")  # the first list
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "m-build-k", "namespace": "ns"}}
+    server.script(
+        (201, {"metadata": {"name": "m-build-k", "namespace": "ns", "resourceVersion": "12"}}),
+        (201, {"metadata": {"name": "m-build-k", "namespace": "ns", "resourceVersion": "40"}}),
+    )
+    assert await write.create_pod(pod)
+    # The cache has not shown it yet: a reconcile in that gap sends nothing.
+    assert not await write.create_pod(pod)
+    # Made at 12, deleted at 20, listed again at 30: never shown.
+    pods_informer.replace([], "30")
+    assert await write.create_pod(pod)
+    assert len(server.seen) == 2
+    # A list older than a create's result leaves its entry: the cache may
+    # still show it.
+    pods_informer.replace([], "35")
+    assert not await write.create_pod(pod)
+    # Other key spaces are not this informer's to clear.
+    write.pending.sent("ns/ds", "apply", {"spec": {}}, "33")
+    pods_informer.replace([], "50")
+    assert write.pending.in_flight("ns/ds", "apply", None, {"spec": {}}) is False
+    assert write.pending.in_flight("ns/ds", "apply", "31", {"spec": {}}) is True
+    assert len(write.pending) == 1
+
+
+async def test_a_pod_that_ended_goes_at_once_and_one_still_running_gets_a_grace_period(
+    writer: tuple[writing.Writer, Server],
+) -> None:
+    """A replaced build pod may still be running: deleted without grace, its
+    object would go at once while its container still ran (and pushed), and
+    its successor of the same name could start beside it. With a grace
+    period the object goes only once the kubelet stopped the containers."""
+    write, server = writer
+    ok = {"kind": "Status", "status": "Success"}
+    server.script((200, ok), (200, ok), (200, ok))
+
+    def pod(name: str, phase: str | None) -> dict[str, Any]:
+        found: dict[str, Any] = {"metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}"}}
+        if phase is not None:
+            found["status"] = {"phase": phase}
+        return found
+
+    assert await write.delete_pod(pod("done", "Succeeded"))
+    assert await write.delete_pod(pod("running", "Running"))
+    assert await write.delete_pod(pod("new", None))
+    bodies = [json.loads(sent.body) for sent in server.seen]
+    assert [b["gracePeriodSeconds"] for b in bodies] == [0, 1, 1]
+    assert [b["preconditions"] for b in bodies] == [{"uid": "u-done"}, {"uid": "u-running"}, {"uid": "u-new"}]  # fmt: skip

@@ -143,11 +143,15 @@ async def test_gone_relists_and_reports_the_difference(conn: wire.Connection, fo
         server.watches.append(wire.Watch(status=410))
     server.lists.append((200, page([obj("a", "5"), obj("c", "20")], "30")))
     informer, recorder = make(conn)
+    listed: list[tuple[str, list[str]]] = []
+    informer.add_relist_hook(lambda rv: listed.append((rv, sorted(informer.store.list_keys()))))
     async with running(informer):
         await server.wait_until(lambda: len(server.watch_requests()) == 2)
     assert informer.lists == 2
     assert [r.query["resourceVersion"] for r in server.watch_requests()] == ["10", "30"]
     assert recorder.events[2:] == [("delete", "ns/b", "6"), ("add", "ns/c", "20")]
+    # Each list's version, told once the store holds the list.
+    assert listed == [("10", ["ns/a", "ns/b"]), ("30", ["ns/a", "ns/c"])]
     assert sorted(informer.store.list_keys()) == ["ns/a", "ns/c"]
     assert informer.relists == {reflecting.START: 1, reflecting.GONE: 1}
 

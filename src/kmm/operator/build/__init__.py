@@ -7,14 +7,27 @@ in another, pushing only a signed image under the final name.
 
 - :mod:`.pods`: the build, sign and preflight pods, pure builders (no I/O);
 - :mod:`.scripts`: the shell scripts those pods run, and what they report;
+- :mod:`.images`: a kernel's final and unsigned images, and how their
+  existence is asked;
 - :mod:`.existence`: whether an image exists, remembered; checks run in the
   background (never on a reconcile's path) and requeue whoever waits;
 - :mod:`.asking`: one check over the network: what it dials (the image's
   host, its realm and redirects, never loopback or link-local unless
   configured) and what a Module's author may read of the outcome;
+- :mod:`.inputs`: the ConfigMaps and Secrets a pod reads, read and picked;
 - :mod:`.hashing`: the digest of a pod's inputs (``last-hash``);
-- :mod:`.planner`: which pods to create or delete and which kernels wait for
-  their image (pure); the reconciler runs it before the loader's planner,
-  which skips those kernels, and sends what it wants.
-Nothing here writes to the API server.
+- :mod:`.desired`: the build or sign pod a kernel needs now, stamped;
+- :mod:`.podstatus`: what an observed pod says of itself (phase,
+  termination, summary);
+- :mod:`.settings`: the operator's build-and-sign flags;
+- :mod:`.steps`: where one kernel's image stands and its next step (the
+  state machine, pure);
+- :mod:`.planner`: carries the steps out for a Module: which pods to create
+  or delete and which kernels wait for their image (pure); the reconciler
+  runs it before the loader's planner, which skips those kernels, and sends
+  what it wants;
+- :mod:`.concern`: the I/O around the planner (facts, inputs, rebuild passes).
+Nothing here writes to the API server. ``kmm.operator.preflight`` reuses
+``pods``, ``images``, ``inputs``, ``hashing``, ``podstatus``, ``desired.params``
+and ``settings``; never the planner.
 """

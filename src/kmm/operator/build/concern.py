@@ -24,8 +24,9 @@ planner needs for the kernels whose mapping builds or signs:
    makes the reconcile wait: a fact with no answer yet is pending (the
    kernel shows "Checking"), its check runs in the background, and the
    Module is requeued (``enqueue``) when the answer lands;
-4. the ConfigMaps and Secrets the pods read, GET on demand and only for
-   kernels whose image is known to be missing (no informer on Secrets).
+4. the ConfigMaps and Secrets the pods read (``inputs``), GET on demand and
+   only for kernels whose image is known to be missing (no informer on
+   Secrets).
 
 ``done`` records what the planner noticed (pods whose outcome was told);
 ``trigger_generation`` says which generation the status may claim done.
@@ -37,23 +38,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from kmm.api import kernels
 from kmm.operator import views
-from kmm.operator.build import existence, planner, pods
+from kmm.operator.build import existence, images, inputs, planner, pods, podstatus, settings, steps
 
-__all__ = ["BuildConcern", "Reader", "read_inputs"]
+__all__ = ["BuildConcern"]
 
 RawObject = dict[str, Any]
-Kind = Literal["ConfigMap", "Secret"]
-
-
-class Reader(Protocol):
-    """GETs of the objects pods read; None when absent."""
-
-    async def get(self, kind: Kind, namespace: str, name: str) -> RawObject | None: ...
 
 
 def _now() -> datetime.datetime:
@@ -63,8 +57,8 @@ def _now() -> datetime.datetime:
 @dataclasses.dataclass
 class BuildConcern:
     checker: existence.Checker
-    reader: Reader
-    settings: planner.Settings = dataclasses.field(default_factory=planner.Settings)
+    reader: inputs.Reader
+    settings: settings.Settings = dataclasses.field(default_factory=settings.Settings)
     now: Callable[[], datetime.datetime] = _now
     monotonic: Callable[[], float] = time.monotonic
     # Requeues a Module (by key) when a registry answer it waits for lands.
@@ -96,7 +90,7 @@ class BuildConcern:
         for target in targets.values():
             self.checker.forget(target.image)
             if target.build is not None and target.sign is not None:
-                self.checker.forget(pods.intermediate_image(target.image))
+                self.checker.forget(images.intermediate_image(target.image))
         self._rebuilt[key] = wanted
 
     def _rebuilding(
@@ -152,30 +146,33 @@ class BuildConcern:
         for image in planner.pushed_by_succeeded(view, wanted, noticed | refreshed):
             self.checker.forget(image)
         self._refreshed[key] = succeeded
-        facts: dict[str, planner.Facts] = {}
+        facts: dict[str, images.Facts] = {}
         retry: list[float] = []
         waiter = existence.Waiter(self.enqueue, key) if self.enqueue is not None else None
         for kernel, target in wanted.items():
-            final_key, intermediate_key = planner.keys_of(view, target)
+            final_key, unsigned_key = images.keys(view.module, target)
             final = self.checker.fact(final_key, self._secret, waiter=waiter)
-            intermediate = None
-            if planner.intermediate_wanted(target, final) and kernel not in rebuild:
-                intermediate = self.checker.fact(
-                    intermediate_key,
+            unsigned = None
+            if images.unsigned_wanted(target, final) and kernel not in rebuild:
+                # Someone else's unsigned image is pushed whenever: a
+                # MISSING answer goes stale, and is asked again every poll.
+                foreign = images.foreign_unsigned(target) is not None
+                unsigned = self.checker.fact(
+                    unsigned_key,
                     self._secret,
                     waiter=waiter,
-                    recheck_missing=self.settings.poll if _pushed_by_others(target) else None,
+                    recheck_missing=self.settings.poll if foreign else None,
                 )
-            facts[kernel] = planner.Facts(final, intermediate)
-            retry.extend(f.retry_at for f in (final, intermediate) if f is not None and f.retry_at)
+            facts[kernel] = images.Facts(final, unsigned)
+            retry.extend(f.retry_at for f in (final, unsigned) if f is not None and f.retry_at)
         # Only a kernel whose final image is known missing may get a pod (a
         # pending or failed check makes none): only its inputs are read.
         missing = {
             k: t for k, t in wanted.items() if facts[k].final.state is existence.State.MISSING
         }
-        inputs = await self._inputs(view, missing) if missing else planner.Inputs()
+        read = await self._inputs(view, missing) if missing else inputs.Snapshot()
         found = planner.plan(
-            view, wanted, facts, inputs,
+            view, wanted, facts, read,
             noticed=noticed, settings=self.settings, now=self.now(), rebuild=rebuild,
         )  # fmt: skip
         self._building(view, rebuild, found)
@@ -185,9 +182,9 @@ class BuildConcern:
 
     async def _inputs(
         self, view: views.ModuleView, targets: Mapping[str, kernels.Target]
-    ) -> planner.Inputs:
-        wanted = sorted(planner.inputs_wanted(view, targets))
-        return await read_inputs(self.reader, view.namespace, wanted)
+    ) -> inputs.Snapshot:
+        wanted = {w for target in targets.values() for w in inputs.wanted(view.module, target)}
+        return await inputs.read(self.reader, view.namespace, sorted(wanted))
 
     def done(self, view: views.ModuleView, plan: planner.BuildPlan) -> None:
         """Remember what ``plan`` told (its events were sent)."""
@@ -210,33 +207,8 @@ def _succeeded(view: views.ModuleView) -> set[str]:
     """The uids (names where a test gave none) of the Module's succeeded
     build and sign pods the cache shows."""
     return {
-        str((pod.get("metadata") or {}).get("uid") or (pod.get("metadata") or {}).get("name"))
-        for role in planner.ROLES
+        podstatus.uid(pod)
+        for role in steps.ROLES
         for pod in view.pods.get(role, ())
-        if (pod.get("status") or {}).get("phase") == "Succeeded"
+        if podstatus.phase(pod) == "Succeeded"
     }
-
-
-def _pushed_by_others(target: kernels.Target) -> bool:
-    """Sign without build: the image it signs (``unsignedImage``) is pushed
-    by someone else, whenever, so a ``MISSING`` answer goes stale."""
-    return (
-        target.build is None and target.sign is not None and target.sign.unsigned_image is not None
-    )
-
-
-async def read_inputs(reader: Reader, namespace: str, wanted: Iterable[str]) -> planner.Inputs:
-    """GET each ``Kind/name`` of ``wanted`` in ``namespace``: the
-    resourceVersions of those that exist and each ConfigMap's Dockerfile."""
-    versions: dict[str, str] = {}
-    dockerfiles: dict[str, str] = {}
-    for each in wanted:
-        kind, _, name = each.partition("/")
-        found = await reader.get("ConfigMap" if kind == "ConfigMap" else "Secret", namespace, name)
-        if found is None:
-            continue
-        versions[each] = str((found.get("metadata") or {}).get("resourceVersion") or "")
-        text = (found.get("data") or {}).get(pods.DOCKERFILE_KEY)
-        if kind == "ConfigMap" and isinstance(text, str):
-            dockerfiles[name] = text
-    return planner.Inputs(versions=versions, dockerfiles=dockerfiles)

@@ -1,16 +1,21 @@
-"""The input hash of a build or sign pod: annotation ``kmm.node.kubernetes.io/last-hash``.
+"""The input hash of a build, sign or preflight pod: annotation ``last-hash``.
 
-A failed pod is kept, and made again only when what it was made from
-changed: the rendered pod (image, builder, build args, mounts ...), the
-Dockerfile's text, the resourceVersion of every Secret and ConfigMap it
-reads, and the Module's ``imageRebuildTriggerGeneration`` (moving it asks
-for a build again, so a failed pod is retried too). A resourceVersion moves
-with any change of the object, so a key fixed inside the same Secret retries
-the pod although its name did not change. Secret contents never enter the
-digest (only their versions).
+A pod is replaced only when what it was made from changed: the rendered pod
+(image, builder, build args, mounts, where it may run, the registry CA ...),
+the image it pushes, the Dockerfile's text, the resourceVersion of every
+Secret and ConfigMap it reads, and the Module's
+``imageRebuildTriggerGeneration`` (moving it asks for a build again, so a
+failed pod is retried too). A resourceVersion moves with any change of the
+object, so a key fixed inside the same Secret replaces the pod although its
+name did not change. Secret contents never enter the digest (only their
+versions).
 
-Pure; ``planner`` compares the digest of the desired pod with the
-annotation of the pod it finds.
+``made_of`` names those parts; ``stamp`` writes their digest
+(``labels.LAST_HASH``) and the parts themselves (``labels.LAST_INPUTS``,
+digests and versions only: nothing secret, a few hundred bytes) on the pod,
+so that ``changes`` can say which of them moved when a pod is replaced.
+Pure; the planners compare the digest of the desired pod with the one the
+observed pod carries.
 """
 
 from __future__ import annotations
@@ -20,41 +25,102 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["LAST_HASH", "digest", "of_pod", "stamped"]
+from kmm.api import labels
 
-LAST_HASH: Final = "kmm.node.kubernetes.io/last-hash"
+__all__ = ["changes", "made_of", "of_pod", "stamp"]
 
 RawObject = dict[str, Any]
 
+_POD: Final = "pod"
+_IMAGE: Final = "image"
+_DOCKERFILE: Final = "Dockerfile"
+_TRIGGER: Final = "imageRebuildTriggerGeneration"
+_STAMPS: Final = (labels.LAST_HASH, labels.LAST_INPUTS)
 
-def digest(
-    pod: RawObject, *, dockerfile: str = "", versions: Mapping[str, str], trigger: int | None = None
-) -> str:
-    """The digest of ``pod`` (its own hash annotation left out), the
-    Dockerfile text, ``versions`` (``Kind/name`` -> resourceVersion) and the
-    ``trigger`` generation (left out when None, so a Module without one, and
-    a preflight pod, keeps the digest it had)."""
-    metadata = dict(pod.get("metadata") or {})
-    annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k != LAST_HASH}
-    metadata["annotations"] = annotations
-    document = {
-        "pod": {**pod, "metadata": metadata},
-        "dockerfile": dockerfile,
-        "versions": dict(sorted(versions.items())),
-        **({} if trigger is None else {"trigger": trigger}),
-    }
+
+def _sha(document: object) -> str:
     text = json.dumps(document, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def stamped(pod: RawObject, value: str) -> RawObject:
-    """``pod`` with its ``LAST_HASH`` annotation set to ``value`` (a new dict)."""
+def made_of(
+    pod: RawObject,
+    *,
+    pushes: str,
+    dockerfile: str = "",
+    versions: Mapping[str, str],
+    trigger: int | None = None,
+) -> dict[str, str]:
+    """The parts ``pod`` is made from: a digest of the pod (its stamps left
+    out), the image it ``pushes``, a digest of the Dockerfile (when it
+    builds), each input's resourceVersion (``Kind/name`` -> version) and the
+    ``trigger`` generation (when set)."""
     metadata = dict(pod.get("metadata") or {})
-    metadata["annotations"] = {**(metadata.get("annotations") or {}), LAST_HASH: value}
+    annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k not in _STAMPS}
+    metadata["annotations"] = annotations
+    found = {_POD: _sha({**pod, "metadata": metadata}), _IMAGE: pushes}
+    if dockerfile:
+        found[_DOCKERFILE] = _sha(dockerfile)
+    found.update(sorted(versions.items()))
+    if trigger is not None:
+        found[_TRIGGER] = str(trigger)
+    return found
+
+
+def stamp(pod: RawObject, parts: Mapping[str, str]) -> RawObject:
+    """``pod`` (a new dict) carrying the digest of ``parts`` and the parts."""
+    metadata = dict(pod.get("metadata") or {})
+    metadata["annotations"] = {
+        **(metadata.get("annotations") or {}),
+        labels.LAST_HASH: _sha(dict(parts)),
+        labels.LAST_INPUTS: json.dumps(dict(parts), sort_keys=True, separators=(",", ":")),
+    }
     return {**pod, "metadata": metadata}
+
+
+def _annotation(pod: Mapping[str, Any], key: str) -> str | None:
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(key)
+    return value if isinstance(value, str) else None
 
 
 def of_pod(pod: Mapping[str, Any]) -> str | None:
     """The ``LAST_HASH`` an observed pod carries, if any."""
-    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(LAST_HASH)
-    return value if isinstance(value, str) else None
+    return _annotation(pod, labels.LAST_HASH)
+
+
+def _parts(pod: Mapping[str, Any]) -> dict[str, str] | None:
+    try:
+        found = json.loads(_annotation(pod, labels.LAST_INPUTS) or "")
+    except ValueError:
+        return None
+    if not isinstance(found, dict):
+        return None
+    return {str(k): str(v) for k, v in found.items()}
+
+
+def _phrase(part: str, before: str | None, after: str | None) -> str:
+    if part == _POD:
+        return "the pod's spec"
+    if part == _IMAGE:
+        return f"the image it pushes ({before} -> {after})"
+    if part == _DOCKERFILE:
+        return "the Dockerfile"
+    if part == _TRIGGER:
+        return "imageRebuildTriggerGeneration"
+    kind, _, name = part.partition("/")
+    if before is None:
+        return f"{kind} {name} (new)"
+    if after is None:
+        return f"{kind} {name} (no longer read)"
+    return f"{kind} {name}"
+
+
+def changes(observed: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """What differs between what ``observed`` and ``wanted`` are made of, in
+    words ("the Dockerfile", "Secret key" ...); ["its inputs"] when the
+    observed pod does not say (made by an older operator)."""
+    before, after = _parts(observed), _parts(wanted)
+    if before is None or after is None:
+        return ["its inputs"]
+    moved = [p for p in dict.fromkeys([*after, *before]) if before.get(p) != after.get(p)]
+    return [_phrase(p, before.get(p), after.get(p)) for p in moved] or ["its inputs"]

@@ -16,7 +16,7 @@ ever reaches a registry. Build only: container ``build``; sign only:
 container ``sign`` pulling ``unsignedImage``; both: init container ``build``
 tagging ``LOCAL_UNSIGNED_IMAGE`` in the pod's buildah storage (an emptyDir
 both containers mount), then container ``sign`` reading it with
-``--pull=never``. ``PodInputs.push`` false (``pushBuiltImage: false``) pushes
+``--pull=never``. ``PodParams.push`` false (``pushBuiltImage: false``) pushes
 nothing at all; true pushes the final image only. Such pods are owned by the
 validation, not the Module, and kept while it exists (the build concern's
 ``retention`` does not apply to them).
@@ -36,7 +36,7 @@ its termination message instead (``FallbackToLogsOnError``, on every
 container) and the operator reads why without ``pods/log``; for a preflight
 pod's failed build that is ``status.initContainerStatuses[]``.
 
-TLS comes from ``PodInputs`` only: ``pull_tls`` for what a pod pulls (base
+TLS comes from ``PodParams`` only: ``pull_tls`` for what a pod pulls (base
 images, the unsigned image), ``push_tls`` for its push; the caller picks
 them from the Module (registryTLS, baseImageRegistryTLS,
 unsignedImageRegistryTLS). Not here: the hash annotation (the planners') and
@@ -64,11 +64,10 @@ __all__ = [
     "PREFLIGHT_ROLE",
     "RESOURCE_TYPES",
     "STORAGE",
-    "PodInputs",
+    "PodParams",
     "PodRole",
     "build_args",
     "build_pod",
-    "intermediate_image",
     "pod_name",
     "preflight_pod",
     "preflight_pod_name",
@@ -112,18 +111,22 @@ _DOCKERFILE_DIR: Final = "/run/kmm/dockerfile"
 _AUTH_DIR: Final = "/run/kmm/auth"
 _KEY_DIR: Final = "/run/kmm/signing/key"
 _CERT_DIR: Final = "/run/kmm/signing/cert"
+# The registry CA reaches the containers as a file: the pod's
+# labels.REGISTRY_CA annotation, projected by the downward API. Not an
+# environment variable: Linux refuses an exec whose one string exceeds 128
+# KiB (MAX_ARG_STRLEN), so a large bundle failed every pod at start;
+# an annotation holds up to 256 KiB (settings.MAX_REGISTRY_CA).
+_REGISTRY_CA_DIR: Final = "/run/kmm/registry-ca"
+_REGISTRY_CA_FILE: Final = "ca.crt"
 
 _MAX_NAME: Final = 63
-# Docker's limit on a tag's length.
-_MAX_TAG: Final = 128
-_UNSIGNED_SUFFIX: Final = "-kmm-unsigned"
 
 # KMM's build arguments: the caller's values win over the user's.
 _KMM_ARGS: Final = ("KERNEL_VERSION", "KERNEL_FULL_VERSION", "MOD_NAME", "MOD_NAMESPACE")
 
 
 @dataclasses.dataclass(frozen=True)
-class PodInputs:
+class PodParams:
     """What build, sign and preflight pods of one (Module, kernel) share.
 
     ``kernel`` is the trimmed kernel (no trailing ``+``); ``image`` the
@@ -133,9 +136,10 @@ class PodInputs:
     ``repo_secret`` the Module's ``imageRepoSecret`` (a ``.dockerconfigjson``
     Secret: the builder's authfile for pulls and the push, and the pod's
     imagePullSecrets); ``registry_ca`` PEM certificates the builder trusts
-    besides Debian's (may be ""); ``node_selector`` where the pod may run;
-    ``push`` false keeps the image in the pod and pushes nothing (a
-    PreflightValidation's ``pushBuiltImage: false``).
+    besides Debian's (may be ""; see ``_REGISTRY_CA_DIR``); ``node_selector``
+    and ``tolerations`` (the Module's, as KMM's pods carry them) where the
+    pod may run; ``push`` false keeps the image in the pod and pushes
+    nothing (a PreflightValidation's ``pushBuiltImage: false``).
     """
 
     module: str
@@ -149,6 +153,7 @@ class PodInputs:
     push_tls: modules.RegistryTLS | None = None
     pull_tls: modules.RegistryTLS | None = None
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tolerations: Sequence[Mapping[str, Any]] = ()
     push: bool = True
 
 
@@ -194,32 +199,6 @@ def preflight_pod_name(validation: str, module: str) -> str:
     return f"{head}-{digest}" if head else digest
 
 
-def intermediate_image(final: str) -> str:
-    """Where a build that a sign follows pushes: ``<repo>:<tag>-kmm-unsigned``.
-
-    Only the sign pod pushes under the final name, so a loader never runs an
-    unsigned image. A tag that would exceed 128 characters is cut and ends
-    in a digest of the whole tag. ``final`` must carry a tag, not a digest
-    (admission refuses a digest beside ``build``).
-    """
-    repository, tag = _split_tag(final)
-    new_tag = tag + _UNSIGNED_SUFFIX
-    if len(new_tag) > _MAX_TAG:
-        digest = _digest(tag, 12)
-        new_tag = f"{tag[: _MAX_TAG - len(_UNSIGNED_SUFFIX) - len(digest) - 1]}-{digest}"
-        new_tag += _UNSIGNED_SUFFIX
-    return f"{repository}:{new_tag}"
-
-
-def _split_tag(image: str) -> tuple[str, str]:
-    if "@" in image:
-        raise ValueError(f"image {image!r} names a digest; a build pushes to a tag")
-    repository, colon, tag = image.rpartition(":")
-    if not colon or "/" in tag:
-        raise ValueError(f"image {image!r} has no tag")
-    return repository, tag
-
-
 def secret_path(name: str) -> str:
     """Where a build secret is, in the pod and in RUN steps (KMM's path)."""
     return f"{_SECRETS_DIR}/{name}"
@@ -233,39 +212,47 @@ def _tls_verify(tls: modules.RegistryTLS | None) -> str:
     return "false" if _insecure(tls) else "true"
 
 
-def _labels(inputs: PodInputs, role: str, resource_type: str) -> dict[str, str]:
+def _labels(params: PodParams, role: str, resource_type: str) -> dict[str, str]:
     return {
-        labels.MODULE_NAME: inputs.module,
-        labels.MODULE_NAMESPACE: inputs.namespace,
+        labels.MODULE_NAME: params.module,
+        labels.MODULE_NAMESPACE: params.namespace,
         labels.ROLE: role,
         labels.RESOURCE_TYPE: resource_type,
-        labels.TARGET_KERNEL: labels.kernel_value(inputs.kernel),
+        labels.TARGET_KERNEL: labels.kernel_value(params.kernel),
     }
 
 
-def _metadata(inputs: PodInputs, role: PodRole) -> RawObject:
+def _metadata(params: PodParams, role: PodRole) -> RawObject:
     return {
-        "name": pod_name(inputs.module, role, inputs.kernel),
-        "namespace": inputs.namespace,
-        "labels": _labels(inputs, role, RESOURCE_TYPES[role]),
-        "ownerReferences": [dict(inputs.owner)],
+        "name": pod_name(params.module, role, params.kernel),
+        "namespace": params.namespace,
+        "labels": _labels(params, role, RESOURCE_TYPES[role]),
+        **_annotations(params),
+        "ownerReferences": [dict(params.owner)],
     }
 
 
-def _env(inputs: PodInputs, image: str, push: bool) -> list[RawObject]:
+def _annotations(params: PodParams) -> RawObject:
+    if not params.registry_ca:
+        return {}
+    return {"annotations": {labels.REGISTRY_CA: params.registry_ca}}
+
+
+def _env(params: PodParams, image: str, push: bool) -> list[RawObject]:
     env = [
         {"name": "KMM_IMAGE", "value": image},
-        {"name": "KMM_PUSH_TLS_VERIFY", "value": _tls_verify(inputs.push_tls)},
-        {"name": "KMM_PULL_TLS_VERIFY", "value": _tls_verify(inputs.pull_tls)},
+        {"name": "KMM_PUSH_TLS_VERIFY", "value": _tls_verify(params.push_tls)},
+        {"name": "KMM_PULL_TLS_VERIFY", "value": _tls_verify(params.pull_tls)},
         {"name": "BUILDAH_ISOLATION", "value": "chroot"},
     ]
     if not push:
         # Only when not pushing: the scripts push by default, and a Module's
         # own pods render as they did before preflight pods existed.
         env.append({"name": "KMM_PUSH", "value": "false"})
-    if inputs.registry_ca:
-        env.append({"name": "KMM_REGISTRY_CA", "value": inputs.registry_ca})
-    if inputs.repo_secret is not None:
+    if params.registry_ca:
+        path = f"{_REGISTRY_CA_DIR}/{_REGISTRY_CA_FILE}"
+        env.append({"name": "KMM_REGISTRY_CA_FILE", "value": path})
+    if params.repo_secret is not None:
         env.append({"name": "REGISTRY_AUTH_FILE", "value": f"{_AUTH_DIR}/.dockerconfigjson"})
     return env
 
@@ -283,15 +270,17 @@ class _Part:
     volumes: Sequence[RawObject]
 
 
-def _container(inputs: PodInputs, part: _Part, *, image: str, push: bool) -> RawObject:
+def _container(params: PodParams, part: _Part, *, image: str, push: bool) -> RawObject:
     mounts: list[RawObject] = [{"name": "storage", "mountPath": STORAGE}]
-    if inputs.repo_secret is not None:
+    if params.repo_secret is not None:
         mounts.append({"name": "repo-auth", "mountPath": _AUTH_DIR, "readOnly": True})
+    if params.registry_ca:
+        mounts.append({"name": "registry-ca", "mountPath": _REGISTRY_CA_DIR, "readOnly": True})
     return {
         "name": part.role,
-        "image": inputs.builder_image,
+        "image": params.builder_image,
         "command": ["/bin/sh", "-c", part.script, f"kmm-{part.role}", *part.args],
-        "env": [*_env(inputs, image, push), *part.env],
+        "env": [*_env(params, image, push), *part.env],
         "securityContext": {
             "runAsUser": 0,
             "capabilities": {"add": list(BUILDER_CAPABILITIES)},
@@ -304,18 +293,28 @@ def _container(inputs: PodInputs, part: _Part, *, image: str, push: bool) -> Raw
     }
 
 
-def _spec(inputs: PodInputs, containers: Sequence[RawObject], parts: Sequence[_Part]) -> RawObject:
+def _spec(params: PodParams, containers: Sequence[RawObject], parts: Sequence[_Part]) -> RawObject:
     """restartPolicy Never, ``containers`` (the last is the main one, any
     before it init containers) and the volumes of the storage, the repo
     secret and ``parts``."""
     volumes: list[RawObject] = [{"name": "storage", "emptyDir": {}}]
-    if inputs.repo_secret is not None:
+    if params.repo_secret is not None:
         volumes.append(
             {
                 "name": "repo-auth",
                 "secret": {
-                    "secretName": inputs.repo_secret,
+                    "secretName": params.repo_secret,
                     "items": [{"key": ".dockerconfigjson", "path": ".dockerconfigjson"}],
+                },
+            }
+        )
+    if params.registry_ca:
+        field = f"metadata.annotations['{labels.REGISTRY_CA}']"
+        volumes.append(
+            {
+                "name": "registry-ca",
+                "downwardAPI": {
+                    "items": [{"path": _REGISTRY_CA_FILE, "fieldRef": {"fieldPath": field}}]
                 },
             }
         )
@@ -324,27 +323,29 @@ def _spec(inputs: PodInputs, containers: Sequence[RawObject], parts: Sequence[_P
         spec["initContainers"] = list(containers[:-1])
     spec["containers"] = [containers[-1]]
     spec["volumes"] = [*volumes, *(v for part in parts for v in part.volumes)]
-    if inputs.node_selector:
-        spec["nodeSelector"] = dict(inputs.node_selector)
-    if inputs.repo_secret is not None:
+    if params.node_selector:
+        spec["nodeSelector"] = dict(params.node_selector)
+    if params.tolerations:
+        spec["tolerations"] = [dict(t) for t in params.tolerations]
+    if params.repo_secret is not None:
         # The builder image may live in the Module's registry too.
-        spec["imagePullSecrets"] = [{"name": inputs.repo_secret}]
+        spec["imagePullSecrets"] = [{"name": params.repo_secret}]
     return spec
 
 
-def build_args(inputs: PodInputs, build: kernels.BuildTarget) -> list[tuple[str, str]]:
+def build_args(params: PodParams, build: kernels.BuildTarget) -> list[tuple[str, str]]:
     """The user's build args, then KMM's over them (the user cannot override those)."""
     ours = {
-        "KERNEL_VERSION": inputs.kernel,
-        "KERNEL_FULL_VERSION": inputs.kernel,
-        "MOD_NAME": inputs.module,
-        "MOD_NAMESPACE": inputs.namespace,
+        "KERNEL_VERSION": params.kernel,
+        "KERNEL_FULL_VERSION": params.kernel,
+        "MOD_NAME": params.module,
+        "MOD_NAMESPACE": params.namespace,
     }
     return [(k, v) for k, v in build.build_args if k not in ours] + list(ours.items())
 
 
-def _build_part(inputs: PodInputs, build: kernels.BuildTarget, dockerfile_key: str) -> _Part:
-    args = [f"--build-arg={k}={v}" for k, v in build_args(inputs, build)]
+def _build_part(params: PodParams, build: kernels.BuildTarget, dockerfile_key: str) -> _Part:
+    args = [f"--build-arg={k}={v}" for k, v in build_args(params, build)]
     mounts: list[RawObject] = [
         {"name": "dockerfile", "mountPath": _DOCKERFILE_DIR, "readOnly": True},
         {"name": "host-modules", "mountPath": HOST_MODULES, "readOnly": True},
@@ -390,40 +391,40 @@ def _sign_part(
     return _Part("sign", scripts.SIGN, sign.files_to_sign, env, mounts, volumes)
 
 
-def _module_pod(inputs: PodInputs, part: _Part) -> RawObject:
-    container = _container(inputs, part, image=inputs.image, push=inputs.push)
+def _module_pod(params: PodParams, part: _Part) -> RawObject:
+    container = _container(params, part, image=params.image, push=params.push)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(inputs, part.role),
-        "spec": _spec(inputs, [container], [part]),
+        "metadata": _metadata(params, part.role),
+        "spec": _spec(params, [container], [part]),
     }
 
 
 def build_pod(
-    inputs: PodInputs, build: kernels.BuildTarget, *, dockerfile_key: str = DOCKERFILE_KEY
+    params: PodParams, build: kernels.BuildTarget, *, dockerfile_key: str = DOCKERFILE_KEY
 ) -> RawObject:
-    """The pod that builds ``inputs.image`` from ``build``'s Dockerfile and
-    pushes it (unless ``inputs.push`` is false)."""
-    return _module_pod(inputs, _build_part(inputs, build, dockerfile_key))
+    """The pod that builds ``params.image`` from ``build``'s Dockerfile and
+    pushes it (unless ``params.push`` is false)."""
+    return _module_pod(params, _build_part(params, build, dockerfile_key))
 
 
 def sign_pod(
-    inputs: PodInputs, sign: kernels.SignTarget, *, unsigned_image: str, dir_name: str
+    params: PodParams, sign: kernels.SignTarget, *, unsigned_image: str, dir_name: str
 ) -> RawObject:
-    """The pod that signs ``unsigned_image``'s modules and pushes ``inputs.image``
-    (unless ``inputs.push`` is false).
+    """The pod that signs ``unsigned_image``'s modules and pushes ``params.image``
+    (unless ``params.push`` is false).
 
     Every ``filesToSign`` pattern (a shell glob, already expanded for the
     kernel) must lie under ``dir_name`` (``modprobe.dirName``, as admission
     checks); the script refuses one that does not.
     """
     part = _sign_part(sign, unsigned_image=unsigned_image, dir_name=dir_name, local=False)
-    return _module_pod(inputs, part)
+    return _module_pod(params, part)
 
 
 def preflight_pod(
-    inputs: PodInputs,
+    params: PodParams,
     *,
     validation: str,
     owner: Mapping[str, Any],
@@ -433,11 +434,11 @@ def preflight_pod(
     dir_name: str,
     dockerfile_key: str = DOCKERFILE_KEY,
 ) -> RawObject:
-    """The pod that makes ``inputs.image`` (the Module's final image) for
-    PreflightValidation ``validation``, pushing it only when ``inputs.push``.
+    """The pod that makes ``params.image`` (the Module's final image) for
+    PreflightValidation ``validation``, pushing it only when ``params.push``.
 
     ``owner`` is the validation's controller reference and the pod's only
-    owner (``inputs.owner``, the Module's, is not read: inputs can be made
+    owner (``params.owner``, the Module's, is not read: params can be made
     as for the Module's own pods). ``build`` and ``sign`` are the kernel
     mapping's (at least one). ``unsigned_image`` is what a sign without
     build signs (default: ``sign.unsigned_image``); with a build there is
@@ -449,13 +450,13 @@ def preflight_pod(
     parts: list[_Part] = []
     containers: list[RawObject] = []
     if build is not None:
-        part = _build_part(inputs, build, dockerfile_key)
+        part = _build_part(params, build, dockerfile_key)
         if sign is None:
-            containers.append(_container(inputs, part, image=inputs.image, push=inputs.push))
+            containers.append(_container(params, part, image=params.image, push=params.push))
         else:
             # The init container's image stays in the pod: only the signed
             # one may reach a registry, under the final name.
-            containers.append(_container(inputs, part, image=LOCAL_UNSIGNED_IMAGE, push=False))
+            containers.append(_container(params, part, image=LOCAL_UNSIGNED_IMAGE, push=False))
         parts.append(part)
     if sign is not None:
         if build is not None:
@@ -471,20 +472,21 @@ def preflight_pod(
             if unsigned is None:
                 raise ValueError("a sign without build needs an unsigned image")
             part = _sign_part(sign, unsigned_image=unsigned, dir_name=dir_name, local=False)
-        containers.append(_container(inputs, part, image=inputs.image, push=inputs.push))
+        containers.append(_container(params, part, image=params.image, push=params.push))
         parts.append(part)
     metadata: RawObject = {
-        "name": preflight_pod_name(validation, inputs.module),
-        "namespace": inputs.namespace,
+        "name": preflight_pod_name(validation, params.module),
+        "namespace": params.namespace,
         "labels": {
-            **_labels(inputs, PREFLIGHT_ROLE, PREFLIGHT_RESOURCE_TYPE),
+            **_labels(params, PREFLIGHT_ROLE, PREFLIGHT_RESOURCE_TYPE),
             labels.PREFLIGHT: labels.preflight_value(validation),
         },
+        **_annotations(params),
         "ownerReferences": [dict(owner)],
     }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": metadata,
-        "spec": _spec(inputs, containers, parts),
+        "spec": _spec(params, containers, parts),
     }

@@ -12,6 +12,8 @@ Environment, besides what ``pods`` mounts:
 - ``KMM_PUSH`` (default ``true``): ``false`` keeps the image in the pod's
   buildah storage (an emptyDir shared by a pod's containers) and pushes
   nothing, so no registry receives a write; preflight pods use it.
+- ``KMM_REGISTRY_CA_FILE`` (optional): a PEM bundle appended to the
+  system's CAs before anything is pulled or pushed (``pods`` mounts it).
 - ``KMM_UNSIGNED_LOCAL`` (sign, default ``false``): ``true`` reads
   ``$KMM_UNSIGNED_IMAGE`` from that storage (``buildah from --pull=never``),
   where a preflight pod's build init container left it, instead of pulling.
@@ -43,10 +45,13 @@ case ${KMM_PUSH:=true} in
 true | false) ;;
 *) fail "KMM_PUSH must be true or false, not $KMM_PUSH" ;;
 esac
-# A PEM bundle the operator was given: trusted besides Debian's CAs, for
-# every registry (containers/image reads the system bundle).
-if [ -n "${KMM_REGISTRY_CA:-}" ]; then
-    printf '%s\n' "$KMM_REGISTRY_CA" >>/etc/ssl/certs/ca-certificates.crt
+# A PEM bundle the operator was given (a file: an environment variable
+# holds at most 128 KiB): trusted besides Debian's CAs, for every registry
+# (containers/image reads the system bundle).
+if [ -n "${KMM_REGISTRY_CA_FILE:-}" ]; then
+    [ -s "$KMM_REGISTRY_CA_FILE" ] || fail "the registry CA file $KMM_REGISTRY_CA_FILE is missing or empty"
+    { echo; cat "$KMM_REGISTRY_CA_FILE"; echo; } >>/etc/ssl/certs/ca-certificates.crt ||
+        fail "adding the registry CA to the system bundle failed"
 fi
 if [ -n "${REGISTRY_AUTH_FILE:-}" ] && [ ! -s "$REGISTRY_AUTH_FILE" ]; then
     fail "imageRepoSecret has no .dockerconfigjson"

@@ -10,7 +10,7 @@ order (``plan``):
    and the tail of its termination message; otherwise InProgress). No
    registry is asked, so a converged validation costs none;
 2. otherwise the registry's answer (``existence``: the same facts and keys
-   as the build concern, ``build.planner.module_keys``): the image exists
+   as the build concern, ``build.images.keys``): the image exists
    -> Success, no pod; refused credentials -> Failure; no answer ->
    InProgress, asked again after the checker's back-off; missing without
    build or sign -> Failure at once; missing with build or sign -> the
@@ -31,14 +31,15 @@ collector removes it).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from kmm.api import kernels, labels, preflight
 from kmm.operator import caches
-from kmm.operator.build import existence, hashing, pods
-from kmm.operator.build import planner as build_planner
+from kmm.operator.build import desired as build_desired
+from kmm.operator.build import existence, hashing, images, pods, podstatus
+from kmm.operator.build import inputs as build_inputs
+from kmm.operator.build import settings as build_settings
 from kmm.operator.preflight import verdicts
 
 __all__ = [
@@ -53,9 +54,6 @@ __all__ = [
 ]
 
 RawObject = dict[str, Any]
-
-# Lines of a failed pod's termination message the reason quotes.
-_TAIL_LINES: Final = 6
 
 
 def owner_reference(found: preflight.PreflightValidation) -> RawObject:
@@ -77,14 +75,14 @@ def inputs_wanted(subject: verdicts.Subject) -> list[str]:
     target, module = subject.target, subject.module
     if target is None or module is None or not subject.makes:
         return []
-    return build_planner.target_inputs(module, target)
+    return build_inputs.wanted(module, target)
 
 
 def desired(
     found: preflight.PreflightValidation,
     subject: verdicts.Subject,
-    inputs: build_planner.Inputs,
-    settings: build_planner.Settings,
+    inputs: build_inputs.Snapshot,
+    settings: build_settings.Settings,
 ) -> tuple[RawObject | None, list[str]]:
     """The Module's preflight pod stamped with its input hash, or what of
     its inputs is missing."""
@@ -92,46 +90,22 @@ def desired(
     assert target is not None
     assert module is not None
     assert subject.makes
-    wanted = inputs_wanted(subject)
-    versions = {w: inputs.versions[w] for w in wanted if w in inputs.versions}
-    missing = [
-        f"{w.replace('/', f' {subject.namespace}/', 1)} does not exist"
-        for w in wanted
-        if w not in versions
-    ]
-    dockerfile = ""
-    if target.build is not None and not missing:
-        name = target.build.dockerfile_config_map
-        if name not in inputs.dockerfiles:
-            missing.append(
-                f"ConfigMap {subject.namespace}/{name} has no key {pods.DOCKERFILE_KEY!r}"
-            )
-        else:
-            dockerfile = inputs.dockerfiles[name]
-    if missing:
-        return None, missing
+    picked = build_inputs.of_pod(inputs, module, target)
+    if picked.missing:
+        return None, picked.missing
     build, sign = target.build, target.sign
-    secret = module.spec.image_repo_secret
     owner = owner_reference(found)
-    pod_inputs = pods.PodInputs(
-        module=subject.name,
-        namespace=subject.namespace,
-        kernel=target.kernel,
-        image=target.image,
-        builder_image=settings.builder_image,
-        owner=owner,
-        repo_secret=secret.name if secret is not None else None,
-        registry_ca=settings.registry_ca,
-        push_tls=target.registry_tls,
+    params = build_desired.params(
+        module, target, settings,
+        image=target.image, owner=owner,
         pull_tls=build.base_image_registry_tls
         if build is not None
         else (sign.unsigned_image_registry_tls if sign is not None else None),
-        node_selector=dict(build.selector) if build is not None else {},
         push=found.spec.push_built_image,
-    )
+    )  # fmt: skip
     loader = module.spec.module_loader
     pod = pods.preflight_pod(
-        pod_inputs,
+        params,
         validation=found.metadata.name,
         owner=owner,
         build=build,
@@ -139,30 +113,20 @@ def desired(
         unsigned_image=sign.unsigned_image if build is None and sign is not None else None,
         dir_name=loader.container.modprobe.dir_name if loader is not None else "/opt",
     )
-    digest = hashing.digest(pod, dockerfile=dockerfile, versions=versions)
-    return hashing.stamped(pod, digest), []
+    parts = hashing.made_of(
+        pod, pushes=target.image, dockerfile=picked.dockerfile, versions=picked.versions
+    )
+    return hashing.stamp(pod, parts), []
 
 
 def unsigned_wanted(target: kernels.Target, final: existence.Fact | None) -> bool:
     """Whether ``unsignedImage``'s existence matters: sign without build,
     and the final image missing."""
     return (
-        target.build is None
-        and target.sign is not None
-        and target.sign.unsigned_image is not None
+        images.foreign_unsigned(target) is not None
         and final is not None
         and final.state is existence.State.MISSING
     )
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    found: Mapping[str, Any] = obj.get("metadata") or {}
-    return found
-
-
-def _phase(pod: Mapping[str, Any]) -> str:
-    value = (pod.get("status") or {}).get("phase")
-    return value if isinstance(value, str) else ""
 
 
 def _owned(pod: Mapping[str, Any], uid: str) -> bool:
@@ -171,61 +135,26 @@ def _owned(pod: Mapping[str, Any], uid: str) -> bool:
 
 
 def _module_of(pod: Mapping[str, Any]) -> str:
-    found = _meta(pod).get("labels") or {}
+    found = podstatus.meta(pod).get("labels") or {}
     return f"{found.get(labels.MODULE_NAMESPACE, '')}/{found.get(labels.MODULE_NAME, '')}"
-
-
-def _terminations(pod: Mapping[str, Any], *fields: str) -> list[Mapping[str, Any]]:
-    found: list[Mapping[str, Any]] = []
-    for field in fields:
-        for container in (pod.get("status") or {}).get(field) or ():
-            ended = (container.get("state") or {}).get("terminated")
-            if isinstance(ended, Mapping):
-                found.append(ended)
-    return found
-
-
-def _tail(pod: Mapping[str, Any]) -> str:
-    """Why a failed pod failed: the last lines of the termination message of
-    the container that failed (an init container's included)."""
-    ended = _terminations(pod, "initContainerStatuses", "containerStatuses")
-    failing = [t for t in ended if t.get("exitCode")]
-    chosen = (failing or ended or [{}])[0]
-    text = str(chosen.get("message") or "").strip()
-    if not text:
-        return f"{chosen.get('reason') or 'no termination message'} (exit code {chosen.get('exitCode', '?')})"
-    return "\n".join(text.splitlines()[-_TAIL_LINES:])
-
-
-def _pushed(pod: Mapping[str, Any], default: bool) -> bool:
-    """The ``pushed`` field of a succeeded pod's summary line (its last container's)."""
-    for ended in reversed(_terminations(pod, "containerStatuses")):
-        lines = str(ended.get("message") or "").strip().splitlines()
-        try:
-            summary = json.loads(lines[-1]) if lines else None
-        except ValueError:
-            continue
-        if isinstance(summary, Mapping) and isinstance(summary.get("pushed"), bool):
-            return bool(summary["pushed"])
-    return default
 
 
 def _kept(
     found: preflight.PreflightValidation,
     subject: verdicts.Subject,
     observed: RawObject | None,
-    inputs: build_planner.Inputs | None,
-    settings: build_planner.Settings,
+    inputs: build_inputs.Snapshot | None,
+    settings: build_settings.Settings,
 ) -> bool:
     """Whether ``observed`` is the pod the Module needs now (same hash)."""
-    if observed is None or inputs is None or not subject.makes or _meta(observed).get("deletionTimestamp"):  # fmt: skip
+    if observed is None or inputs is None or not subject.makes or podstatus.deleting(observed):
         return False
     wanted, _ = desired(found, subject, inputs, settings)
     return wanted is not None and hashing.of_pod(observed) == hashing.of_pod(wanted)
 
 
 def _pod_key(pod: Mapping[str, Any]) -> str:
-    return f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}"
+    return f"{podstatus.meta(pod).get('namespace')}/{podstatus.meta(pod).get('name')}"
 
 
 def _ours(
@@ -238,7 +167,7 @@ def _ours(
     return {
         _pod_key(p): p
         for p in observed
-        if _owned(p, uid) and _module_of(p).partition("/")[0] == _meta(p).get("namespace")
+        if _owned(p, uid) and _module_of(p).partition("/")[0] == podstatus.meta(p).get("namespace")
     }
 
 
@@ -251,8 +180,8 @@ def asks_registry(
     found: preflight.PreflightValidation,
     subject: verdicts.Subject,
     observed: Sequence[RawObject],
-    inputs: build_planner.Inputs | None,
-    settings: build_planner.Settings,
+    inputs: build_inputs.Snapshot | None,
+    settings: build_settings.Settings,
 ) -> bool:
     """Whether the final image's existence is needed: the Module has a
     target and no kept pod decides it (``observed``: the validation's pods;
@@ -291,9 +220,9 @@ def plan(
     judged: Sequence[verdicts.Subject],
     *,
     observed: Sequence[RawObject],
-    facts: Mapping[str, build_planner.Facts],
-    inputs: Mapping[str, build_planner.Inputs],
-    settings: build_planner.Settings,
+    facts: Mapping[str, images.Facts],
+    inputs: Mapping[str, build_inputs.Snapshot],
+    settings: build_settings.Settings,
 ) -> Plan:
     """Verdicts for ``judged`` and the pods to create and delete.
 
@@ -323,7 +252,7 @@ def plan(
         if keep:
             kept.add(key)
     for key, pod in sorted(ours.items()):
-        if key not in kept and not _meta(pod).get("deletionTimestamp"):
+        if key not in kept and not podstatus.deleting(pod):
             out.delete.append(pod)
     return out
 
@@ -334,9 +263,9 @@ def _judge(
     pod: RawObject | None,
     *,
     blocked: bool,
-    facts: build_planner.Facts | None,
-    inputs: build_planner.Inputs | None,
-    settings: build_planner.Settings,
+    facts: images.Facts | None,
+    inputs: build_inputs.Snapshot | None,
+    settings: build_settings.Settings,
     out: Plan,
 ) -> tuple[verdicts.Verdict, bool]:
     """The Module's verdict, and whether its observed pod is kept."""
@@ -356,9 +285,9 @@ def _registry(
     pod: RawObject | None,
     *,
     blocked: bool,
-    facts: build_planner.Facts | None,
-    inputs: build_planner.Inputs | None,
-    settings: build_planner.Settings,
+    facts: images.Facts | None,
+    inputs: build_inputs.Snapshot | None,
+    settings: build_settings.Settings,
     out: Plan,
 ) -> verdicts.Verdict:
     """The verdict of a Module no kept pod decides: the registry's answer,
@@ -378,7 +307,7 @@ def _registry(
         return verdicts.failure(preflight.REASON_IMAGE_MISSING, image=image)
     sign = target.sign
     if sign is not None and unsigned_wanted(target, final):
-        unsigned = facts.intermediate if facts is not None else None
+        unsigned = facts.unsigned if facts is not None else None
         if unsigned is None:
             return verdicts.in_progress(image=image)
         if (why := _unverified(unsigned, sign.unsigned_image or "")) is not None:
@@ -390,7 +319,7 @@ def _registry(
                 "does not exist",
                 image=image,
             )
-    wanted, missing = desired(found, subject, inputs or build_planner.Inputs(), settings)
+    wanted, missing = desired(found, subject, inputs or build_inputs.Snapshot(), settings)
     if wanted is None:
         out.requeue(settings.poll)
         return verdicts.failure(
@@ -420,14 +349,15 @@ def _outcome(
     pod: RawObject,
     name: str,
     image: str,
-    settings: build_planner.Settings,
+    settings: build_settings.Settings,
     out: Plan,
 ) -> verdicts.Verdict:
     """The verdict a kept pod gives."""
-    phase = _phase(pod)
+    phase = podstatus.phase(pod)
     if phase == "Succeeded":
-        if _pushed(pod, found.spec.push_built_image):
-            out.pushed[str(_meta(pod).get("uid") or "")] = image
+        pushed = podstatus.summary(pod).get("pushed")
+        if pushed if isinstance(pushed, bool) else found.spec.push_built_image:
+            out.pushed[str(podstatus.meta(pod).get("uid") or "")] = image
             reason = f"{preflight.REASON_BUILT}; pushed {image}"
         else:
             reason = f"{preflight.REASON_BUILT}; the image was not pushed (pushBuiltImage is false)"
@@ -435,8 +365,6 @@ def _outcome(
     if phase == "Failed":
         # Fixed inputs (a ConfigMap, a Secret) send no event: look again.
         out.requeue(settings.poll)
-        reason = (
-            f"{preflight.REASON_BUILD_FAILED}: pod {subject.namespace}/{name} failed: {_tail(pod)}"
-        )
+        reason = f"{preflight.REASON_BUILD_FAILED}: pod {subject.namespace}/{name} failed: {podstatus.tail(pod)}"
         return verdicts.failure(reason, image=image, pod=name)
     return verdicts.in_progress(image=image, pod=name)

@@ -37,9 +37,9 @@ from collections.abc import Callable
 
 from kmm.api import labels, preflight
 from kmm.operator import caches, failures, writing
-from kmm.operator.build import concern as build_concern
-from kmm.operator.build import existence
-from kmm.operator.build import planner as build_planner
+from kmm.operator.build import existence, images
+from kmm.operator.build import inputs as build_inputs
+from kmm.operator.build import settings as build_settings
 from kmm.operator.preflight import planner, status, verdicts
 from kmm.runtime import controllers, stores
 
@@ -61,8 +61,8 @@ class PreflightReconciler:
         writer: writing.Writer,
         *,
         checker: existence.Checker,
-        reader: build_concern.Reader,
-        settings: build_planner.Settings,
+        reader: build_inputs.Reader,
+        settings: build_settings.Settings,
         now: Callable[[], str] = _now,
         monotonic: Callable[[], float] = time.monotonic,
         enqueue: Callable[[str], None] | None = None,
@@ -140,21 +140,21 @@ class PreflightReconciler:
         found: preflight.PreflightValidation,
         judged: list[verdicts.Subject],
         observed: list[stores.RawObject],
-    ) -> tuple[dict[str, build_planner.Facts], dict[str, build_planner.Inputs], list[float]]:
+    ) -> tuple[dict[str, images.Facts], dict[str, build_inputs.Snapshot], list[float]]:
         """Existence facts and inputs, by Module key, and when facts that
         got no answer are due again."""
-        facts: dict[str, build_planner.Facts] = {}
-        inputs: dict[str, build_planner.Inputs] = {}
+        facts: dict[str, images.Facts] = {}
+        inputs: dict[str, build_inputs.Snapshot] = {}
         retry: list[float] = []
         waiter = existence.Waiter(self.enqueue, key) if self.enqueue is not None else None
         for subject in judged:
             if subject.target is None or subject.module is None:
                 continue
-            read: build_planner.Inputs | None = None
+            read: build_inputs.Snapshot | None = None
             if subject.makes and planner.observed_pod(found, subject, observed) is not None:
                 read = await self._inputs(subject)
             if planner.asks_registry(found, subject, observed, read, self.settings):
-                final_key, unsigned_key = build_planner.module_keys(subject.module, subject.target)
+                final_key, unsigned_key = images.keys(subject.module, subject.target)
                 final = self.checker.fact(final_key, self._secret, waiter=waiter)
                 unsigned = None
                 if planner.unsigned_wanted(subject.target, final):
@@ -165,7 +165,7 @@ class PreflightReconciler:
                         waiter=waiter,
                         recheck_missing=self.settings.poll,
                     )
-                facts[subject.key] = build_planner.Facts(final, unsigned)
+                facts[subject.key] = images.Facts(final, unsigned)
                 retry.extend(f.retry_at for f in (final, unsigned) if f is not None and f.retry_at)
                 if subject.makes and read is None and final.state is existence.State.MISSING:
                     read = await self._inputs(subject)
@@ -185,6 +185,6 @@ class PreflightReconciler:
     async def _secret(self, namespace: str, name: str) -> stores.RawObject | None:
         return await self.reader.get("Secret", namespace, name)
 
-    async def _inputs(self, subject: verdicts.Subject) -> build_planner.Inputs:
+    async def _inputs(self, subject: verdicts.Subject) -> build_inputs.Snapshot:
         wanted = planner.inputs_wanted(subject)
-        return await build_concern.read_inputs(self.reader, subject.namespace, wanted)
+        return await build_inputs.read(self.reader, subject.namespace, wanted)

@@ -9,7 +9,8 @@ from typing import Any
 
 import test_build_planner as cases
 
-from kmm.operator.build import concern, existence, planner, pods
+from kmm.operator.build import concern, existence, images, planner, pods
+from kmm.operator.build import settings as build_settings
 from kmm.operator.loader import planner as loader_planner
 
 Obj = dict[str, Any]
@@ -116,7 +117,7 @@ async def test_an_awaited_unsigned_image_is_asked_again_every_poll_until_it_exis
     unsigned = f"r.io/unsigned:{cases.K1}"
     now = [100.0]
     checker = _Checker({cases.IMAGE2: existence.State.EXISTS}, clock=lambda: now[0])
-    settings = planner.Settings(poll=10.0)
+    settings = build_settings.Settings(poll=10.0)
     build = concern.BuildConcern(checker, _Reader(), settings, monotonic=lambda: now[0])
     raw = cases._raw(build=False)
     found = await _plan(build, raw)
@@ -146,17 +147,19 @@ def _role(pod: Obj) -> str:
 
 async def test_a_moved_trigger_builds_again_rather_than_sign_the_stale_intermediate_image() -> None:
     # The final image was deleted; the intermediate one an earlier build left is still there.
-    stale = pods.intermediate_image(cases.IMAGE1)
-    images = {cases.IMAGE2: existence.State.EXISTS, stale: existence.State.EXISTS}
+    stale = images.intermediate_image(cases.IMAGE1)
+    registry = {cases.IMAGE2: existence.State.EXISTS, stale: existence.State.EXISTS}
     raw = cases._raw()
     # No trigger pass: the intermediate image is signed (an interrupted sign is never a rebuild).
-    (creation,) = (await _plan(concern.BuildConcern(_Checker(dict(images)), _Reader()), raw)).create
+    (creation,) = (
+        await _plan(concern.BuildConcern(_Checker(dict(registry)), _Reader()), raw)
+    ).create
     assert _role(creation.pod) == "sign"
 
     bumped = copy.deepcopy(raw)
     bumped["spec"]["imageRebuildTriggerGeneration"] = 2
     bumped["status"] = {"imageRebuildTriggerGeneration": 1}
-    checker = _Checker(dict(images))
+    checker = _Checker(dict(registry))
     build = concern.BuildConcern(checker, _Reader())
     (creation,) = (await _plan(build, bumped)).create
     assert _role(creation.pod) == "build"
@@ -179,7 +182,7 @@ async def test_a_moved_trigger_builds_again_rather_than_sign_the_stale_intermedi
 
 
 async def test_a_moved_trigger_deletes_a_failed_sign_of_the_stale_image_and_builds() -> None:
-    stale = pods.intermediate_image(cases.IMAGE1)
+    stale = images.intermediate_image(cases.IMAGE1)
     checker = _Checker({cases.IMAGE2: existence.State.EXISTS, stale: existence.State.EXISTS})
     build = concern.BuildConcern(checker, _Reader())
     raw = cases._raw()

@@ -14,7 +14,8 @@ from kmm import cli
 from kmm.cli import operating
 from kmm.kube import counting
 from kmm.operator import metrics
-from kmm.operator.build import pods
+from kmm.operator.build import pods, settings
+from kmm.sandbox import pki
 
 
 def _kubeconfig(tmp_path: Path) -> Path:
@@ -26,6 +27,11 @@ def _kubeconfig(tmp_path: Path) -> Path:
         "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
     )
     return path
+
+
+@pytest.fixture(scope="module")
+def ca_pem(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    return pki.create(tmp_path_factory.mktemp("pki"), ()).ca_cert.read_bytes()
 
 
 def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) -> tuple[Any, list[Any]]:
@@ -95,3 +101,23 @@ def test_registry_requests_and_checks_are_metrics() -> None:
     assert "kmm_registry_requests_total 3.0" in text
     assert 'kmm_registry_checks_total{outcome="Exists"} 2.0' in text
     assert 'kmm_registry_checks_total{outcome="Missing"} 1.0' in text
+
+
+def test_a_registry_ca_too_large_for_a_pod_annotation_is_refused_naming_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ca_pem: bytes
+) -> None:
+    fits = tmp_path / "fits"
+    fits.mkdir()
+    (fits / "ca.crt").write_bytes(ca_pem)
+    result, seen = _run(tmp_path, monkeypatch, "--registry-ca", str(fits))
+    assert result.exit_code == 0, result.output
+    # The same certificate many times: a valid bundle, over the limit.
+    large = tmp_path / "large.crt"
+    large.write_bytes(ca_pem * (settings.MAX_REGISTRY_CA // len(ca_pem) + 1))
+    result, seen = _run(tmp_path, monkeypatch, "--registry-ca", str(large))
+    assert seen == []
+    assert result.exit_code == 2
+    assert "--registry-ca" in result.output
+    assert "pod annotation" in " ".join(result.output.split())
+    with pytest.raises(ValueError, match="at most 245760 bytes"):
+        settings.Settings(registry_ca=large.read_text())

@@ -12,7 +12,9 @@ import operator_fixtures as fixtures
 import pytest
 
 from kmm.operator import views
-from kmm.operator.build import existence, hashing, planner, pods
+from kmm.operator.build import existence, hashing, images, planner, pods
+from kmm.operator.build import inputs as build_inputs
+from kmm.operator.build import settings as build_settings
 from kmm.operator.loader import planner as loader_planner
 
 Obj = dict[str, Any]
@@ -21,7 +23,7 @@ IMAGE1, IMAGE2 = "r.io/m:k1", "r.io/m:k2"
 NOW = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.UTC)
 EXISTS = existence.Fact(existence.State.EXISTS)
 MISSING = existence.Fact(existence.State.MISSING, "missing")
-INPUTS = planner.Inputs(
+INPUTS = build_inputs.Snapshot(
     versions={
         "ConfigMap/dockerfile": "5",
         "Secret/key": "6",
@@ -30,7 +32,7 @@ INPUTS = planner.Inputs(
     },
     dockerfiles={"dockerfile": "FROM scratch\n"},
 )
-SETTINGS = planner.Settings(builder_image="b.io/builder:1", poll=10.0)
+SETTINGS = build_settings.Settings(builder_image="b.io/builder:1", poll=10.0)
 
 
 def _raw(*, build: bool = True, sign: bool = True) -> Obj:
@@ -63,11 +65,11 @@ def _view(raw: Obj, pods_: list[Obj] = ()) -> views.ModuleView:  # type: ignore[
 
 def _plan(
     view: views.ModuleView,
-    facts: dict[str, planner.Facts],
+    facts: dict[str, images.Facts],
     *,
-    inputs: planner.Inputs = INPUTS,
+    inputs: build_inputs.Snapshot = INPUTS,
     noticed: set[str] | None = None,
-    settings: planner.Settings = SETTINGS,
+    settings: build_settings.Settings = SETTINGS,
 ) -> planner.BuildPlan:
     targets = loader_planner.grouping(view).targets
     return planner.plan(
@@ -111,7 +113,7 @@ def _running(pod: Obj) -> Obj:
     return found
 
 
-BOTH_EXIST = {K1: planner.Facts(EXISTS), K2: planner.Facts(EXISTS)}
+BOTH_EXIST = {K1: images.Facts(EXISTS), K2: images.Facts(EXISTS)}
 
 
 def test_a_module_without_build_or_sign_gets_an_empty_plan() -> None:
@@ -132,7 +134,7 @@ def test_existing_images_need_nothing() -> None:
 
 
 def test_a_missing_image_without_sign_gets_one_build_pod_pushing_the_final_image() -> None:
-    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
     found = _plan(_view(_raw(sign=False)), facts)
     (creation,) = found.create
     assert creation.pod["metadata"]["name"] == pods.pod_name("m", "build", K1)
@@ -145,32 +147,32 @@ def test_a_missing_image_without_sign_gets_one_build_pod_pushing_the_final_image
 
 
 def test_with_sign_the_build_pushes_the_intermediate_image_only() -> None:
-    facts = {K1: planner.Facts(MISSING, MISSING), K2: planner.Facts(EXISTS)}
+    facts = {K1: images.Facts(MISSING, MISSING), K2: images.Facts(EXISTS)}
     (creation,) = _plan(_view(_raw()), facts).create
     assert creation.pod["metadata"]["labels"]["kmm.node.kubernetes.io/role"] == "build"
-    assert _env(creation.pod, "KMM_IMAGE") == pods.intermediate_image(IMAGE1)
+    assert _env(creation.pod, "KMM_IMAGE") == images.intermediate_image(IMAGE1)
 
 
 def test_once_the_intermediate_image_exists_a_sign_pod_pushes_the_final_one() -> None:
-    facts = {K1: planner.Facts(MISSING, EXISTS), K2: planner.Facts(EXISTS)}
+    facts = {K1: images.Facts(MISSING, EXISTS), K2: images.Facts(EXISTS)}
     found = _plan(_view(_raw()), facts)
     (creation,) = found.create
     assert creation.event.reason == "SignCreated"
     assert _env(creation.pod, "KMM_IMAGE") == IMAGE1
-    assert _env(creation.pod, "KMM_UNSIGNED_IMAGE") == pods.intermediate_image(IMAGE1)
+    assert _env(creation.pod, "KMM_UNSIGNED_IMAGE") == images.intermediate_image(IMAGE1)
     assert found.gated == {K1}
     assert {i.kernel: i.state for i in found.images}[K1] == "Signing"
 
 
 def test_sign_without_build_signs_the_unsigned_image() -> None:
-    facts = {K1: planner.Facts(MISSING, EXISTS), K2: planner.Facts(EXISTS)}
+    facts = {K1: images.Facts(MISSING, EXISTS), K2: images.Facts(EXISTS)}
     (creation,) = _plan(_view(_raw(build=False)), facts).create
     assert _env(creation.pod, "KMM_UNSIGNED_IMAGE") == f"r.io/unsigned:{K1}"
     assert _env(creation.pod, "KMM_IMAGE") == IMAGE1
 
 
 def test_sign_without_build_waits_for_its_unsigned_image_without_a_pod() -> None:
-    facts = {K1: planner.Facts(MISSING, MISSING), K2: planner.Facts(EXISTS)}
+    facts = {K1: images.Facts(MISSING, MISSING), K2: images.Facts(EXISTS)}
     view = _view(_raw(build=False))
     found = _plan(view, facts)
     assert found.create == []
@@ -181,12 +183,12 @@ def test_sign_without_build_waits_for_its_unsigned_image_without_a_pod() -> None
     assert f"r.io/unsigned:{K1}" in waiting.message
     assert found.requeue_after == SETTINGS.poll
     targets = loader_planner.grouping(view).targets
-    assert planner.unsigned_awaited(targets[K1], facts[K1]) == f"r.io/unsigned:{K1}"
-    assert planner.keys_of(view, targets[K1])[1].image == f"r.io/unsigned:{K1}"
+    assert images.foreign_unsigned(targets[K1]) == f"r.io/unsigned:{K1}"
+    assert images.keys(view.module, targets[K1])[1].image == f"r.io/unsigned:{K1}"
 
 
-def _failed_build(raw: Obj, inputs: planner.Inputs = INPUTS) -> Obj:
-    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+def _failed_build(raw: Obj, inputs: build_inputs.Snapshot = INPUTS) -> Obj:
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
     (creation,) = _plan(_view(raw), facts, inputs=inputs).create
     tail = "\n".join(f"line {i}" for i in range(20)) + "\nkmm-build: RUN make failed"
     return _ended(creation.pod, "Failed", tail, exit_code=1)
@@ -195,7 +197,7 @@ def _failed_build(raw: Obj, inputs: planner.Inputs = INPUTS) -> Obj:
 def test_a_failed_pod_is_kept_shown_and_told_once() -> None:
     raw = _raw(sign=False)
     failed = _failed_build(raw)
-    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
     found = _plan(_view(raw, [failed]), facts)
     assert (found.create, found.delete) == ([], [])
     (problem,) = found.problems
@@ -214,18 +216,18 @@ def test_a_failed_pod_is_kept_shown_and_told_once() -> None:
 @pytest.mark.parametrize(
     "changed",
     [
-        planner.Inputs(versions={**INPUTS.versions, "ConfigMap/dockerfile": "50"}, dockerfiles=INPUTS.dockerfiles),
-        planner.Inputs(versions=INPUTS.versions, dockerfiles={"dockerfile": "FROM other\n"}),
-        planner.Inputs(versions={**INPUTS.versions, "Secret/repo": "80"}, dockerfiles=INPUTS.dockerfiles),
+        build_inputs.Snapshot(versions={**INPUTS.versions, "ConfigMap/dockerfile": "50"}, dockerfiles=INPUTS.dockerfiles),
+        build_inputs.Snapshot(versions=INPUTS.versions, dockerfiles={"dockerfile": "FROM other\n"}),
+        build_inputs.Snapshot(versions={**INPUTS.versions, "Secret/repo": "80"}, dockerfiles=INPUTS.dockerfiles),
     ],
     ids=["configmap-version", "dockerfile-text", "repo-secret-version"],
 )  # fmt: skip
 def test_a_failed_pod_whose_inputs_changed_is_deleted_to_be_made_again(
-    changed: planner.Inputs,
+    changed: build_inputs.Snapshot,
 ) -> None:
     raw = _raw(sign=False)
     failed = _failed_build(raw)
-    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
     found = _plan(_view(raw, [failed]), facts, inputs=changed)
     assert found.delete == [failed]
     assert found.create == []  # next reconcile, once it is gone
@@ -235,7 +237,7 @@ def test_a_failed_pod_whose_inputs_changed_is_deleted_to_be_made_again(
 def test_a_moved_trigger_retries_a_failed_pod_whose_inputs_did_not_change() -> None:
     raw = _raw(sign=False)
     failed = _failed_build(raw)
-    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
     assert _plan(_view(raw, [failed]), facts).delete == []
     bumped = copy.deepcopy(raw)
     bumped["spec"]["imageRebuildTriggerGeneration"] = 1
@@ -250,23 +252,23 @@ def test_a_moved_trigger_retries_a_failed_pod_whose_inputs_did_not_change() -> N
 
 def test_a_failed_sign_is_retried_as_a_sign_never_by_a_rebuild() -> None:
     raw = _raw()
-    facts = {K1: planner.Facts(MISSING, EXISTS), K2: planner.Facts(EXISTS)}
+    facts = {K1: images.Facts(MISSING, EXISTS), K2: images.Facts(EXISTS)}
     (creation,) = _plan(_view(raw), facts).create
     failed = _ended(creation.pod, "Failed", "kmm-sign: the key does not match", exit_code=1)
     # The final image is missing; the intermediate one is not even asked for.
-    found = _plan(_view(raw, [failed]), {**facts, K1: planner.Facts(MISSING)})
+    found = _plan(_view(raw, [failed]), {**facts, K1: images.Facts(MISSING)})
     assert found.create == []
     assert [p.reason for p in found.problems] == ["SignFailed"]
     assert {i.kernel: i.state for i in found.images}[K1] == "SignFailed"
-    changed = planner.Inputs(versions={**INPUTS.versions, "Secret/key": "60"}, dockerfiles=INPUTS.dockerfiles)  # fmt: skip
-    retried = _plan(_view(raw, [failed]), {**facts, K1: planner.Facts(MISSING)}, inputs=changed)
+    changed = build_inputs.Snapshot(versions={**INPUTS.versions, "Secret/key": "60"}, dockerfiles=INPUTS.dockerfiles)  # fmt: skip
+    retried = _plan(_view(raw, [failed]), {**facts, K1: images.Facts(MISSING)}, inputs=changed)
     assert retried.delete == [failed]
     assert retried.create == []
 
 
 def test_a_succeeded_sign_pod_is_told_and_deleted_after_the_retention() -> None:
     raw = _raw()
-    facts = {K1: planner.Facts(MISSING, EXISTS), K2: planner.Facts(EXISTS)}
+    facts = {K1: images.Facts(MISSING, EXISTS), K2: images.Facts(EXISTS)}
     (creation,) = _plan(_view(raw), facts).create
     summary = {"signed": ["/opt/lib/modules/k/a.ko"], "unmatched": ["/opt/lib/modules/k/*.x"]}
     done = _ended(creation.pod, "Succeeded", json.dumps(summary))
@@ -280,7 +282,7 @@ def test_a_succeeded_sign_pod_is_told_and_deleted_after_the_retention() -> None:
     assert "/opt/lib/modules/k/*.x" in warning.message
     assert K1 in warning.message
     kept = _plan(
-        _view(raw, [done]), BOTH_EXIST, settings=planner.Settings(retention=60.0), noticed=found.noticed
+        _view(raw, [done]), BOTH_EXIST, settings=build_settings.Settings(retention=60.0), noticed=found.noticed
     )  # fmt: skip
     assert kept.delete == []
     assert kept.events == []
@@ -289,7 +291,7 @@ def test_a_succeeded_sign_pod_is_told_and_deleted_after_the_retention() -> None:
 
 def test_a_running_pod_is_waited_for() -> None:
     raw = _raw(sign=False)
-    facts = {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
     (creation,) = _plan(_view(raw), facts).create
     found = _plan(_view(raw, [_running(creation.pod)]), facts)
     assert (found.create, found.delete, found.problems) == ([], [], [])
@@ -299,7 +301,7 @@ def test_a_running_pod_is_waited_for() -> None:
 
 def test_rejected_credentials_are_an_authentication_error_and_never_a_build() -> None:
     refused = existence.Fact(existence.State.AUTH_FAILED, "imageRepoSecret ns/repo: refused")
-    found = _plan(_view(_raw()), {K1: planner.Facts(refused), K2: planner.Facts(EXISTS)})
+    found = _plan(_view(_raw()), {K1: images.Facts(refused), K2: images.Facts(EXISTS)})
     assert found.create == []
     assert found.gated == {K1}
     assert [(p.reason, p.message) for p in found.problems] == [
@@ -307,14 +309,14 @@ def test_rejected_credentials_are_an_authentication_error_and_never_a_build() ->
     ]
     assert [e.reason for e in found.events] == ["AuthenticationFailed"]
     again = _plan(
-        _view(_raw()), {K1: planner.Facts(refused), K2: planner.Facts(EXISTS)}, noticed=found.noticed
+        _view(_raw()), {K1: images.Facts(refused), K2: images.Facts(EXISTS)}, noticed=found.noticed
     )  # fmt: skip
     assert again.events == []
 
 
 def test_a_missing_configmap_is_shown_and_nothing_built() -> None:
-    inputs = planner.Inputs(versions={"Secret/repo": "8"})
-    found = _plan(_view(_raw(sign=False)), {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}, inputs=inputs)  # fmt: skip
+    inputs = build_inputs.Snapshot(versions={"Secret/repo": "8"})
+    found = _plan(_view(_raw(sign=False)), {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}, inputs=inputs)  # fmt: skip
     assert found.create == []
     (problem,) = found.problems
     assert "ConfigMap ns/dockerfile does not exist" in problem.message
@@ -323,18 +325,18 @@ def test_a_missing_configmap_is_shown_and_nothing_built() -> None:
     assert (event.type, event.reason) == ("Warning", "BuildFailed")
     assert "ConfigMap ns/dockerfile does not exist" in event.message
     # Told once: the next reconcile, inputs still missing, says nothing new.
-    again = _plan(_view(_raw(sign=False)), {K1: planner.Facts(MISSING), K2: planner.Facts(EXISTS)}, inputs=inputs, noticed=found.noticed)  # fmt: skip
+    again = _plan(_view(_raw(sign=False)), {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}, inputs=inputs, noticed=found.noticed)  # fmt: skip
     assert again.events == []
 
 
 def test_a_succeeded_pod_names_the_image_to_check_again_once() -> None:
     raw = _raw()
-    facts = {K1: planner.Facts(MISSING, MISSING), K2: planner.Facts(EXISTS)}
+    facts = {K1: images.Facts(MISSING, MISSING), K2: images.Facts(EXISTS)}
     (creation,) = _plan(_view(raw), facts).create
     done = _ended(creation.pod, "Succeeded", "{}", uid="b1")
     view = _view(raw, [done])
     targets = loader_planner.grouping(view).targets
-    assert planner.pushed_by_succeeded(view, targets, set()) == {pods.intermediate_image(IMAGE1)}
+    assert planner.pushed_by_succeeded(view, targets, set()) == {images.intermediate_image(IMAGE1)}
     assert planner.pushed_by_succeeded(view, targets, {"b1"}) == set()
 
 
@@ -360,7 +362,7 @@ def test_the_loader_creates_no_daemonset_for_a_gated_kernel_and_keeps_an_existin
 
 def test_a_registry_that_does_not_answer_gates_the_kernel_and_builds_nothing() -> None:
     failing = existence.Fact(existence.State.ERROR, "no answer from r.io", retry_at=5.0)
-    found = _plan(_view(_raw()), {K1: planner.Facts(failing), K2: planner.Facts(EXISTS)})
+    found = _plan(_view(_raw()), {K1: images.Facts(failing), K2: images.Facts(EXISTS)})
     assert found.create == []
     assert found.gated == {K1}
     assert found.problems == []
@@ -374,16 +376,205 @@ def test_build_and_sign_pods_go_where_the_mappings_build_selector_says() -> None
     # The mapping's selector wins over the container level's (KMM drops it).
     container["build"]["selector"] = {"pool": "container-level"}
     container["kernelMappings"][0]["build"] = {"selector": {"pool": "builders"}}
-    facts = {K1: planner.Facts(MISSING, MISSING), K2: planner.Facts(MISSING, EXISTS)}
+    facts = {K1: images.Facts(MISSING, MISSING), K2: images.Facts(MISSING, EXISTS)}
     found = _plan(_view(raw), facts)
     by_name = {c.pod["metadata"]["name"]: c.pod for c in found.create}
     assert by_name[pods.pod_name("m", "build", K1)]["spec"]["nodeSelector"] == {"pool": "builders"}
     # The sign pod of a Module that builds goes where its build does.
     signing = by_name[pods.pod_name("m", "sign", K2)]
     assert signing["spec"]["nodeSelector"] == {"pool": "container-level"}
-    # Without a selector a pod names no node and tolerates nothing (in the
-    # sandbox: container nodes only, KWOK's carry a taint).
-    plain = _plan(_view(_raw()), {K1: planner.Facts(MISSING, MISSING), K2: planner.Facts(EXISTS)})
+    # Without a selector a pod names no node; a Module without tolerations
+    # gives it none (in the sandbox: container nodes only, KWOK's carry a taint).
+    plain = _plan(_view(_raw()), {K1: images.Facts(MISSING, MISSING), K2: images.Facts(EXISTS)})
     (creation,) = plain.create
     assert "nodeSelector" not in creation.pod["spec"]
     assert "tolerations" not in creation.pod["spec"]
+
+
+def test_build_and_sign_pods_carry_the_modules_tolerations() -> None:
+    raw = _raw()
+    tolerations = [
+        {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "builds", "effect": "NoExecute", "tolerationSeconds": 30},
+    ]  # fmt: skip
+    raw["spec"]["tolerations"] = tolerations
+    facts = {K1: images.Facts(MISSING, MISSING), K2: images.Facts(MISSING, EXISTS)}
+    made = {c.pod["metadata"]["labels"]["kmm.node.kubernetes.io/role"]: c.pod for c in _plan(_view(raw), facts).create}  # fmt: skip
+    assert set(made) == {"build", "sign"}
+    for pod in made.values():
+        assert pod["spec"]["tolerations"] == tolerations
+    # A toleration added while a pod waits to be scheduled replaces it.
+    (before,) = _plan(
+        _view(_raw()), {K1: images.Facts(MISSING, MISSING), K2: images.Facts(EXISTS)}
+    ).create
+    pending = _pending(
+        before.pod, unschedulable="0/3 nodes are available: 3 node(s) had untolerated taint {gpu: }"
+    )
+    found = _plan(
+        _view(raw, [pending]), {K1: images.Facts(MISSING, MISSING), K2: images.Facts(EXISTS)}
+    )
+    assert found.delete == [pending]
+
+
+def _pending(
+    pod: Obj, *, waiting: tuple[str, str] | None = None, unschedulable: str | None = None
+) -> Obj:
+    """``pod`` as the API server shows it while it cannot start: a container
+    waiting for ``waiting`` (reason, message), or not scheduled."""
+    found = copy.deepcopy(pod)
+    found["metadata"]["uid"] = "u-pending"
+    status: Obj = {"phase": "Pending"}
+    if waiting is not None:
+        reason, message = waiting
+        status["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+        status["containerStatuses"] = [
+            {
+                "name": pod["spec"]["containers"][-1]["name"],
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": reason, "message": message}},
+            }
+        ]
+    if unschedulable is not None:
+        status["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": unschedulable,
+            }
+        ]
+    found["status"] = status
+    return found
+
+
+def _deleting(pod: Obj) -> Obj:
+    found = copy.deepcopy(pod)
+    found["metadata"]["deletionTimestamp"] = "2026-12-02T12:00:00Z"
+    return found
+
+
+def _replaced(found: planner.BuildPlan) -> list[str]:
+    return [e.message for e in found.events if e.reason in ("BuildReplaced", "SignReplaced")]
+
+
+def test_a_running_build_whose_dockerfile_was_fixed_is_replaced() -> None:
+    raw = _raw(sign=False)
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    running = _running(creation.pod)
+    fixed = build_inputs.Snapshot(
+        versions={**INPUTS.versions, "ConfigMap/dockerfile": "50"},
+        dockerfiles={"dockerfile": "FROM fixed\n"},
+    )
+    # Unchanged, it is waited for, and looked at again every poll (a fixed
+    # ConfigMap sends the Module no event).
+    waited = _plan(_view(raw, [running]), facts)
+    assert (waited.create, waited.delete, waited.problems) == ([], [], [])
+    assert waited.requeue_after == SETTINGS.poll
+    found = _plan(_view(raw, [running]), facts, inputs=fixed)
+    assert found.delete == [running]
+    assert found.create == []  # the same name: once the old pod is gone
+    assert found.gated == {K1}
+    (told,) = _replaced(found)
+    assert running["metadata"]["name"] in told
+    assert "ConfigMap dockerfile" in told
+    assert "the Dockerfile" in told
+    assert {i.kernel: i.state for i in found.images}[K1] == "Building"
+    # Being deleted: nothing is made meanwhile; gone: the new pod.
+    going = _plan(_view(raw, [_deleting(running)]), facts, inputs=fixed, noticed=found.noticed)
+    assert (going.create, going.delete, _replaced(going)) == ([], [], [])
+    (again,) = _plan(_view(raw), facts, inputs=fixed).create
+    assert hashing.of_pod(again.pod) != hashing.of_pod(running)
+
+
+def test_sign_added_during_a_build_only_pod_replaces_it_before_it_pushes_unsigned() -> None:
+    facts = {K1: images.Facts(MISSING, MISSING), K2: images.Facts(EXISTS)}
+    (creation,) = _plan(_view(_raw(sign=False)), facts).create
+    assert _env(creation.pod, "KMM_IMAGE") == IMAGE1  # the final name, unsigned
+    for before in (_running(creation.pod), _pending(creation.pod, unschedulable="no node")):
+        found = _plan(_view(_raw(), [before]), facts)
+        assert found.delete == [before]
+        assert found.create == []
+        (told,) = _replaced(found)
+        assert f"the image it pushes ({IMAGE1} -> {images.intermediate_image(IMAGE1)})" in told
+    (made,) = _plan(_view(_raw()), facts).create
+    assert _env(made.pod, "KMM_IMAGE") == images.intermediate_image(IMAGE1)
+
+
+def test_a_running_sign_whose_key_was_fixed_is_replaced() -> None:
+    raw = _raw()
+    facts = {K1: images.Facts(MISSING, EXISTS), K2: images.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    running = _running(creation.pod)
+    fixed = build_inputs.Snapshot(versions={**INPUTS.versions, "Secret/key": "60"}, dockerfiles=INPUTS.dockerfiles)  # fmt: skip
+    found = _plan(_view(raw, [running]), {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}, inputs=fixed)  # fmt: skip
+    assert found.delete == [running]
+    (told,) = _replaced(found)
+    assert "Secret key" in told
+    assert [e.reason for e in found.events] == ["SignReplaced"]
+
+
+@pytest.mark.parametrize(
+    ("waiting", "reason"),
+    [
+        (("ImagePullBackOff", 'Back-off pulling image "b.io/builder:1"'), "ImagePullBackOff"),
+        (("ErrImagePull", "pull access denied"), "ErrImagePull"),
+        (("CreateContainerConfigError", 'secret "repo" not found'), "CreateContainerConfigError"),
+    ],
+)
+def test_a_pod_stuck_before_it_starts_is_shown_and_replaced_once_its_pull_secret_is_fixed(
+    waiting: tuple[str, str], reason: str
+) -> None:
+    raw = _raw(sign=False)
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    stuck = _pending(creation.pod, waiting=waiting)
+    found = _plan(_view(raw, [stuck]), facts)
+    assert (found.create, found.delete) == ([], [])
+    (problem,) = found.problems
+    assert problem.reason == reason
+    assert stuck["metadata"]["name"] in problem.message
+    assert waiting[1] in problem.message
+    image = {i.kernel: i for i in found.images}[K1]
+    assert image.state == "Building"
+    assert image.message is not None
+    assert reason in image.message
+    assert waiting[1] in image.message
+    assert [(e.type, e.reason) for e in found.events] == [("Warning", reason)]
+    assert found.requeue_after == SETTINGS.poll
+    again = _plan(_view(raw, [stuck]), facts, noticed=found.noticed)
+    assert again.events == []  # told once
+    assert [p.reason for p in again.problems] == [reason]  # shown while it lasts
+    fixed = build_inputs.Snapshot(versions={**INPUTS.versions, "Secret/repo": "80"}, dockerfiles=INPUTS.dockerfiles)  # fmt: skip
+    replaced = _plan(_view(raw, [stuck]), facts, inputs=fixed)
+    assert replaced.delete == [stuck]
+    assert replaced.problems == []
+
+
+def test_an_unschedulable_pod_is_shown_and_replaced_once_its_selector_is_fixed() -> None:
+    raw = _raw(sign=False)
+    raw["spec"]["moduleLoader"]["container"]["build"]["selector"] = {"pool": "none"}
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    why = "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
+    stuck = _pending(creation.pod, unschedulable=why)
+    found = _plan(_view(raw, [stuck]), facts)
+    assert (found.create, found.delete) == ([], [])
+    (problem,) = found.problems
+    assert (problem.reason, why in problem.message) == ("Unschedulable", True)
+    assert "Unschedulable" in ({i.kernel: i for i in found.images}[K1].message or "")
+    raw["spec"]["moduleLoader"]["container"]["build"]["selector"] = {"pool": "builders"}
+    replaced = _plan(_view(raw, [stuck]), facts)
+    assert replaced.delete == [stuck]
+    assert [e.reason for e in replaced.events] == ["BuildReplaced"]
+    assert "the pod's spec" in replaced.events[0].message
+
+
+def test_a_pod_still_creating_its_container_is_not_a_problem() -> None:
+    raw = _raw(sign=False)
+    facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
+    (creation,) = _plan(_view(raw), facts).create
+    creating = _pending(creation.pod, waiting=("ContainerCreating", ""))
+    found = _plan(_view(raw, [creating]), facts)
+    assert (found.create, found.delete, found.problems, found.events) == ([], [], [], [])

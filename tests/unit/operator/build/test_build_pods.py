@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from kmm.api import formats, kernels, labels, modules
-from kmm.operator.build import pods, scripts
+from kmm.operator import caches
+from kmm.operator.build import hashing, pods, scripts
 
 _OWNER = {
     "apiVersion": modules.API_VERSION,
@@ -44,8 +45,8 @@ def _sign(**changes: Any) -> kernels.SignTarget:
     return dataclasses.replace(base, **changes)
 
 
-def _inputs(**changes: Any) -> pods.PodInputs:
-    base = pods.PodInputs(
+def _params(**changes: Any) -> pods.PodParams:
+    base = pods.PodParams(
         module="m",
         namespace="ns",
         kernel=_KERNEL,
@@ -118,40 +119,13 @@ def test_pod_name_of_a_long_module_stays_a_dns_name() -> None:
     assert formats.dns_subdomain_error(name) is None
 
 
-@pytest.mark.parametrize(
-    ("final", "intermediate"),
-    [
-        ("reg.io/m:k", "reg.io/m:k-kmm-unsigned"),
-        ("10.253.0.1:5000/a/b:6.12_x", "10.253.0.1:5000/a/b:6.12_x-kmm-unsigned"),
-    ],
-)
-def test_intermediate_image_is_the_tag_plus_a_suffix(final: str, intermediate: str) -> None:
-    assert pods.intermediate_image(final) == intermediate
-
-
-def test_intermediate_image_of_a_long_tag_is_cut_and_hashed() -> None:
-    tag = "t" * 126
-    found = pods.intermediate_image(f"reg.io/m:{tag}")
-    repository, _, new_tag = found.rpartition(":")
-    assert repository == "reg.io/m"
-    assert len(new_tag) == 128
-    assert new_tag.endswith("-kmm-unsigned")
-    assert pods.intermediate_image(f"reg.io/m:{tag[:-1]}u") != found
-
-
-@pytest.mark.parametrize("final", ["reg.io/m@sha256:" + "a" * 64, "reg.io:5000/m"])
-def test_intermediate_image_needs_a_tag(final: str) -> None:
-    with pytest.raises(ValueError, match=r"digest|no tag"):
-        pods.intermediate_image(final)
-
-
 @pytest.mark.parametrize(("role", "kind"), [("build", "BuildImage"), ("sign", "SignImage")])
 def test_pods_carry_kmms_labels_owner_and_restart_policy(role: str, kind: str) -> None:
-    inputs = _inputs()
+    params = _params()
     pod = (
-        pods.build_pod(inputs, _build())
+        pods.build_pod(params, _build())
         if role == "build"
-        else pods.sign_pod(inputs, _sign(), unsigned_image="reg.io/u:1", dir_name="/opt")
+        else pods.sign_pod(params, _sign(), unsigned_image="reg.io/u:1", dir_name="/opt")
     )
     metadata = pod["metadata"]
     assert metadata["name"] == pods.pod_name("m", role, _KERNEL)  # type: ignore[arg-type]
@@ -185,7 +159,7 @@ def test_build_args_are_the_users_with_kmms_over_them() -> None:
     build = _build(
         build_args=(("A", "1"), ("KERNEL_VERSION", "mine"), ("MOD_NAME", "x"), ("B", "x=y"))
     )
-    args = _args(pods.build_pod(_inputs(), build))
+    args = _args(pods.build_pod(_params(), build))
     assert [a for a in args if a.startswith("--build-arg=")] == [
         "--build-arg=A=1",
         "--build-arg=B=x=y",
@@ -198,7 +172,7 @@ def test_build_args_are_the_users_with_kmms_over_them() -> None:
 
 def test_build_pod_mounts_the_dockerfile_host_modules_and_each_secret() -> None:
     build = _build(dockerfile_config_map="df", secrets=("build-secret", "other"))
-    pod = pods.build_pod(_inputs(), build, dockerfile_key="alt")
+    pod = pods.build_pod(_params(), build, dockerfile_key="alt")
     volumes, mounts = _volumes(pod), _mounts(pod)
     assert volumes["dockerfile"]["configMap"] == {
         "name": "df",
@@ -217,7 +191,7 @@ def test_build_pod_mounts_the_dockerfile_host_modules_and_each_secret() -> None:
 
 
 def test_build_pod_defaults_to_the_dockerfile_key() -> None:
-    pod = pods.build_pod(_inputs(), _build())
+    pod = pods.build_pod(_params(), _build())
     assert _volumes(pod)["dockerfile"]["configMap"]["items"][0]["key"] == "dockerfile"
 
 
@@ -234,18 +208,18 @@ def test_tls_options_turn_verification_off_for_their_side_only(
     tls: modules.RegistryTLS | None, verify: str
 ) -> None:
     for pod in (
-        pods.build_pod(_inputs(push_tls=tls), _build()),
-        pods.sign_pod(_inputs(push_tls=tls), _sign(), unsigned_image="r/u:1", dir_name="/opt"),
+        pods.build_pod(_params(push_tls=tls), _build()),
+        pods.sign_pod(_params(push_tls=tls), _sign(), unsigned_image="r/u:1", dir_name="/opt"),
     ):
         assert _env(pod)["KMM_PUSH_TLS_VERIFY"] == verify
         assert _env(pod)["KMM_PULL_TLS_VERIFY"] == "true"
-    pulled = pods.build_pod(_inputs(pull_tls=tls), _build())
+    pulled = pods.build_pod(_params(pull_tls=tls), _build())
     assert _env(pulled)["KMM_PULL_TLS_VERIFY"] == verify
     assert _env(pulled)["KMM_PUSH_TLS_VERIFY"] == "true"
 
 
-def test_repo_secret_is_the_authfile_and_pull_secret_and_ca_is_passed() -> None:
-    pod = pods.build_pod(_inputs(repo_secret="repo", registry_ca="PEM"), _build())
+def test_repo_secret_is_the_authfile_and_pull_secret() -> None:
+    pod = pods.build_pod(_params(repo_secret="repo"), _build())
     assert pod["spec"]["imagePullSecrets"] == [{"name": "repo"}]
     auth = _volumes(pod)[_mounts(pod)["/run/kmm/auth"]]
     assert auth["secret"] == {
@@ -254,20 +228,79 @@ def test_repo_secret_is_the_authfile_and_pull_secret_and_ca_is_passed() -> None:
     }
     env = _env(pod)
     assert env["REGISTRY_AUTH_FILE"] == "/run/kmm/auth/.dockerconfigjson"
-    assert env["KMM_REGISTRY_CA"] == "PEM"
-    bare = _env(pods.build_pod(_inputs(), _build()))
+    bare = _env(pods.build_pod(_params(), _build()))
     assert "REGISTRY_AUTH_FILE" not in bare
-    assert "KMM_REGISTRY_CA" not in bare
+
+
+# Linux's limit on one string of an exec's arguments or environment
+# (MAX_ARG_STRLEN, 32 pages): the kubelet's runtime execs the container's
+# command with its environment, and a longer string fails it with E2BIG.
+_MAX_ARG_STRLEN = 32 * 4096
+
+
+def bundle(size: int) -> str:
+    """PEM-shaped text of ``size`` bytes (what a CA bundle of some hundred
+    certificates looks like to the pod: only its size matters here)."""
+    block = "-----BEGIN CERTIFICATE-----\n" + "QUJD" * 16 + "\n-----END CERTIFICATE-----\n"
+    text = block * (size // len(block) + 1)
+    return text[:size]
+
+
+def _all_pods(params: pods.PodParams) -> list[dict[str, Any]]:
+    return [
+        pods.build_pod(params, _build()),
+        pods.sign_pod(params, _sign(), unsigned_image="reg.io/u:1", dir_name="/opt"),
+        pods.preflight_pod(
+            params, validation="v", owner=_OWNER, build=_build(), sign=_sign(), dir_name="/opt"
+        ),
+    ]
+
+
+def test_a_200_kib_registry_ca_reaches_every_container_as_a_file_and_every_pod_execs() -> None:
+    ca = bundle(200 * 1024)
+    for pod in _all_pods(_params(registry_ca=ca)):
+        containers = [*pod["spec"].get("initContainers", ()), *pod["spec"]["containers"]]
+        for container in containers:
+            env = {e["name"]: e["value"] for e in container["env"]}
+            # The exec the runtime makes, its script aside: it starts (a
+            # string over MAX_ARG_STRLEN fails it with E2BIG).
+            command = [*container["command"][:2], "exit 0", *container["command"][3:]]
+            assert subprocess.run(command, env=env, check=False).returncode == 0
+            strings = [*container["command"], *(f"{k}={v}" for k, v in env.items())]
+            assert max(len(text.encode()) for text in strings) < _MAX_ARG_STRLEN
+            assert env["KMM_REGISTRY_CA_FILE"] == "/run/kmm/registry-ca/ca.crt"
+            mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+            assert mounts["/run/kmm/registry-ca"] == {
+                "name": "registry-ca", "mountPath": "/run/kmm/registry-ca", "readOnly": True,
+            }  # fmt: skip
+        assert pod["metadata"]["annotations"] == {labels.REGISTRY_CA: ca}
+        assert _volumes(pod)["registry-ca"] == {
+            "name": "registry-ca",
+            "downwardAPI": {
+                "items": [
+                    {
+                        "path": "ca.crt",
+                        "fieldRef": {"fieldPath": f"metadata.annotations['{labels.REGISTRY_CA}']"},
+                    }
+                ]
+            },
+        }
+    # Without a CA: no annotation, volume, mount or variable.
+    for pod in _all_pods(_params()):
+        assert "annotations" not in pod["metadata"]
+        assert "registry-ca" not in _volumes(pod)
+        for container in [*pod["spec"].get("initContainers", ()), *pod["spec"]["containers"]]:
+            assert "KMM_REGISTRY_CA_FILE" not in {e["name"] for e in container["env"]}
 
 
 def test_node_selector_is_passed() -> None:
-    pod = pods.build_pod(_inputs(node_selector={"kubernetes.io/hostname": "n1"}), _build())
+    pod = pods.build_pod(_params(node_selector={"kubernetes.io/hostname": "n1"}), _build())
     assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
 
 
 def test_sign_pod_mounts_key_and_cert_and_passes_the_patterns() -> None:
     sign = _sign(key_secret="k", cert_secret="c", files_to_sign=("/opt/a/*.ko", "/opt/b.ko"))
-    pod = pods.sign_pod(_inputs(), sign, unsigned_image="reg.io/m:k-kmm-unsigned", dir_name="/opt")
+    pod = pods.sign_pod(_params(), sign, unsigned_image="reg.io/m:k-kmm-unsigned", dir_name="/opt")
     volumes, mounts = _volumes(pod), _mounts(pod)
     assert volumes[mounts["/run/kmm/signing/key"]]["secret"] == {"secretName": "k"}
     assert volumes[mounts["/run/kmm/signing/cert"]]["secret"] == {"secretName": "c"}
@@ -284,3 +317,13 @@ def test_scripts_are_posix_shell(script: str) -> None:
     # dash (Debian's sh, the builder image's /bin/sh) parses them.
     done = subprocess.run(["dash", "-n", "-c", script], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_operators_pod_cache_keeps_no_copy_of_the_registry_ca() -> None:
+    ca = bundle(200 * 1024)
+    for pod in _all_pods(_params(registry_ca=ca)):
+        stamped = hashing.stamp(pod, {"pod": "p"})
+        kept = caches.project_pod(stamped)
+        assert labels.REGISTRY_CA not in kept["metadata"]["annotations"]
+        assert hashing.of_pod(kept) == hashing.of_pod(stamped)
+        assert pod["metadata"]["annotations"][labels.REGISTRY_CA] == ca  # the pod's own, untouched

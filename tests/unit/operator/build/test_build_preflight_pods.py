@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kmm.api import formats, kernels, labels, modules, preflight
-from kmm.operator.build import pods, scripts
+from kmm.operator.build import images, pods, scripts
 
 _MODULE_OWNER = {
     "apiVersion": modules.API_VERSION,
@@ -53,8 +53,8 @@ def _sign(**changes: Any) -> kernels.SignTarget:
     return dataclasses.replace(base, **changes)
 
 
-def _inputs(**changes: Any) -> pods.PodInputs:
-    base = pods.PodInputs(
+def _params(**changes: Any) -> pods.PodParams:
+    base = pods.PodParams(
         module="m",
         namespace="ns",
         kernel=_KERNEL,
@@ -74,7 +74,7 @@ def _pod(
     **changes: Any,
 ) -> dict[str, Any]:
     return pods.preflight_pod(
-        _inputs(**changes),
+        _params(**changes),
         validation="pfv",
         owner=_OWNER,
         build=build,
@@ -143,7 +143,7 @@ def test_a_long_or_dotted_name_is_cut_and_ends_in_a_digest(validation: str, modu
     assert name.startswith(validation.replace(".", "-")[:20])
 
 
-def test_pod_name_uses_the_name_of_the_module_from_inputs() -> None:
+def test_pod_name_uses_the_name_of_the_module_from_its_params() -> None:
     pod = _pod(build=_build(), module="other")
     assert pod["metadata"]["name"] == pods.preflight_pod_name("pfv", "other")
 
@@ -172,7 +172,7 @@ def test_labels_owner_and_restart_policy(
     }
     assert pods.PREFLIGHT_ROLE == "preflight"
     assert pods.PREFLIGHT_RESOURCE_TYPE == "PreflightImage"
-    # The validation owns it, not the Module of the inputs.
+    # The validation owns it, not the Module of the params.
     assert metadata["ownerReferences"] == [_OWNER]
     assert "annotations" not in metadata
     assert pod["spec"]["restartPolicy"] == "Never"
@@ -193,7 +193,7 @@ def test_labels_owner_and_restart_policy(
 def test_a_long_validation_name_is_a_valid_label_value() -> None:
     validation = "preflight-" + "x" * 100
     pod = pods.preflight_pod(
-        _inputs(), validation=validation, owner=_OWNER, build=_build(), sign=None, dir_name="/opt"
+        _params(), validation=validation, owner=_OWNER, build=_build(), sign=None, dir_name="/opt"
     )
     value = pod["metadata"]["labels"][labels.PREFLIGHT]
     assert labels.is_label_value(value)
@@ -297,7 +297,7 @@ def test_build_and_sign_build_locally_then_sign_that_and_push_the_final_image_on
         "signing-key",
         "signing-cert",
     }
-    assert not any(pods.intermediate_image(_FINAL) in str(c) for c in _containers(pod))
+    assert not any(images.intermediate_image(_FINAL) in str(c) for c in _containers(pod))
 
 
 def test_the_repo_secret_and_node_selector_reach_every_container() -> None:
@@ -313,7 +313,9 @@ def test_the_repo_secret_and_node_selector_reach_every_container() -> None:
     for container in _containers(pod):
         assert _mounts(container)["/run/kmm/auth"] == "repo-auth"
         assert _env(container)["REGISTRY_AUTH_FILE"] == "/run/kmm/auth/.dockerconfigjson"
-        assert _env(container)["KMM_REGISTRY_CA"] == "PEM"
+        assert _env(container)["KMM_REGISTRY_CA_FILE"] == "/run/kmm/registry-ca/ca.crt"
+        assert _mounts(container)["/run/kmm/registry-ca"] == "registry-ca"
+    assert pod["metadata"]["annotations"]["kmm.node.kubernetes.io/registry-ca"] == "PEM"
     assert _volumes(pod)["repo-auth"]["secret"]["secretName"] == "repo"
 
 
@@ -358,12 +360,12 @@ def test_impossible_shapes_are_refused(
 def test_module_pods_push_by_default_and_not_when_told() -> None:
     sign_args = {"unsigned_image": "u/m:1", "dir_name": "/opt"}
     pushed = [
-        pods.build_pod(_inputs(push=True), _build()),
-        pods.sign_pod(_inputs(push=True), _sign(), **sign_args),
+        pods.build_pod(_params(push=True), _build()),
+        pods.sign_pod(_params(push=True), _sign(), **sign_args),
     ]
     kept = [
-        pods.build_pod(_inputs(push=False), _build()),
-        pods.sign_pod(_inputs(push=False), _sign(), **sign_args),
+        pods.build_pod(_params(push=False), _build()),
+        pods.sign_pod(_params(push=False), _sign(), **sign_args),
     ]
     for pod in pushed:
         assert "KMM_PUSH" not in _env(pod["spec"]["containers"][0])

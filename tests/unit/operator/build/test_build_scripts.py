@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_build_pods
 
 from kmm.operator.build import scripts
 
@@ -90,6 +91,7 @@ def _run(sandbox: Path, script: str, role: str, args: list[str], **env: str) -> 
         script.replace("/tmp/", f"{sandbox}/tmp/")
         .replace("/dev/termination-log", f"{sandbox}/termination-log")
         .replace("/run/kmm/", f"{sandbox}/run/kmm/")
+        .replace("/etc/ssl/certs/", f"{sandbox}/etc/ssl/certs/")
     )
     log = sandbox / "calls.log"
     log.write_text("")
@@ -255,3 +257,23 @@ def test_a_key_that_is_not_the_certificates_is_refused_naming_both_secrets(
         in ran.stderr
     )
     assert not any(c.startswith("sign-file ") for c in ran.calls)
+
+
+def test_the_registry_ca_file_joins_the_system_bundle_before_any_pull(sandbox: Path) -> None:
+    system = sandbox / "etc/ssl/certs/ca-certificates.crt"
+    system.parent.mkdir(parents=True)
+    system.write_text("-----BEGIN CERTIFICATE-----\nSYSTEM\n-----END CERTIFICATE-----\n")
+    ca = sandbox / "registry-ca.crt"
+    ca.write_text(test_build_pods.bundle(200 * 1024))
+    for script, role in ((scripts.BUILD, "build"), (scripts.SIGN, "sign")):
+        before = system.read_text()
+        ran = _run(sandbox, script, role, ["/opt/lib/modules/k/*.ko"], KMM_REGISTRY_CA_FILE=str(ca))
+        assert ran.returncode == 0, ran.stderr
+        after = system.read_text()
+        assert after.startswith(before)
+        assert ca.read_text() in after[len(before) :]
+    ca.write_text("")
+    ran = _run(sandbox, scripts.BUILD, "build", [], KMM_REGISTRY_CA_FILE=str(ca))
+    assert ran.returncode == 1
+    assert f"the registry CA file {ca} is missing or empty" in ran.stderr
+    assert ran.calls == []  # nothing pulled without it

@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kmm.api import labels, preflight
-from kmm.operator.build import existence, hashing, pods
-from kmm.operator.build import planner as build_planner
+from kmm.operator.build import existence, hashing, images, pods
+from kmm.operator.build import inputs as build_inputs
+from kmm.operator.build import settings as build_settings
 from kmm.operator.preflight import planner, status, verdicts
 
 Obj = dict[str, Any]
@@ -25,8 +26,8 @@ EXISTS = existence.Fact(existence.State.EXISTS)
 MISSING = existence.Fact(existence.State.MISSING, f"{IMAGE} does not exist")
 AUTH = existence.Fact(existence.State.AUTH_FAILED, "r.io/m: unauthorized")
 ERROR = existence.Fact(existence.State.ERROR, "r.io: connection refused")
-SETTINGS = build_planner.Settings(builder_image="b.io/builder:1", poll=7.0)
-INPUTS = build_planner.Inputs(
+SETTINGS = build_settings.Settings(builder_image="b.io/builder:1", poll=7.0)
+INPUTS = build_inputs.Snapshot(
     versions={
         "ConfigMap/dockerfile": "5",
         "Secret/key": "6",
@@ -90,7 +91,7 @@ def subject(raw: Obj, kernel: str = KERNEL) -> verdicts.Subject:
     return found
 
 
-def wanted_pod(found: preflight.PreflightValidation, raw: Obj, inputs: build_planner.Inputs = INPUTS) -> Obj:  # fmt: skip
+def wanted_pod(found: preflight.PreflightValidation, raw: Obj, inputs: build_inputs.Snapshot = INPUTS) -> Obj:  # fmt: skip
     pod, missing = planner.desired(found, subject(raw, preflight.kernel(found)), inputs, SETTINGS)
     assert pod is not None, missing
     return pod
@@ -119,8 +120,8 @@ def run(
     found: preflight.PreflightValidation,
     raws: list[Obj],
     *,
-    facts: dict[str, build_planner.Facts] | None = None,
-    inputs: dict[str, build_planner.Inputs] | None = None,
+    facts: dict[str, images.Facts] | None = None,
+    inputs: dict[str, build_inputs.Snapshot] | None = None,
     pods_: list[Obj] = (),  # type: ignore[assignment]
 ) -> planner.Plan:
     judged = verdicts.subjects(preflight.kernel(found), raws)
@@ -192,7 +193,7 @@ def test_the_registry_answer_decides(
     build: bool, final: existence.Fact, status: str, stage: str, reason: str
 ) -> None:
     found = validation()
-    plan = run(found, [module_raw(build=build)], facts={"ns/m": build_planner.Facts(final)})
+    plan = run(found, [module_raw(build=build)], facts={"ns/m": images.Facts(final)})
     verdict = plan.verdicts["ns/m"]
     assert (verdict.status, verdict.stage, verdict.reason) == (status, stage, reason)
     assert verdict.image == IMAGE
@@ -224,8 +225,8 @@ def test_missing_inputs_fail_naming_them_and_are_looked_at_again() -> None:
     plan = run(
         validation(),
         [module_raw(build=True, sign=True)],
-        facts={"ns/m": build_planner.Facts(MISSING)},
-        inputs={"ns/m": build_planner.Inputs(versions={"Secret/repo": "1", "Secret/key": "2"})},
+        facts={"ns/m": images.Facts(MISSING)},
+        inputs={"ns/m": build_inputs.Snapshot(versions={"Secret/repo": "1", "Secret/key": "2"})},
     )
     verdict = plan.verdicts["ns/m"]
     assert verdict.status == "Failure"
@@ -252,7 +253,7 @@ def test_sign_without_build_waits_for_the_unsigned_image(
     plan = run(
         validation(),
         [module_raw(sign=True)],
-        facts={"ns/m": build_planner.Facts(MISSING, unsigned)},
+        facts={"ns/m": images.Facts(MISSING, unsigned)},
     )
     verdict = plan.verdicts["ns/m"]
     assert verdict.status == status
@@ -349,9 +350,9 @@ def test_a_pod_whose_inputs_changed_is_deleted_then_made_again(change: str) -> N
     failed = observed(wanted_pod(found, raw), "Failed", message="boom", exit_code=1)
     now_found, now_raw, now_inputs = found, raw, INPUTS
     if change == "dockerfile":
-        now_inputs = build_planner.Inputs(INPUTS.versions, {"dockerfile": "FROM busybox\n"})
+        now_inputs = build_inputs.Snapshot(INPUTS.versions, {"dockerfile": "FROM busybox\n"})
     elif change == "secret":
-        now_inputs = build_planner.Inputs(
+        now_inputs = build_inputs.Snapshot(
             {**INPUTS.versions, "Secret/key": "60"}, INPUTS.dockerfiles
         )
     elif change == "kernel":
@@ -364,7 +365,7 @@ def test_a_pod_whose_inputs_changed_is_deleted_then_made_again(change: str) -> N
     else:
         now_raw = copy.deepcopy(raw)
         now_raw["spec"]["moduleLoader"]["container"]["build"]["buildArgs"] = [{"name": "A", "value": "1"}]  # fmt: skip
-    facts = {"ns/m": build_planner.Facts(MISSING)}
+    facts = {"ns/m": images.Facts(MISSING)}
     plan = run(now_found, [now_raw], pods_=[failed], facts=facts, inputs={"ns/m": now_inputs})
     assert plan.delete == [failed]
     assert plan.create == []  # same name: made once the old one is gone
@@ -379,10 +380,10 @@ def test_a_kept_pod_whose_image_now_exists_elsewhere_is_stale_once_inputs_change
     found = validation()
     raw = module_raw(build=True)
     failed = observed(wanted_pod(found, raw), "Failed", message="boom", exit_code=1)
-    changed = build_planner.Inputs(
+    changed = build_inputs.Snapshot(
         {**INPUTS.versions, "ConfigMap/dockerfile": "9"}, INPUTS.dockerfiles
     )
-    plan = run(found, [raw], pods_=[failed], facts={"ns/m": build_planner.Facts(EXISTS)}, inputs={"ns/m": changed})  # fmt: skip
+    plan = run(found, [raw], pods_=[failed], facts={"ns/m": images.Facts(EXISTS)}, inputs={"ns/m": changed})  # fmt: skip
     assert plan.verdicts["ns/m"].reason == preflight.REASON_IMAGE_EXISTS
     assert plan.verdicts["ns/m"].pod is None
     assert plan.delete == [failed]
@@ -395,14 +396,14 @@ def test_the_pods_of_deleted_modules_or_modules_that_no_longer_build_are_deleted
     plan = run(found, [], pods_=[pod])
     assert plan.delete == [pod]
     assert plan.verdicts == {}
-    no_build = run(found, [module_raw()], pods_=[pod], facts={"ns/m": build_planner.Facts(EXISTS)})
+    no_build = run(found, [module_raw()], pods_=[pod], facts={"ns/m": images.Facts(EXISTS)})
     assert no_build.delete == [pod]
 
 
 def test_terminating_and_foreign_pods_are_waited_for_not_deleted() -> None:
     found = validation()
     raw = module_raw(build=True)
-    facts = {"ns/m": build_planner.Facts(MISSING)}
+    facts = {"ns/m": images.Facts(MISSING)}
     going = observed(wanted_pod(found, raw), "Failed", message="x", exit_code=1)
     going["metadata"]["deletionTimestamp"] = "2026-12-02T11:00:00Z"
     earlier = observed(wanted_pod(found, raw), "Succeeded")
@@ -423,7 +424,7 @@ def test_a_pod_elsewhere_or_not_controlled_by_the_validation_is_not_its_record()
     is deleted as the validation's."""
     found = validation()
     raw = module_raw(build=True)
-    facts = {"ns/m": build_planner.Facts(MISSING)}
+    facts = {"ns/m": images.Facts(MISSING)}
     elsewhere = observed(wanted_pod(found, raw), "Succeeded", uid="tenant-pod")
     elsewhere["metadata"]["namespace"] = "tenant"
     not_controller = observed(wanted_pod(found, raw), "Succeeded", uid="loose")
@@ -442,7 +443,7 @@ def test_a_pod_elsewhere_or_not_controlled_by_the_validation_is_not_its_record()
 def test_modules_of_one_name_in_two_namespaces_have_a_pod_each() -> None:
     found = validation()
     raws = [module_raw("m", "a", build=True), module_raw("m", "b", build=True)]
-    plan = run(found, raws, facts={"a/m": build_planner.Facts(MISSING), "b/m": build_planner.Facts(MISSING)})  # fmt: skip
+    plan = run(found, raws, facts={"a/m": images.Facts(MISSING), "b/m": images.Facts(MISSING)})  # fmt: skip
     assert sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in plan.create) == [
         ("a", pods.preflight_pod_name("pfv", "m")),
         ("b", pods.preflight_pod_name("pfv", "m")),
@@ -557,7 +558,7 @@ def test_every_module_gets_one_consistent_verdict_and_no_pod_is_both_made_and_de
         name = f"m{index}"
         raw = _module_of(kind, name)
         raws.append(raw)
-        facts[f"ns/{name}"] = build_planner.Facts(final, unsigned) if final is not None else None
+        facts[f"ns/{name}"] = images.Facts(final, unsigned) if final is not None else None
         if phase is not None and kind in ("build", "sign", "both"):
             pod = observed(wanted_pod(found, raw), "Failed" if phase in ("deleting", "foreign", "stale") else phase, message="x", uid=name)  # fmt: skip
             if phase == "deleting":
@@ -565,7 +566,7 @@ def test_every_module_gets_one_consistent_verdict_and_no_pod_is_both_made_and_de
             elif phase == "foreign":
                 pod["metadata"]["ownerReferences"][0]["uid"] = "other"
             elif phase == "stale":
-                pod = hashing.stamped(pod, "0" * 32)
+                pod = hashing.stamp(pod, {"pod": "stale"})
             observed_pods.append(pod)
     judged = verdicts.subjects(KERNEL, raws)
     plan = planner.plan(
@@ -591,3 +592,17 @@ def test_every_module_gets_one_consistent_verdict_and_no_pod_is_both_made_and_de
         assert plan.verdicts[f"ns/{pod['metadata']['labels'][labels.MODULE_NAME]}"].status == "InProgress"  # fmt: skip
     written = status.compute(found, plan.verdicts, now=NOW)
     preflight.PreflightValidationStatus.model_validate(written)
+
+
+def test_a_preflight_pod_carries_the_modules_tolerations_and_a_new_one_replaces_it() -> None:
+    found = validation()
+    tolerations = [{"key": "builders", "operator": "Exists", "effect": "NoSchedule"}]
+    raw = module_raw(build=True, sign=True, tolerations=tolerations)
+    pod = wanted_pod(found, raw)
+    assert pod["spec"]["tolerations"] == tolerations
+    assert "tolerations" not in wanted_pod(found, module_raw(build=True, sign=True))["spec"]
+    # Waiting to be scheduled, made before the toleration: replaced.
+    before = observed(wanted_pod(found, module_raw(build=True, sign=True)), "Pending")
+    plan = run(found, [raw], pods_=[before], facts={"ns/m": images.Facts(MISSING)})
+    assert plan.delete == [before]
+    assert plan.create == []

@@ -1,0 +1,101 @@
+"""The build or sign pod a Module's kernel needs now, stamped with its input
+hash (pure).
+
+``module_pod`` renders the pod of one role from the kernel's target, the
+inputs read (``inputs.of_pod``) and the operator's settings, and stamps it
+(``hashing``); the planner compares that stamp with the pod it finds.
+``params`` is what every pod of a Module's kernel shares, preflight pods
+included (``kmm.operator.preflight.planner`` renders those).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kmm.api import kernels, modules
+from kmm.operator import objects, podspecs
+from kmm.operator.build import hashing, images, inputs, pods, settings
+
+__all__ = ["module_pod", "params"]
+
+RawObject = dict[str, Any]
+
+
+def params(
+    module: modules.Module,
+    target: kernels.Target,
+    found: settings.Settings,
+    *,
+    image: str,
+    owner: Mapping[str, Any],
+    pull_tls: modules.RegistryTLS | None,
+    push: bool = True,
+) -> pods.PodParams:
+    """The parameters of a pod pushing ``image`` for ``target``: where it
+    may run (``build.selector``, a sign pod of a Module that builds going
+    where its build does; the Module's tolerations), its credentials and
+    CA, its TLS."""
+    secret = module.spec.image_repo_secret
+    return pods.PodParams(
+        module=module.metadata.name,
+        namespace=module.metadata.namespace or "",
+        kernel=target.kernel,
+        image=image,
+        builder_image=found.builder_image,
+        owner=owner,
+        repo_secret=secret.name if secret is not None else None,
+        registry_ca=found.registry_ca,
+        push_tls=target.registry_tls,
+        pull_tls=pull_tls,
+        node_selector=dict(target.build.selector) if target.build is not None else {},
+        tolerations=podspecs.tolerations(module),
+        push=push,
+    )
+
+
+def _dir_name(module: modules.Module) -> str:
+    loader = module.spec.module_loader
+    return loader.container.modprobe.dir_name if loader is not None else "/opt"
+
+
+def module_pod(
+    module: modules.Module,
+    target: kernels.Target,
+    role: pods.PodRole,
+    found: inputs.Snapshot,
+    config: settings.Settings,
+) -> tuple[RawObject | None, list[str]]:
+    """The pod of ``role`` for ``target`` stamped with its input hash, or
+    None and the inputs that are missing."""
+    picked = inputs.of_pod(found, module, target, (role,))
+    if picked.missing:
+        return None, picked.missing
+    owner = objects.controller_reference(module)
+    if role == "build":
+        assert target.build is not None
+        made = params(
+            module, target, config,
+            image=images.pushed_by(target, "build"), owner=owner,
+            pull_tls=target.build.base_image_registry_tls,
+        )  # fmt: skip
+        pod = pods.build_pod(made, target.build)
+    else:
+        sign = target.sign
+        assert sign is not None
+        # A Module's own intermediate image is in the final one's registry.
+        pull_tls = (
+            target.registry_tls if target.build is not None else sign.unsigned_image_registry_tls
+        )
+        made = params(module, target, config, image=target.image, owner=owner, pull_tls=pull_tls)
+        pod = pods.sign_pod(
+            made, sign, unsigned_image=images.unsigned_image(target), dir_name=_dir_name(module)
+        )
+    parts = hashing.made_of(
+        pod,
+        pushes=made.image,
+        dockerfile=picked.dockerfile,
+        versions=picked.versions,
+        trigger=module.spec.image_rebuild_trigger_generation,
+    )
+    return hashing.stamp(pod, parts), []
