@@ -581,16 +581,16 @@ async def test_pods_deleted_after_a_failed_prepare_leave_no_retry_behind(
             uid = created["metadata"]["uid"]
 
             async def failed(uid: str = uid) -> bool:
-                return uid in running._next_try
+                return uid in running.workers.next_try
 
             await testing.eventually(failed, f"{name}: its prepare failed, a retry due")
             force = cycle % 2 == 1
             await real._delete_pod(kmm_api, name, force=force)
             if not force:
                 # The emulator deleted it for good, which it does after forgetting it.
-                assert uid not in running._next_try
+                assert uid not in running.workers.next_try
 
         async def no_retries() -> bool:
-            return not running._next_try
+            return not running.workers.next_try
 
         await testing.eventually(no_retries, "no retry left for pods that are gone")
