@@ -359,7 +359,13 @@ async def test_a_driver_away_longer_than_the_delay_loses_its_slices_not_one_back
         await testing.eventually(wiped, "wiped after the delay")
         await driver.start()
         await testing.eventually(lambda: real._published(kmm_api, driver), "republished")
-        assert running.registry.plugin(driver.name) is not None
+
+        # The driver publishes as soon as it starts; the plugin watcher may
+        # still be backing off from the socket that vanished with the kill.
+        async def registered_again() -> bool:
+            return running.registry.plugin(driver.name) is not None
+
+        await testing.eventually(registered_again, "registered again")
 
 
 async def test_kmm_kubelet_as_a_process_registers_its_node_and_stops_on_sigterm(
@@ -581,16 +587,16 @@ async def test_pods_deleted_after_a_failed_prepare_leave_no_retry_behind(
             uid = created["metadata"]["uid"]
 
             async def failed(uid: str = uid) -> bool:
-                return uid in running._next_try
+                return uid in running.workers.next_try
 
             await testing.eventually(failed, f"{name}: its prepare failed, a retry due")
             force = cycle % 2 == 1
             await real._delete_pod(kmm_api, name, force=force)
             if not force:
                 # The emulator deleted it for good, which it does after forgetting it.
-                assert uid not in running._next_try
+                assert uid not in running.workers.next_try
 
         async def no_retries() -> bool:
-            return not running._next_try
+            return not running.workers.next_try
 
         await testing.eventually(no_retries, "no retry left for pods that are gone")

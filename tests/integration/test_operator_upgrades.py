@@ -24,7 +24,7 @@ import pytest
 import test_operator_support as support
 from kubernetes_asyncio import client
 
-from kmm.api import labels, modules
+from kmm.api import labels, moduleloader, modules
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import objects, resources
@@ -616,7 +616,7 @@ async def test_admission_refuses_a_version_that_comes_or_goes(
             )  # fmt: skip
         message = json.loads(refused.value.body)["message"]
         assert "spec.moduleLoader.container.version" in message
-        assert modules.VERSION_TRANSITION_MESSAGE in message
+        assert moduleloader.VERSION_TRANSITION_MESSAGE in message
         after = await objects_api.get_namespaced_custom_object(
             modules.GROUP, modules.VERSION, namespace, modules.PLURAL, name
         )

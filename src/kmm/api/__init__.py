@@ -3,7 +3,12 @@
 Nothing here performs I/O or imports a client library; every other package may
 import it, and it imports none of them.
 
-- ``modules``: the ``Module`` models (KMM wire names), with their rules.
+- ``modules``: the ``Module`` resource (KMM wire names): names, root, spec, status;
+  its spec's sections, each with its rules: ``moduleloader`` (kernel mappings),
+  ``modprobing`` (how modprobe runs), ``buildsign`` (in-cluster build and
+  signing), ``devices`` (device plugin and DRA).
+- ``models``: the bases of every API model; ``fields``: the constrained strings
+  fields use; ``kubeobjects``: the Kubernetes-defined objects the APIs embed.
 - ``validation``: raw object -> ``Module`` or field-named violations.
 - ``labels``: every label, annotation and finalizer name; DaemonSet names.
 - ``kernels``: kernel mapping and image variable expansion.

@@ -1,6 +1,7 @@
 """Markers that tie a model field to its CRD rendering.
 
-Models in :mod:`kmm.api.modules` attach these in ``Annotated`` metadata or as
+The API's models (:mod:`kmm.api.modules` and its sections, :mod:`kmm.api.preflight`)
+and field types (:mod:`kmm.api.fields`) attach these in ``Annotated`` metadata or as
 class-level rules; :mod:`kmm.api.crd` reads them. Pydantic ignores them, so
 each marker's Python-side twin is a validator beside it: one place states a
 rule in both languages.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final, Literal
 
-from kmm.api import modules
+from kmm.api import kubeobjects
 
 __all__ = [
     "DEGRADED",
@@ -62,13 +62,15 @@ REASON_RECONCILE_FAILED: Final = "ReconcileFailed"
 Status = Literal["True", "False", "Unknown"]
 
 
-def find(conditions: Sequence[modules.Condition] | None, type_: str) -> modules.Condition | None:
+def find(
+    conditions: Sequence[kubeobjects.Condition] | None, type_: str
+) -> kubeobjects.Condition | None:
     """The condition of ``type_``, if present."""
     return next((c for c in conditions or () if c.type == type_), None)
 
 
 def set_condition(
-    conditions: Sequence[modules.Condition] | None,
+    conditions: Sequence[kubeobjects.Condition] | None,
     type_: str,
     status: Status,
     *,
@@ -76,7 +78,7 @@ def set_condition(
     message: str = "",
     now: str,
     observed_generation: int | None = None,
-) -> list[modules.Condition]:
+) -> list[kubeobjects.Condition]:
     """``conditions`` with ``type_`` set; other conditions keep their order.
 
     ``now`` (RFC 3339) becomes ``lastTransitionTime`` only when the status
@@ -84,7 +86,7 @@ def set_condition(
     """
     old = find(conditions, type_)
     since = old.last_transition_time if old is not None and old.status == status else now
-    new = modules.Condition(
+    new = kubeobjects.Condition(
         type=type_,
         status=status,
         reason=reason,

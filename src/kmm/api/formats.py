@@ -26,6 +26,7 @@ __all__ = [
     "PLACEHOLDER",
     "PLACEHOLDER_VALUE",
     "VARIABLE_CHARACTERS_PATTERN",
+    "WHITESPACE_PATTERN",
     "cel_substituted",
     "dns_subdomain_error",
     "image_error",
@@ -72,6 +73,9 @@ IMAGE_NAME_LENGTH_MESSAGE: Final = (
 )
 DNS_SUBDOMAIN_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 LABEL_VALUE_PATTERN: Final = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# Whitespace as one explicit class: RE2's \s and Python's differ (Python's
+# takes \v and Unicode spaces), and a rule must judge alike in both.
+WHITESPACE_PATTERN: Final = r"[ \t\n\v\f\r]"
 
 # Variables an image may name (expanded by kmm.api.kernels, DESIGN §3).
 IMAGE_VARIABLES: Final = (

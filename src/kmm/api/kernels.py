@@ -24,7 +24,7 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 
-from kmm.api import formats, modules, regexps
+from kmm.api import buildsign, formats, moduleloader, modules, regexps
 
 __all__ = [
     "VARIABLES",
@@ -70,7 +70,7 @@ class BuildTarget:
     dockerfile_config_map: str
     build_args: tuple[tuple[str, str], ...]
     secrets: tuple[str, ...]
-    base_image_registry_tls: modules.RegistryTLS | None
+    base_image_registry_tls: buildsign.RegistryTLS | None
     selector: tuple[tuple[str, str], ...]
 
 
@@ -89,7 +89,7 @@ class SignTarget:
     """
 
     unsigned_image: str | None
-    unsigned_image_registry_tls: modules.RegistryTLS | None
+    unsigned_image_registry_tls: buildsign.RegistryTLS | None
     key_secret: str
     cert_secret: str
     files_to_sign: tuple[str, ...]
@@ -104,12 +104,12 @@ class Target:
     mapping's ``registryTLS`` if it sets one, else the container's)."""
 
     kernel: str
-    mapping: modules.KernelMapping
+    mapping: moduleloader.KernelMapping
     image: str
     in_tree_modules_to_remove: tuple[str, ...]
     build: BuildTarget | None = None
     sign: SignTarget | None = None
-    registry_tls: modules.RegistryTLS | None = None
+    registry_tls: buildsign.RegistryTLS | None = None
 
 
 def node_kernel(kernel_version: str) -> str:
@@ -126,8 +126,8 @@ def tag_safe(kernel: str) -> str:
 
 
 def find_mapping(
-    mappings: list[modules.KernelMapping], kernel: str
-) -> modules.KernelMapping | None:
+    mappings: list[moduleloader.KernelMapping], kernel: str
+) -> moduleloader.KernelMapping | None:
     """The first mapping that matches ``kernel`` (already trimmed), or None."""
     for mapping in mappings:
         if mapping.literal is not None:
@@ -237,7 +237,7 @@ def target(module: modules.Module, kernel_version: str) -> Target | None:
     )
 
 
-def _tls(*levels: modules.RegistryTLS | None) -> modules.RegistryTLS | None:
+def _tls(*levels: buildsign.RegistryTLS | None) -> buildsign.RegistryTLS | None:
     """The first of ``levels`` (the mapping's first) that sets an option."""
     return next((tls for tls in levels if tls is not None and tls.is_set()), None)
 
@@ -248,7 +248,7 @@ def _once(*lists: Iterable[str] | None) -> tuple[str, ...]:
 
 
 def _build(
-    container: modules.Build | None, mapping: modules.Build | None, kernel: str
+    container: buildsign.Build | None, mapping: buildsign.Build | None, kernel: str
 ) -> BuildTarget | None:
     levels = [level for level in (mapping, container) if level is not None]
     if not levels:
@@ -275,8 +275,8 @@ def _build(
 
 
 def _sign(
-    container: modules.Sign | None,
-    mapping: modules.Sign | None,
+    container: buildsign.Sign | None,
+    mapping: buildsign.Sign | None,
     kernel: str,
     values: Mapping[str, str],
 ) -> SignTarget | None:

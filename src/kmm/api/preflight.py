@@ -11,10 +11,10 @@ Only ``v1beta2`` exists here. KMM's ``v1beta1`` (a status map keyed by
 Module name, no namespaces) would need a conversion webhook kmm does not run,
 so it is not served at all.
 
-As in :mod:`kmm.api.modules`, wire names are camelCase, unknown keys are
-errors, and each spec rule is stated twice beside each other: a Python
-validator (``parse``) and a CEL rule (``cel.Rule``) that :mod:`kmm.api.crd`
-renders into the CRD. The kernel the validation asks about is
+As in :mod:`kmm.api.modules` (both derive from ``models.Model``), wire
+names are camelCase, unknown keys are errors, and each spec rule is stated
+twice beside each other: a Python validator (``parse``) and a CEL rule
+(``cel.Rule``) that :mod:`kmm.api.crd` renders into the CRD. The kernel the validation asks about is
 :func:`kernel` (a trailing ``+`` trimmed, as for node kernels).
 """
 
@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Callable, Mapping
-from typing import Annotated, Any, ClassVar, Final, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Final, Literal
 
 import pydantic
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
-from kmm.api import cel, kernels, modules, validation
+from kmm.api import cel, fields, formats, kernels, kubeobjects, models, modules, validation
 
 __all__ = [
     "API_VERSION",
@@ -89,8 +88,6 @@ _THREE_PARTS_PATTERN: Final = r"[.,-][^.,-]*[.,-]"
 _THREE_PARTS_RULE: Final = (
     "must split into at least three parts on '.', ',' or '-' (e.g. 6.1.0-27-amd64)"
 )
-# The same explicit class as a Module's module names: RE2's \s and Python's differ.
-_WHITESPACE_PATTERN: Final = r"[ \t\n\v\f\r]"
 _WHITESPACE_RULE: Final = "may not contain whitespace"
 _RFC3339: Final = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
@@ -100,7 +97,7 @@ _RFC3339: Final = re.compile(
 def _kernel_version_error(value: str) -> str | None:
     if not re.search(_THREE_PARTS_PATTERN, value):
         return f"kernelVersion {value!r} {_THREE_PARTS_RULE}"
-    if re.search(_WHITESPACE_PATTERN, value):
+    if re.search(formats.WHITESPACE_PATTERN, value):
         return f"kernelVersion {value!r} {_WHITESPACE_RULE}"
     return None
 
@@ -116,45 +113,21 @@ def _date_time_error(value: str) -> str | None:
     return f"{value!r} must be an RFC 3339 date-time (e.g. 2026-07-01T12:00:00Z)"
 
 
-def _checked(check: Callable[[str], str | None]) -> AfterValidator:
-    def validate(value: str) -> str:
-        error = check(value)
-        if error is not None:
-            raise ValueError(error)
-        return value
-
-    return AfterValidator(validate)
-
-
 KernelVersion = Annotated[
     str,
     Field(max_length=MAX_KERNEL_VERSION),
-    _checked(_kernel_version_error),
+    fields.checked(_kernel_version_error),
     cel.Rule(f"self.matches({_THREE_PARTS_PATTERN!r})", _THREE_PARTS_RULE),
-    cel.Rule(f"!self.matches({_WHITESPACE_PATTERN!r})", _WHITESPACE_RULE),
+    cel.Rule(f"!self.matches({formats.WHITESPACE_PATTERN!r})", _WHITESPACE_RULE),
 ]
 DateTime = Annotated[
     str,
-    _checked(_date_time_error),
+    fields.checked(_date_time_error),
     cel.SchemaExtra((("format", "date-time"),)),
 ]
 
 
-class _Model(BaseModel):
-    """Base of this API's objects: camelCase wire names, unknown keys refused
-    (the configuration of :mod:`kmm.api.modules`' models)."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        serialize_by_alias=True,
-        extra="forbid",
-        frozen=True,
-    )
-    cel_rules: ClassVar[tuple[cel.Rule, ...]] = ()
-
-
-class PreflightValidationSpec(_Model):
+class PreflightValidationSpec(models.Model):
     """``PreflightValidation.spec``: the kernel to validate every Module against.
 
     ``pushBuiltImage`` false (the default) builds and signs without pushing
@@ -166,7 +139,7 @@ class PreflightValidationSpec(_Model):
     push_built_image: Annotated[bool, Field(strict=True)] = False
 
 
-class ModuleVerdict(_Model):
+class ModuleVerdict(models.Model):
     """The verdict for one Module (``status.modules[]``, keyed by namespace and name)."""
 
     name: str
@@ -179,7 +152,7 @@ class ModuleVerdict(_Model):
     pod: str | None = None
 
 
-class PreflightValidationStatus(_Model):
+class PreflightValidationStatus(models.Model):
     """``PreflightValidation.status``: one verdict per Module and the spec
     generation they answer."""
 
@@ -198,12 +171,12 @@ class PreflightValidationStatus(_Model):
     observed_generation: int | None = None
 
 
-class PreflightValidation(_Model):
+class PreflightValidation(models.Model):
     """A ``PreflightValidation``: would every Module have its image on this kernel?"""
 
     api_version: Literal["kmm.sigs.x-k8s.io/v1beta2"] = "kmm.sigs.x-k8s.io/v1beta2"
     kind: Literal["PreflightValidation"] = "PreflightValidation"
-    metadata: modules.ObjectMeta
+    metadata: kubeobjects.ObjectMeta
     spec: PreflightValidationSpec
     status: PreflightValidationStatus | None = None
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kmm.api import modules
+from kmm.api import kubeobjects
 
 __all__ = ["is_schedulable", "matches_node_selector", "matches_selector", "tolerates"]
 
@@ -30,7 +30,7 @@ def matches_selector(node_labels: Mapping[str, str] | None, selector: Mapping[st
     return all(labels.get(key) == value for key, value in selector.items())
 
 
-def tolerates(toleration: modules.Toleration, taint: Mapping[str, Any]) -> bool:
+def tolerates(toleration: kubeobjects.Toleration, taint: Mapping[str, Any]) -> bool:
     """Whether one toleration tolerates one taint (core/v1 semantics)."""
     if toleration.effect and toleration.effect != taint.get("effect"):
         return False
@@ -45,7 +45,7 @@ def tolerates(toleration: modules.Toleration, taint: Mapping[str, Any]) -> bool:
 
 
 def is_schedulable(
-    node: Mapping[str, Any], tolerations: Sequence[modules.Toleration] | None
+    node: Mapping[str, Any], tolerations: Sequence[kubeobjects.Toleration] | None
 ) -> bool:
     """Whether a Module's pods may run on ``node`` (not cordoned, taints tolerated)."""
     spec = node.get("spec") or {}

@@ -5,7 +5,8 @@ It knows nothing of any device: what exists and what a claim gets is decided
 by its owner's ``Policy``. It never imports ``kmm.operator`` or
 ``kmm.driver``. Modules, one concern each:
 
-- ``plugins``      ``Plugin``: lifecycle, prepare/unprepare, errors
+- ``plugins``      ``Plugin``: lifecycle, the kubelet's calls, errors
+- ``preparing``    ``Preparer``: claims prepared and unprepared, durably
 - ``owners``       the ``Owner`` and ``Policy`` protocols and their data
 - ``serving``      gRPC servicers and unix-socket servers
 - ``publishing``   the ResourceSlice publisher
@@ -47,7 +48,8 @@ from kmm.kubeletplugin.owners import (
     Policy,
     PreparingClaim,
 )
-from kmm.kubeletplugin.plugins import Paths, Plugin, PrepareResult, driver_name
+from kmm.kubeletplugin.plugins import Paths, Plugin, driver_name
+from kmm.kubeletplugin.preparing import PrepareResult
 from kmm.kubeletplugin.publishing import Device, Publisher
 
 __all__ = [

@@ -8,7 +8,7 @@
   DRA socket in the plugin's data directory.
 
 Servicers only translate protobuf to the plugin's calls (``Handler``) and
-back: the claim logic lives in ``plugins``. ``Server`` owns one
+back: the claim logic lives in ``plugins`` and ``preparing``. ``Server`` owns one
 ``grpc.aio`` server bound to one unix socket: a stale socket is removed
 before binding, the socket is made owner-only before it appears at its path,
 and it is removed on stop.

@@ -1,72 +1,40 @@
 """A client of one registry host over the OCI distribution API.
 
-Authentication follows the registry's ``/v2/`` challenge, met lazily: a
-request is sent anonymously first; a 401 names the scheme. Basic sends the
-credentials on every later request; Bearer fetches a token from the
-challenge's realm for scope ``repository:<name>:<actions>`` (with the
-credentials as Basic, when there are any) and keeps it per repository.
-Outcomes are typed (``errors``): credentials rejected at the challenge or the
-token endpoint are ``CredentialsRejected``; a 401/403 *after* a token was
-granted is ``ScopeDenied`` (Docker Hub and GHCR answer so for a repository
-that does not exist); 404 is ``NotFound``. Each error's ``public`` text
-holds no response body and no socket error (``errors``).
+``Client`` holds the API kmm uses (manifests: HEAD, GET, PUT, DELETE;
+blobs: HEAD, GET, monolithic upload) and the request loop under it: send,
+meet the registry's challenge (:mod:`kmm.oci.authorizing`), send again, and
+turn the last answer into a typed outcome (``errors``): 404 is ``NotFound``;
+a 403 to an authenticated request is ``ScopeDenied``; anything else not
+expected is ``UnexpectedResponse``. Each error's ``public`` text holds no
+response body and no socket error (``errors``). Manifest and blob reads
+follow redirects; where requests go, what is dialled and TLS are
+:mod:`kmm.oci.transport`'s. Every repository name and reference that goes
+into a URL path is checked against the distribution grammar first
+(``check_name``, ``check_reference``).
 
-Redirects are followed for GET and HEAD of manifests and blobs
-(registry.k8s.io answers every manifest request with one; Docker Hub and
-GHCR send blobs to a CDN), at most ``MAX_REDIRECTS`` hops. Credentials go
-only to the origin of the request: a hop to another host is sent without
-``Authorization``, and its 401 or 403 is the end (a challenge from it is
-never answered with our credentials). A realm or a redirect to plain HTTP
-is followed only when the client is ``insecure`` (the registry's
-``registryTLS.insecure``, or a plain-HTTP client): otherwise credentials or
-a token would cross the network in the clear.
-
-``guard`` (``destinations.Guard``): every destination, the registry's, its
-realm's and each redirect's, is refused when it is loopback, link-local and
-the like, judged on the address actually dialled.
-
-TLS: the system's roots plus ``ca_files`` (a registry's own CA is added to,
-not substituted for, the public ones, as Docker and containerd do).
-``endpoint`` dials another address for ``host`` (a client outside the
-network the host name is reachable in, such as an operator run beside a
-sandbox): the TLS server name checked and the ``Host`` header stay
-``host``'s, so the certificate must still name the registry; a redirect to
-``host`` by name goes to ``endpoint`` too.
-
-Limits: no redirects followed for uploads or by token endpoints, no chunked
-or resumable uploads, no cross-repository mounts, no token refresh via
-``refresh_token``.
+Limits: no chunked or resumable uploads, no cross-repository mounts.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import io
-import json
 import re
-import ssl
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Final
 
-import aiohttp
 from yarl import URL
 
-from kmm.oci import auth, destinations, errors, mediatypes
+from kmm.oci import auth, authorizing, destinations, errors, mediatypes, transport
 from kmm.oci.descriptors import Descriptor, check_digest, sha256_digest
 
-__all__ = ["MAX_REDIRECTS", "Client", "check_name", "check_reference", "ssl_context"]
+__all__ = ["Client", "check_name", "check_reference"]
 
 # The distribution spec's repository name and tag grammars.
 _NAME = re.compile(
     r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$"
 )
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
-#: Hops a manifest or blob request follows (Go's http.Client stops at 10 too).
-MAX_REDIRECTS: Final = 10
-_REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
 
 
 def check_name(name: str) -> str:
@@ -86,47 +54,6 @@ def check_reference(reference: str) -> str:
     if not _TAG.match(reference):
         raise ValueError(f"{reference!r} is not a tag (up to 128 of [A-Za-z0-9_.-]) or a digest")
     return reference
-
-
-def ssl_context(ca_files: Sequence[Path] = (), *, verify: bool = True) -> ssl.SSLContext:
-    """The system's roots plus ``ca_files``; no verification when ``verify`` is
-    False (a registry's ``insecureSkipTLSVerify``)."""
-    if not verify:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        return context
-    context = ssl.create_default_context()
-    for path in ca_files:
-        context.load_verify_locations(cafile=str(path))
-    return context
-
-
-@dataclasses.dataclass
-class _Answer:
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-
-
-def _error_code(body: bytes) -> tuple[str, str]:
-    """The first ``errors[].code`` and message of a distribution error body
-    (for logs: the public text keeps only a code of the spec's)."""
-    try:
-        found = json.loads(body)["errors"][0]
-        return str(found.get("code", "")), str(found.get("message", ""))
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return "", body[:200].decode(errors="replace")
-
-
-def _coded(status: int, code: str) -> str:
-    """``status`` and, when it is one of the spec's, ``code``: "404 MANIFEST_UNKNOWN"."""
-    shown = errors.public_code(code)
-    return f"{status} {shown}" if shown else str(status)
-
-
-def _origin(url: URL) -> tuple[str, str, int | None]:
-    return url.scheme, (url.host or "").lower(), url.port
 
 
 class Client:
@@ -149,24 +76,20 @@ class Client:
         on_request: Callable[[], None] | None = None,
     ) -> None:
         self.host = host
-        self._named = URL(f"{'http' if plain_http else 'https'}://{host}")
-        self._base = URL(f"{'http' if plain_http else 'https'}://{endpoint or host}")
-        # Dialling ``endpoint``, the server name and Host header stay ``host``'s.
-        self._server_name = URL(f"https://{host}").host if endpoint and not plain_http else None
-        self._host_header = {"Host": host} if endpoint else {}
-        self._endpoint = endpoint
-        self._guard = guard
-        self._insecure = insecure or plain_http
-        self._on_request = on_request
-        self._credentials = credentials
-        self._ssl: ssl.SSLContext | bool = (
-            False if plain_http else ssl_context(ca_files, verify=verify_tls)
+        self._transport = transport.Transport(
+            host,
+            ca_files=ca_files,
+            verify_tls=verify_tls,
+            plain_http=plain_http,
+            insecure=insecure,
+            timeout=timeout,
+            endpoint=endpoint,
+            guard=guard,
+            on_request=on_request,
         )
-        self._actions = ",".join(actions)
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._session: aiohttp.ClientSession | None = None
-        self._basic = False  # the registry asked for Basic: send it every time
-        self._tokens: dict[str, str] = {}  # repository -> bearer token
+        self._authorizer = authorizing.Authorizer(
+            self._transport, credentials=credentials, actions=actions
+        )
 
     async def __aenter__(self) -> Client:
         return self
@@ -180,209 +103,7 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _session_now(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            resolver = self._guard.resolver() if self._guard is not None else None
-            connector = aiohttp.TCPConnector(ssl=self._ssl, resolver=resolver)
-            # trust_env off: a registry on loopback is never reached through a proxy.
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
-        return self._session
-
-    def _basic_header(self) -> str:
-        assert self._credentials is not None
-        pair = f"{self._credentials.username}:{self._credentials.password}".encode()
-        return f"Basic {base64.b64encode(pair).decode()}"
-
-    def _via_endpoint(self, url: URL) -> URL:
-        """``url``, dialling ``endpoint`` when it names ``host`` (a redirect
-        to the registry's own name)."""
-        if self._endpoint and _origin(url)[1:] == _origin(self._named)[1:]:
-            return (
-                url.with_scheme(self._base.scheme)
-                .with_host(self._base.host or "")
-                .with_port(self._base.port)
-            )
-        return url
-
-    async def _send(
-        self,
-        method: str,
-        url: URL,
-        headers: Mapping[str, str],
-        data: bytes | None,
-        what: str,
-        *,
-        where: str,
-    ) -> _Answer:
-        """One HTTP exchange with ``url``; ``where`` names the destination
-        in public texts (the registry's host as named, or a role such as
-        "its token endpoint": never an address it resolved to)."""
-        # A file-like body is written in chunks (bytes are sent whole, which
-        # aiohttp warns about past 1 MiB: a layer blocks the loop meanwhile);
-        # a fresh one per send, since a challenge answered means sending again.
-        stream = io.BytesIO(data) if data is not None else None
-        same_host = url.host == self._base.host and url.port == self._base.port
-        if self._guard is not None:
-            try:
-                self._guard.check_literal(url.host or "", url.port)
-            except destinations.Refused as err:
-                raise errors.DestinationRefused(
-                    f"{what}: {where} is at a {err.reason} address, which is not dialled",
-                    detail=str(err),
-                ) from err
-        if self._on_request is not None:
-            self._on_request()
-        try:
-            async with self._session_now().request(
-                method,
-                url,
-                headers={**self._host_header, **headers} if same_host else headers,
-                data=stream,
-                allow_redirects=False,
-                server_hostname=self._server_name if same_host else None,
-            ) as response:
-                body = b"" if method == "HEAD" else await response.read()
-                return _Answer(response.status, dict(response.headers), body)
-        except aiohttp.ClientConnectorError as err:
-            if isinstance(err.os_error, destinations.Refused):
-                raise errors.DestinationRefused(
-                    f"{what}: {where} resolves to {err.os_error.reason} addresses only, "
-                    "which are not dialled",
-                    detail=str(err.os_error),
-                ) from err
-            if isinstance(err, aiohttp.ClientConnectorCertificateError):
-                raise errors.Unreachable(
-                    f"{what}: the TLS certificate of {where} is not trusted", detail=str(err)
-                ) from err
-            if isinstance(err, aiohttp.ClientSSLError):
-                raise errors.Unreachable(
-                    f"{what}: the TLS handshake with {where} failed", detail=str(err)
-                ) from err
-            raise errors.Unreachable(f"{what}: no answer from {where}", detail=str(err)) from err
-        except ssl.SSLCertVerificationError as err:
-            raise errors.Unreachable(
-                f"{what}: the TLS certificate of {where} is not trusted", detail=str(err)
-            ) from err
-        except (aiohttp.ClientError, TimeoutError, ssl.SSLError, OSError) as err:
-            # Refused, reset and timed out read alike: which one it was
-            # would tell a Module's author how the operator's network
-            # treats the address (a port scan).
-            raise errors.Unreachable(
-                f"{what}: no answer from {where}", detail=f"{type(err).__name__}: {err}"
-            ) from err
-
-    async def _exchange(
-        self,
-        method: str,
-        url: URL,
-        headers: Mapping[str, str],
-        data: bytes | None,
-        what: str,
-        *,
-        follow: bool,
-    ) -> _Answer:
-        """``_send`` to ``url`` and, when ``follow``, to where its redirects
-        lead; the last answer."""
-        answer = await self._send(method, url, headers, data, what, where=self.host)
-        current, hops = url, 0
-        while follow and answer.status in _REDIRECTS and answer.headers.get("Location"):
-            if hops == MAX_REDIRECTS:
-                raise errors.UnexpectedResponse(
-                    f"{what}: {self.host} redirected more than {MAX_REDIRECTS} times",
-                    status=answer.status,
-                )
-            hops += 1
-            target = self._via_endpoint(current.join(URL(answer.headers["Location"])))
-            if target.scheme not in ("http", "https") or not target.host:
-                raise errors.DestinationRefused(
-                    f"{what}: {self.host} redirected to a URL that is not HTTP(S)",
-                    detail=str(target),
-                )
-            if target.scheme == "http" and not self._insecure:
-                raise errors.DestinationRefused(
-                    f"{what}: {self.host} redirected to plain HTTP, which is followed only "
-                    "for an insecure registry (registryTLS.insecure)",
-                    detail=str(target),
-                )
-            same = _origin(target) == _origin(url)
-            sent = (
-                headers
-                if same
-                else {k: v for k, v in headers.items() if k.lower() != "authorization"}
-            )
-            where = self.host if same else f"the host {self.host} redirected to"
-            answer = await self._send(method, target, sent, None, what, where=where)
-            if not same and answer.status in (401, 403):
-                # Never answer another host's challenge with our credentials.
-                raise errors.UnexpectedResponse(
-                    f"{what}: the host {self.host} redirected to answered {answer.status}",
-                    status=answer.status,
-                )
-            current = target
-        return answer
-
-    async def _token(self, challenge: auth.Challenge, name: str, what: str) -> str:
-        realm = challenge.params.get("realm", "")
-        if not realm.startswith(("https://", "http://")):
-            raise errors.UnexpectedResponse(
-                f"{what}: {self.host}'s Bearer challenge has no usable realm",
-                detail=repr(realm),
-                status=401,
-            )
-        if realm.startswith("http://") and not self._insecure:
-            raise errors.DestinationRefused(
-                f"{what}: {self.host}'s token endpoint is plain HTTP, which is followed only "
-                "for an insecure registry (registryTLS.insecure)",
-                detail=realm,
-            )
-        query = {"scope": f"repository:{name}:{self._actions}"} if name else {}
-        if challenge.params.get("service"):
-            query["service"] = challenge.params["service"]
-        headers = {"Authorization": self._basic_header()} if self._credentials else {}
-        where = f"{self.host}'s token endpoint"
-        url = self._via_endpoint(URL(realm).with_query(query))
-        answer = await self._send("GET", url, headers, None, what, where=where)
-        if answer.status in (401, 403):
-            if self._credentials is None:
-                raise errors.CredentialsRequired(
-                    f"{what}: {where} wants credentials and none are configured for it",
-                    status=answer.status,
-                )
-            raise errors.CredentialsRejected(
-                f"{what}: {where} refused the credentials of user "
-                f"{self._credentials.username!r} ({answer.status})",
-                detail=realm,
-                status=answer.status,
-            )
-        if answer.status != 200:
-            code, message = _error_code(answer.body)
-            raise errors.UnexpectedResponse(
-                f"{what}: {where} answered {_coded(answer.status, code)}",
-                detail=f"{realm}: {message}",
-                status=answer.status,
-                code=code,
-            )
-        try:
-            document = json.loads(answer.body)
-            token = document.get("token") or document.get("access_token")
-        except (ValueError, AttributeError):
-            token = None
-        if not isinstance(token, str) or not token:
-            raise errors.UnexpectedResponse(
-                f"{what}: {where} answered without a token", detail=realm, status=200
-            )
-        return token
-
-    def _authorization(self, name: str) -> dict[str, str]:
-        if name in self._tokens:
-            return {"Authorization": f"Bearer {self._tokens[name]}"}
-        if self._basic:
-            return {"Authorization": self._basic_header()}
-        return {}
+        await self._transport.close()
 
     async def _request(
         self,
@@ -394,60 +115,28 @@ class Client:
         headers: Mapping[str, str] | None = None,
         data: bytes | None = None,
         follow: bool = False,
-    ) -> _Answer:
+    ) -> transport.Answer:
         """One request, answering the registry's challenges (and following
         its redirects when ``follow``); the answer if its status is
         ``expected``, else the typed error."""
-        url = self._base.join(URL(path_or_url)) if isinstance(path_or_url, str) else path_or_url
+        url = self._transport.url(path_or_url)
         what = f"{method} {url.path}"
         fresh_token = False
         for _ in range(3):  # anonymous, then authenticated, then a renewed token
-            sent = self._authorization(name)
-            answer = await self._exchange(
+            sent = self._authorizer.headers(name)
+            answer = await self._transport.exchange(
                 method, url, {**(headers or {}), **sent}, data, what, follow=follow
             )
             if answer.status in expected:
                 return answer
-            code, message = _error_code(answer.body)
-            coded = _coded(answer.status, code)
             if answer.status == 401:
-                if "Bearer" in sent.get("Authorization", ""):
-                    challenge = self._challenge(answer, what)
-                    if fresh_token or challenge.params.get("error") == "insufficient_scope":
-                        raise errors.ScopeDenied(
-                            f"{what}: {self.host} refused the granted token ({coded})",
-                            detail=f"{challenge.params.get('error', '')} {message}".strip(),
-                            status=401,
-                            code=code,
-                        )
-                    del self._tokens[name]  # expired, perhaps: fetch a new one once
-                if sent.get("Authorization", "").startswith("Basic"):
-                    raise errors.CredentialsRejected(
-                        f"{what}: {self.host} refused the credentials of user "
-                        f"{self._credentials.username if self._credentials else ''!r}",
-                        detail=message,
-                        status=401,
-                        code=code,
-                    )
-                challenge = self._challenge(answer, what)
-                if challenge.scheme == "basic":
-                    if self._credentials is None:
-                        raise errors.CredentialsRequired(
-                            f"{what}: {self.host} wants credentials and none are configured for it",
-                            status=401,
-                        )
-                    self._basic = True
-                elif challenge.scheme == "bearer":
-                    self._tokens[name] = await self._token(challenge, name, what)
-                    fresh_token = True
-                else:
-                    raise errors.UnexpectedResponse(
-                        f"{what}: {self.host} asks for an authentication scheme that is not "
-                        "supported (Basic and Bearer are)",
-                        detail=challenge.scheme,
-                        status=401,
-                    )
+                fetched = await self._authorizer.meet(
+                    answer, sent=sent, name=name, what=what, fresh_token=fresh_token
+                )
+                fresh_token = fresh_token or fetched
                 continue
+            code, message = errors.first_error(answer.body)
+            coded = errors.public_status(answer.status, code)
             if answer.status == 403 and sent:
                 raise errors.ScopeDenied(
                     f"{what}: {self.host} denied it ({coded})",
@@ -472,21 +161,6 @@ class Client:
             )
         raise errors.ScopeDenied(f"{what}: {self.host} kept refusing a granted token", status=401)
 
-    def _challenge(self, answer: _Answer, what: str) -> auth.Challenge:
-        header = answer.headers.get("WWW-Authenticate", "")
-        try:
-            challenges = auth.parse_challenges(header)
-        except ValueError as err:
-            raise errors.UnexpectedResponse(
-                f"{what}: {self.host} answered 401 without a usable challenge",
-                detail=str(err),
-                status=401,
-            ) from err
-        for challenge in challenges:
-            if challenge.scheme in ("bearer", "basic"):
-                return challenge
-        return challenges[0]
-
     # The API.
 
     async def ping(self) -> None:
@@ -497,7 +171,7 @@ class Client:
     def _manifest_path(self, name: str, reference: str) -> str:
         return f"/v2/{check_name(name)}/manifests/{check_reference(reference)}"
 
-    def _descriptor(self, answer: _Answer, what: str) -> Descriptor:
+    def _descriptor(self, answer: transport.Answer, what: str) -> Descriptor:
         digest = answer.headers.get("Docker-Content-Digest", "")
         if not digest and answer.body:
             digest = sha256_digest(answer.body)
@@ -516,18 +190,25 @@ class Client:
                 status=answer.status,
             ) from err
 
-    async def head_manifest(self, name: str, reference: str) -> Descriptor:
-        """The manifest's descriptor (media type, digest, size); NotFound if absent."""
+    async def _read_manifest(
+        self, method: str, name: str, reference: str
+    ) -> tuple[Descriptor, transport.Answer]:
+        """GET or HEAD a manifest, following redirects: its descriptor and the answer."""
         path = self._manifest_path(name, reference)
         answer = await self._request(
-            "HEAD",
+            method,
             path,
             name=name,
             expected=(200,),
             headers={"Accept": mediatypes.ACCEPT},
             follow=True,
         )
-        return self._descriptor(answer, f"HEAD {path}")
+        return self._descriptor(answer, f"{method} {path}"), answer
+
+    async def head_manifest(self, name: str, reference: str) -> Descriptor:
+        """The manifest's descriptor (media type, digest, size); NotFound if absent."""
+        found, _ = await self._read_manifest("HEAD", name, reference)
+        return found
 
     async def exists(self, name: str, reference: str) -> Descriptor | None:
         """The manifest's descriptor, or None when it is missing: 404, or a
@@ -539,16 +220,7 @@ class Client:
             return None
 
     async def get_manifest(self, name: str, reference: str) -> tuple[Descriptor, bytes]:
-        path = self._manifest_path(name, reference)
-        answer = await self._request(
-            "GET",
-            path,
-            name=name,
-            expected=(200,),
-            headers={"Accept": mediatypes.ACCEPT},
-            follow=True,
-        )
-        found = self._descriptor(answer, f"GET {path}")
+        found, answer = await self._read_manifest("GET", name, reference)
         return dataclasses.replace(found, size=len(answer.body)), answer.body
 
     async def put_manifest(self, name: str, reference: str, media_type: str, body: bytes) -> str:
@@ -595,7 +267,7 @@ class Client:
             raise errors.UnexpectedResponse(
                 f"POST /v2/{name}/blobs/uploads/: {self.host} gave no upload Location", status=202
             )
-        target = self._base.join(URL(location)).update_query(digest=digest)
+        target = self._transport.url(location).update_query(digest=digest)
         await self._request(
             "PUT",
             target,

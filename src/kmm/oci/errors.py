@@ -14,7 +14,9 @@
   link-local or otherwise refused (``destinations``), or a Bearer realm or
   redirect would go to plain HTTP from a registry that is not insecure.
 
-``AuthenticationError`` is the base of the first two.
+``AuthenticationError`` is the base of the first two. ``first_error`` reads
+a registry's error body; ``public_status`` is the status as public texts
+show it.
 
 Two texts per error. ``public`` is what a Module's author may read (a
 condition, an Event, a preflight verdict): the request, the host as the
@@ -29,6 +31,7 @@ themselves.
 
 from __future__ import annotations
 
+import json
 from typing import Final
 
 __all__ = [
@@ -42,7 +45,9 @@ __all__ = [
     "ScopeDenied",
     "UnexpectedResponse",
     "Unreachable",
+    "first_error",
     "public_code",
+    "public_status",
 ]
 
 #: The error codes of the distribution spec: a fixed vocabulary, safe to show
@@ -70,6 +75,22 @@ SPEC_CODES: Final = frozenset(
 def public_code(code: str) -> str:
     """``code`` if it is one of the spec's, else ""."""
     return code if code in SPEC_CODES else ""
+
+
+def public_status(status: int, code: str) -> str:
+    """``status`` and, when it is one of the spec's, ``code``: "404 MANIFEST_UNKNOWN"."""
+    shown = public_code(code)
+    return f"{status} {shown}" if shown else str(status)
+
+
+def first_error(body: bytes) -> tuple[str, str]:
+    """The first ``errors[].code`` and message of a distribution error body
+    (for logs: the public text keeps only a code of the spec's)."""
+    try:
+        found = json.loads(body)["errors"][0]
+        return str(found.get("code", "")), str(found.get("message", ""))
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return "", body[:200].decode(errors="replace")
 
 
 class RegistryError(Exception):

@@ -3,7 +3,10 @@ PEM files, or directories of them (a mounted ConfigMap or Secret, whose keys
 are files and whose ``..data`` bookkeeping entries start with a dot).
 
 ``load`` expands and checks them once, at start, so a bad file is an error
-naming it then, not a TLS failure at the first registry request.
+naming it then, not a TLS failure at the first registry request;
+``ssl_context`` makes the context registry requests use: the system's roots
+plus those files (a registry's own CA is added to, not substituted for, the
+public ones, as Docker and containerd do).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-__all__ = ["load"]
+__all__ = ["load", "ssl_context"]
 
 
 def _files(path: Path) -> list[Path]:
@@ -51,3 +54,17 @@ def load(paths: Sequence[Path]) -> tuple[Path, ...]:
                 raise ValueError(f"{file} is not a usable CA bundle: {err}") from err
             files.append(file)
     return tuple(files)
+
+
+def ssl_context(ca_files: Sequence[Path] = (), *, verify: bool = True) -> ssl.SSLContext:
+    """The system's roots plus ``ca_files``; no verification when ``verify`` is
+    False (a registry's ``insecureSkipTLSVerify``)."""
+    if not verify:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    context = ssl.create_default_context()
+    for path in ca_files:
+        context.load_verify_locations(cafile=str(path))
+    return context

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from kmm.api import modules
+from kmm.api import devices, modules
 
 __all__ = ["ROOT", "base", "container", "environment", "mounts", "tolerations", "volumes"]
 
@@ -63,12 +63,12 @@ def tolerations(module: modules.Module) -> list[RawObject]:
     return [t.model_dump(by_alias=True, exclude_none=True) for t in module.spec.tolerations or ()]
 
 
-def volumes(declared: Sequence[modules.Volume] | None) -> list[RawObject]:
+def volumes(declared: Sequence[devices.Volume] | None) -> list[RawObject]:
     """The Module's own volumes as pod-spec entries (admission limited their host paths)."""
     return [v.model_dump(by_alias=True, exclude_none=True) for v in declared or ()]
 
 
-def mounts(declared: Sequence[modules.VolumeMount] | None) -> list[RawObject]:
+def mounts(declared: Sequence[devices.VolumeMount] | None) -> list[RawObject]:
     """The user's volume mounts as pod-spec entries (admission checked their volumes)."""
     return [m.model_dump(by_alias=True, exclude_none=True) for m in declared or ()]
 
@@ -81,7 +81,7 @@ def environment(*lists: Sequence[RawObject] | None) -> list[RawObject]:
     return [entry for index, entry in enumerate(entries) if last[entry.get("name")] == index]
 
 
-def container(spec: modules.ContainerSpec, name: str) -> RawObject:
+def container(spec: devices.ContainerSpec, name: str) -> RawObject:
     """A device-plugin or DRA container from the Module's ``ContainerSpec``
     (volume mounts and security context are the builder's)."""
     found: RawObject = {"name": name, "image": spec.image}

@@ -31,7 +31,7 @@ from typing import Any
 
 import pydantic
 
-from kmm.api import conditions, labels, modules
+from kmm.api import conditions, kubeobjects, labels, modules
 
 __all__ = [
     "Observed",
@@ -237,7 +237,7 @@ def failed(raw: Mapping[str, Any], message: str, *, now: str) -> modules.ModuleS
 
 def _counts_kept(
     old: modules.ModuleStatus | None,
-    found: list[modules.Condition] | None,
+    found: list[kubeobjects.Condition] | None,
     *,
     observed_generation: int | None,
 ) -> modules.ModuleStatus:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from kmm.api import labels, modules
+from kmm.api import devices, labels, modules
 from kmm.operator import objects, podspecs
 
 __all__ = ["daemonset", "daemonset_name", "init_container", "node_selector", "pod_labels"]
@@ -61,7 +61,7 @@ def node_selector(module: modules.Module, gates: Mapping[str, str] = {}) -> dict
     return selected
 
 
-def init_container(spec: modules.ContainerSpec, name: str) -> RawObject:
+def init_container(spec: devices.ContainerSpec, name: str) -> RawObject:
     init = podspecs.container(spec, name)
     # Privileged, as upstream KMM makes every device-plugin and DRA container,
     # init containers included: the init containers of KMM Modules are

@@ -11,7 +11,7 @@ import re2  # type: ignore[import-untyped]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kmm.api import crd, kernels, modules, validation
+from kmm.api import buildsign, crd, kernels, validation
 
 Obj = dict[str, Any]
 
@@ -37,14 +37,14 @@ def test_mapping_adds_to_the_containers_build_and_sign(build_sign: Obj) -> None:
         # The container's, then the mapping's, each once.
         secrets=("git-token", "apt-mirror"),
         # The mapping's {} sets nothing: the container's stands.
-        base_image_registry_tls=modules.RegistryTLS(insecure_skip_tls_verify=True),
+        base_image_registry_tls=buildsign.RegistryTLS(insecure_skip_tls_verify=True),
         # The mapping's wins (KMM would drop it beside the container's build).
         selector=(("builder", "debian"),),
     )
     assert found.sign == kernels.SignTarget(
         unsigned_image=None,
         # The mapping's wins (KMM would drop it beside the container's sign).
-        unsigned_image_registry_tls=modules.RegistryTLS(insecure=True),
+        unsigned_image_registry_tls=buildsign.RegistryTLS(insecure=True),
         key_secret="signing-key",
         cert_secret="signing-cert",
         # Appended, expanded, each once.
@@ -53,7 +53,7 @@ def test_mapping_adds_to_the_containers_build_and_sign(build_sign: Obj) -> None:
             "/opt/lib/modules/6.1.0-27-amd64/kmod_b?.ko",
         ),
     )
-    assert found.registry_tls == modules.RegistryTLS(insecure=True)
+    assert found.registry_tls == buildsign.RegistryTLS(insecure=True)
 
 
 def test_a_mapping_without_its_own_takes_the_containers(build_sign: Obj) -> None:
@@ -62,7 +62,7 @@ def test_a_mapping_without_its_own_takes_the_containers(build_sign: Obj) -> None
         dockerfile_config_map="kmod-dockerfile",
         build_args=(("VARIANT", "base"), ("JOBS", "2")),
         secrets=("git-token",),
-        base_image_registry_tls=modules.RegistryTLS(insecure_skip_tls_verify=True),
+        base_image_registry_tls=buildsign.RegistryTLS(insecure_skip_tls_verify=True),
         selector=(("builder", "true"),),
     )
     assert found.sign is not None
@@ -74,7 +74,9 @@ def test_no_build_or_sign_anywhere_gives_none(upstream_style: Obj) -> None:
     found = _target(upstream_style, "6.0.15-300.fc37.x86_64")
     assert (found.build, found.sign) == (None, None)
     # Both levels carry an empty-in-effect registryTLS ({insecure: false} sets one).
-    assert found.registry_tls == modules.RegistryTLS(insecure=False, insecure_skip_tls_verify=False)
+    assert found.registry_tls == buildsign.RegistryTLS(
+        insecure=False, insecure_skip_tls_verify=False
+    )
 
 
 def test_mapping_values_replace_the_containers(build_sign: Obj) -> None:
@@ -86,10 +88,10 @@ def test_mapping_values_replace_the_containers(build_sign: Obj) -> None:
     found = _target(build_sign, "6.1.0-27-amd64")
     assert found.build is not None
     assert found.build.dockerfile_config_map == "debian-dockerfile"
-    assert found.build.base_image_registry_tls == modules.RegistryTLS(insecure=False)
+    assert found.build.base_image_registry_tls == buildsign.RegistryTLS(insecure=False)
     assert found.sign is not None
     assert (found.sign.key_secret, found.sign.cert_secret) == ("k2", "c2")
-    assert found.registry_tls == modules.RegistryTLS(insecure_skip_tls_verify=True)
+    assert found.registry_tls == buildsign.RegistryTLS(insecure_skip_tls_verify=True)
 
 
 def test_mapping_level_only(build_sign: Obj) -> None:
@@ -154,8 +156,8 @@ def test_group_nodes_carries_build_and_sign(build_sign: Obj) -> None:
     assert all(t.build is not None and t.sign is not None for t in grouping.targets.values())
 
 
-def _build_arg(name: str, value: str) -> modules.BuildArg:
-    return modules.BuildArg(name=name, value=value)
+def _build_arg(name: str, value: str) -> buildsign.BuildArg:
+    return buildsign.BuildArg(name=name, value=value)
 
 
 _names = st.sampled_from(["A", "B", "C", "D"])

@@ -20,7 +20,7 @@ import regexp_cases as cases
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kmm.api import kernels, modules, regexps
+from kmm.api import kernels, moduleloader, regexps
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 RHEL_KERNEL = "5.14.0-427.13.1.el9_4.x86_64"
@@ -118,8 +118,12 @@ def test_patterns_that_backtrack_exponentially_in_python_return(pattern: str) ->
 
 def test_kernel_mapping_uses_the_rules_of_go() -> None:
     mappings = [
-        modules.KernelMapping.model_validate({"regexp": r"^\p{greek}", "containerImage": "r/g:1"}),
-        modules.KernelMapping.model_validate({"regexp": r"^\p{N}+\.", "containerImage": "r/n:1"}),
+        moduleloader.KernelMapping.model_validate(
+            {"regexp": r"^\p{greek}", "containerImage": "r/g:1"}
+        ),
+        moduleloader.KernelMapping.model_validate(
+            {"regexp": r"^\p{N}+\.", "containerImage": "r/n:1"}
+        ),
     ]
     found = kernels.find_mapping(mappings, RHEL_KERNEL)
     assert found is mappings[1]
@@ -128,8 +132,8 @@ def test_kernel_mapping_uses_the_rules_of_go() -> None:
 
 def test_the_model_refuses_with_the_same_text() -> None:
     with pytest.raises(pydantic.ValidationError, match=re.escape(str(regexps.error(r"(?!5)")))):
-        modules.KernelMapping.model_validate({"regexp": r"(?!5)"})
-    assert modules.KernelMapping.model_validate({"regexp": r"^\p{Greek}+$"}).regexp
+        moduleloader.KernelMapping.model_validate({"regexp": r"(?!5)"})
+    assert moduleloader.KernelMapping.model_validate({"regexp": r"^\p{Greek}+$"}).regexp
 
 
 def test_the_go_unicode_names_are_current(tmp_path: pathlib.Path) -> None:

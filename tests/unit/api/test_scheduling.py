@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kmm.api import modules, scheduling
+from kmm.api import kubeobjects, scheduling
 
 _NO_SCHEDULE = {"key": "gpu", "value": "yes", "effect": "NoSchedule"}
 
@@ -40,7 +40,7 @@ def _node(
 def test_is_schedulable(
     node: dict[str, Any], tolerations: list[dict[str, Any]], schedulable: bool
 ) -> None:
-    parsed = [modules.Toleration.model_validate(t) for t in tolerations]
+    parsed = [kubeobjects.Toleration.model_validate(t) for t in tolerations]
     assert scheduling.is_schedulable(node, parsed) is schedulable
 
 

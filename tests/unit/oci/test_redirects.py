@@ -19,7 +19,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from kmm.oci import auth, destinations, errors
-from kmm.oci.client import MAX_REDIRECTS, Client
+from kmm.oci.client import Client
+from kmm.oci.transport import MAX_REDIRECTS
 from kmm.sandbox import pki
 
 _DIGEST = "sha256:" + "d" * 64

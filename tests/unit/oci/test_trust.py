@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from kmm import cli
 from kmm.cli import operating
-from kmm.oci import client as oci_client
 from kmm.oci import trust
 from kmm.sandbox import pki
 
@@ -32,7 +31,7 @@ def test_a_file_and_a_mounted_configmap_directory(ca_file: Path, tmp_path: Path)
         (tmp_path / "cas" / key).symlink_to(Path("..data") / key)
     loaded = trust.load([ca_file, tmp_path / "cas"])
     assert loaded == (ca_file, tmp_path / "cas" / "ca.crt", tmp_path / "cas" / "other.pem")
-    oci_client.ssl_context(loaded)  # what a registry request will be made with
+    trust.ssl_context(loaded)  # what a registry request will be made with
 
 
 @pytest.mark.parametrize(

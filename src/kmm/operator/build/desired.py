@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kmm.api import kernels, modules
+from kmm.api import buildsign, kernels, modules
 from kmm.operator import objects, podspecs
 from kmm.operator.build import hashing, images, inputs, pods, settings
 
@@ -29,7 +29,7 @@ def params(
     *,
     image: str,
     owner: Mapping[str, Any],
-    pull_tls: modules.RegistryTLS | None,
+    pull_tls: buildsign.RegistryTLS | None,
     push: bool = True,
 ) -> pods.PodParams:
     """The parameters of a pod pushing ``image`` for ``target``: where it

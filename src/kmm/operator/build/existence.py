@@ -52,7 +52,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from kmm.aio import backoff, tasks
-from kmm.api import modules
+from kmm.api import buildsign
 
 __all__ = [
     "Ask",
@@ -91,7 +91,7 @@ class Tls:
     skip_verify: bool = False
 
     @classmethod
-    def of(cls, options: modules.RegistryTLS | None) -> Tls:
+    def of(cls, options: buildsign.RegistryTLS | None) -> Tls:
         if options is None:
             return cls()
         return cls(bool(options.insecure), bool(options.insecure_skip_tls_verify))

@@ -20,7 +20,7 @@ import dataclasses
 import hashlib
 from typing import Final
 
-from kmm.api import kernels, modules
+from kmm.api import buildsign, kernels, modules
 from kmm.operator.build import existence
 
 __all__ = [
@@ -87,7 +87,7 @@ def unsigned_image(target: kernels.Target) -> str:
     return foreign_unsigned(target) or intermediate_image(target.image)
 
 
-def _unsigned_tls(target: kernels.Target) -> modules.RegistryTLS | None:
+def _unsigned_tls(target: kernels.Target) -> buildsign.RegistryTLS | None:
     if foreign_unsigned(target) is not None and target.sign is not None:
         return target.sign.unsigned_image_registry_tls
     return target.registry_tls

@@ -51,7 +51,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
-from kmm.api import kernels, labels, modules
+from kmm.api import buildsign, kernels, labels
 from kmm.operator.build import scripts
 
 __all__ = [
@@ -150,8 +150,8 @@ class PodParams:
     owner: Mapping[str, Any]
     repo_secret: str | None = None
     registry_ca: str = ""
-    push_tls: modules.RegistryTLS | None = None
-    pull_tls: modules.RegistryTLS | None = None
+    push_tls: buildsign.RegistryTLS | None = None
+    pull_tls: buildsign.RegistryTLS | None = None
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     tolerations: Sequence[Mapping[str, Any]] = ()
     push: bool = True
@@ -204,11 +204,11 @@ def secret_path(name: str) -> str:
     return f"{_SECRETS_DIR}/{name}"
 
 
-def _insecure(tls: modules.RegistryTLS | None) -> bool:
+def _insecure(tls: buildsign.RegistryTLS | None) -> bool:
     return tls is not None and bool(tls.insecure or tls.insecure_skip_tls_verify)
 
 
-def _tls_verify(tls: modules.RegistryTLS | None) -> str:
+def _tls_verify(tls: buildsign.RegistryTLS | None) -> str:
     return "false" if _insecure(tls) else "true"
 
 

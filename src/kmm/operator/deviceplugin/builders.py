@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kmm.api import modules
+from kmm.api import devices, modules
 from kmm.operator import podspecs, workloadbuilders
 
 __all__ = ["daemonset"]
@@ -22,7 +22,7 @@ __all__ = ["daemonset"]
 RawObject = dict[str, Any]
 
 _PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
-(_PLUGINS_VOLUME,) = modules.DEVICE_PLUGIN_VOLUMES
+(_PLUGINS_VOLUME,) = devices.DEVICE_PLUGIN_VOLUMES
 
 
 def daemonset(module: modules.Module) -> RawObject:

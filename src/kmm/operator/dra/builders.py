@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from kmm.api import labels, modules
+from kmm.api import devices, labels, modules
 from kmm.kube import resources
 from kmm.operator import objects, podspecs, workloadbuilders
 
@@ -47,10 +47,10 @@ REGISTRY_DIR: Final = "/var/lib/kubelet/plugins_registry"
 CDI_DIR: Final = "/var/run/cdi"
 HEALTHCHECK_PORT: Final = 51515  # KMM's
 _ROLE: Final[workloadbuilders.Role] = "dra"
-_PLUGINS_VOLUME, _REGISTRY_VOLUME, _CDI_VOLUME = modules.DRA_VOLUMES
+_PLUGINS_VOLUME, _REGISTRY_VOLUME, _CDI_VOLUME = devices.DRA_VOLUMES
 
 
-def _dra(module: modules.Module) -> modules.DraSpec:
+def _dra(module: modules.Module) -> devices.DraSpec:
     if module.spec.dra is None:
         raise ValueError("a DRA DaemonSet needs spec.dra")
     return module.spec.dra
@@ -64,7 +64,7 @@ def node_selector(module: modules.Module) -> dict[str, str]:
     return workloadbuilders.node_selector(module, {labels.dra_target(*_ids(module)): ""})
 
 
-def _environment(dra: modules.DraSpec) -> list[RawObject]:
+def _environment(dra: devices.DraSpec) -> list[RawObject]:
     def field(path: str) -> RawObject:
         return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
 
@@ -138,7 +138,7 @@ def daemonset(module: modules.Module) -> RawObject:
     return workloadbuilders.daemonset(module, _ROLE, pod_spec)
 
 
-def device_class(module: modules.Module, declared: modules.DeviceClassSpec) -> RawObject:
+def device_class(module: modules.Module, declared: devices.DeviceClassSpec) -> RawObject:
     """The desired DeviceClass for one ``spec.dra.deviceClasses`` entry, hash-stamped."""
     dra = _dra(module)
     selectors = (

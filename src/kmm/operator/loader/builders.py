@@ -37,7 +37,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from kmm.api import kernels, labels, modules
+from kmm.api import kernels, labels, modprobing, moduleloader, modules
 from kmm.operator import objects, podspecs
 
 __all__ = [
@@ -67,14 +67,14 @@ _SOFTDEP_FILE = "softdep.conf"
 _SOFTDEP_PATH = "/etc/modprobe.d/" + _SOFTDEP_FILE
 
 
-def _loader(module: modules.Module) -> modules.ModuleLoaderSpec:
+def _loader(module: modules.Module) -> moduleloader.ModuleLoaderSpec:
     loader = module.spec.module_loader
     if loader is None:
         raise ValueError("a loader DaemonSet needs spec.moduleLoader")
     return loader
 
 
-def _raw_args(modprobe: modules.ModprobeSpec) -> tuple[list[str], list[str]]:
+def _raw_args(modprobe: modprobing.ModprobeSpec) -> tuple[list[str], list[str]]:
     """``rawArgs`` (load, unload), for a spec without ``moduleName``.
 
     Validation guarantees both lists; this checks again with an error, not an
@@ -90,7 +90,7 @@ def _raw_args(modprobe: modules.ModprobeSpec) -> tuple[list[str], list[str]]:
     return raw.load, raw.unload
 
 
-def load_commands(modprobe: modules.ModprobeSpec, target: kernels.Target) -> list[list[str]]:
+def load_commands(modprobe: modprobing.ModprobeSpec, target: kernels.Target) -> list[list[str]]:
     """The commands ``postStart`` runs, in order.
 
     In-tree modules the mapping names are removed first; firmware is copied
@@ -122,7 +122,7 @@ def load_commands(modprobe: modules.ModprobeSpec, target: kernels.Target) -> lis
     return commands
 
 
-def unload_commands(modprobe: modules.ModprobeSpec) -> list[list[str]]:
+def unload_commands(modprobe: modprobing.ModprobeSpec) -> list[list[str]]:
     """The commands ``preStop`` runs: ``modprobe -rv -d <dirName> <module>``
     (with ``modulesLoadingOrder``, one for each listed module, in that order)."""
     name = modprobe.module_name

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kmm.api import formats, kernels, labels, modules
+from kmm.api import buildsign, formats, kernels, labels, modules
 from kmm.operator import caches
 from kmm.operator.build import hashing, pods, scripts
 
@@ -199,13 +199,13 @@ def test_build_pod_defaults_to_the_dockerfile_key() -> None:
     ("tls", "verify"),
     [
         (None, "true"),
-        (modules.RegistryTLS(), "true"),
-        (modules.RegistryTLS(insecure=True), "false"),
-        (modules.RegistryTLS.model_validate({"insecureSkipTLSVerify": True}), "false"),
+        (buildsign.RegistryTLS(), "true"),
+        (buildsign.RegistryTLS(insecure=True), "false"),
+        (buildsign.RegistryTLS.model_validate({"insecureSkipTLSVerify": True}), "false"),
     ],
 )
 def test_tls_options_turn_verification_off_for_their_side_only(
-    tls: modules.RegistryTLS | None, verify: str
+    tls: buildsign.RegistryTLS | None, verify: str
 ) -> None:
     for pod in (
         pods.build_pod(_params(push_tls=tls), _build()),

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kmm.api import formats, kernels, labels, modules, preflight
+from kmm.api import buildsign, formats, kernels, labels, modules, preflight
 from kmm.operator.build import images, pods, scripts
 
 _MODULE_OWNER = {
@@ -320,7 +320,7 @@ def test_the_repo_secret_and_node_selector_reach_every_container() -> None:
 
 
 def test_push_tls_is_the_final_images_and_pull_tls_the_builds() -> None:
-    insecure = modules.RegistryTLS(insecure=True)
+    insecure = buildsign.RegistryTLS(insecure=True)
     pod = _pod(build=_build(), sign=_sign(), push=True, push_tls=insecure)
     (build,) = pod["spec"]["initContainers"]
     (sign,) = pod["spec"]["containers"]

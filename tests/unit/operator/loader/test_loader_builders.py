@@ -7,7 +7,7 @@ from typing import Any
 import operator_fixtures as fixtures
 import pytest
 
-from kmm.api import kernels, labels, modules
+from kmm.api import kernels, labels, modprobing
 from kmm.operator import objects
 from kmm.operator.loader import builders as loader_builders
 
@@ -112,9 +112,9 @@ def test_modprobe_commands_refuse_a_spec_without_module_name_or_both_raw_args(
 ) -> None:
     """Validation refuses these; the builder says so with an error too, not an
     ``assert`` that ``python -O`` strips (it would then run a bare ``modprobe``)."""
-    modprobe = modules.ModprobeSpec.model_construct(
+    modprobe = modprobing.ModprobeSpec.model_construct(
         module_name=None,
-        raw_args=None if raw_args is None else modules.ModprobeArgs.model_construct(**raw_args),
+        raw_args=None if raw_args is None else modprobing.ModprobeArgs.model_construct(**raw_args),
     )
     target = _target("6.1.0-27-amd64")
     with pytest.raises(ValueError, match=r"rawArgs\.load and rawArgs\.unload must both be set"):
