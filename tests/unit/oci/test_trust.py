@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from typer.testing import CliRunner
 
 from kmm import cli
@@ -54,6 +58,35 @@ def test_a_file_without_a_certificate_is_named(
     with pytest.raises(ValueError, match=message) as caught:
         trust.load([bad])
     assert str(bad) in str(caught.value)
+
+
+def test_a_revocation_list_alone_is_no_certificate(ca_file: Path, tmp_path: Path) -> None:
+    # TLS loads a PEM CRL from a CA file without complaint: it adds no trust.
+    key = ec.generate_private_key(ec.SECP256R1())
+    issuer = x509.load_pem_x509_certificate(ca_file.read_bytes()).subject
+    now = datetime.datetime.now(datetime.UTC)
+    crl = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(issuer)
+        .last_update(now)
+        .next_update(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    only_crl = tmp_path / "crl.pem"
+    only_crl.write_bytes(crl.public_bytes(serialization.Encoding.PEM))
+    with pytest.raises(ValueError, match=r"holds no PEM certificate$") as caught:
+        trust.load([only_crl])
+    assert str(only_crl) in str(caught.value)
+    both = tmp_path / "both.pem"
+    both.write_bytes(only_crl.read_bytes() + ca_file.read_bytes())
+    assert trust.load([both]) == (both,)
+
+
+def test_a_truncated_certificate_is_named(ca_file: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.pem"
+    cut.write_bytes(ca_file.read_bytes()[:200])
+    with pytest.raises(ValueError, match="holds no PEM certificate TLS accepts"):
+        trust.load([cut])
 
 
 def test_missing_paths_and_empty_directories_are_named(tmp_path: Path) -> None:
