@@ -26,7 +26,8 @@ realm's and each redirect's, is refused when it is loopback, link-local and
 the like, judged on the address actually dialled.
 
 TLS: the system's roots plus ``ca_files`` (a registry's own CA is added to,
-not substituted for, the public ones, as Docker and containerd do).
+not substituted for, the public ones, as Docker and containerd do), in a
+context shared by every client with the same trust (``trust.context``).
 ``endpoint`` dials another address for ``host`` (a client outside the
 network the host name is reachable in, such as an operator run beside a
 sandbox): the TLS server name checked and the ``Host`` header stay
@@ -54,7 +55,7 @@ from typing import Final
 import aiohttp
 from yarl import URL
 
-from kmm.oci import auth, destinations, errors, mediatypes
+from kmm.oci import auth, destinations, errors, mediatypes, trust
 from kmm.oci.descriptors import Descriptor, check_digest, sha256_digest
 
 __all__ = ["MAX_REDIRECTS", "Client", "check_name", "check_reference", "ssl_context"]
@@ -90,16 +91,9 @@ def check_reference(reference: str) -> str:
 
 def ssl_context(ca_files: Sequence[Path] = (), *, verify: bool = True) -> ssl.SSLContext:
     """The system's roots plus ``ca_files``; no verification when ``verify`` is
-    False (a registry's ``insecureSkipTLSVerify``)."""
-    if not verify:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        return context
-    context = ssl.create_default_context()
-    for path in ca_files:
-        context.load_verify_locations(cafile=str(path))
-    return context
+    False (a registry's ``insecureSkipTLSVerify``). One per trust
+    configuration, shared by every client (``trust.context``)."""
+    return trust.context(ca_files, verify=verify)
 
 
 @dataclasses.dataclass

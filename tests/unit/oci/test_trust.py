@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import datetime
 import os
+import ssl
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -16,8 +19,10 @@ from typer.testing import CliRunner
 from kmm import cli
 from kmm.cli import operating
 from kmm.oci import client as oci_client
-from kmm.oci import trust
+from kmm.oci import mediatypes, trust
 from kmm.sandbox import pki
+
+_DIGEST = "sha256:" + "b" * 64
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +162,88 @@ def test_the_operator_help_says_what_the_cas_are_for() -> None:
     )
     assert "--registry-ca" in result.output
     assert "registry requests" in result.output
+
+
+def test_one_context_per_trust_configuration(ca_file: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.pem"
+    other.write_bytes(ca_file.read_bytes())
+    shared = trust.context([ca_file])
+    assert trust.context([ca_file]) is shared
+    assert oci_client.ssl_context([ca_file]) is shared  # what every registry client asks for
+    assert trust.context([other]) is not shared
+    assert trust.context() is trust.context()
+    assert trust.context() is not shared
+    unverified = trust.context([ca_file], verify=False)
+    assert unverified is trust.context(verify=False)
+    assert unverified.verify_mode is ssl.CERT_NONE
+    assert not unverified.check_hostname
+    assert shared.verify_mode is ssl.CERT_REQUIRED
+
+
+def _ders(context: ssl.SSLContext) -> list[bytes]:
+    return list(context.get_ca_certs(binary_form=True))
+
+
+def test_a_ca_file_changed_on_disk_makes_a_new_context(tmp_path: Path) -> None:
+    # A ConfigMap volume: its key links into ..data; an update points ..data
+    # at a new dated directory.
+    first, second = (pki.create(tmp_path / name, ()).ca_cert for name in ("first", "second"))
+    mounted = tmp_path / "cas"
+    for dated, source in (("..1", first), ("..2", second)):
+        (mounted / dated).mkdir(parents=True)
+        (mounted / dated / "ca.crt").write_bytes(source.read_bytes())
+    (mounted / "..data").symlink_to("..1")
+    (mounted / "ca.crt").symlink_to(Path("..data") / "ca.crt")
+    before = trust.context([mounted / "ca.crt"])
+    first_der = ssl.PEM_cert_to_DER_cert(first.read_text())
+    assert first_der in _ders(before)
+    (mounted / "..data").unlink()
+    (mounted / "..data").symlink_to("..2")
+    after = trust.context([mounted / "ca.crt"])
+    assert after is not before
+    assert ssl.PEM_cert_to_DER_cert(second.read_text()) in _ders(after)
+    assert first_der not in _ders(after)
+    assert trust.context([mounted / "ca.crt"]) is after
+
+
+async def test_registry_checks_make_one_context(
+    ca_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each check used to load the system's roots again (~25 ms, ~1 MiB each).
+    authority = pki.create(tmp_path / "pki", ())
+    cert, key = pki.issue_serving(
+        authority, "registry", "registry.test", dns_names=("registry.test",), ips=()
+    )
+    serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    serving.load_cert_chain(cert, key)
+
+    async def manifest(request: web.Request) -> web.Response:
+        return web.Response(
+            headers={"Content-Type": mediatypes.OCI_MANIFEST, "Docker-Content-Digest": _DIGEST}
+        )
+
+    app = web.Application()
+    app.router.add_route("*", "/v2/{name:.+}/manifests/{reference}", manifest)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server(ssl=serving)
+    made: list[None] = []
+    making = ssl.create_default_context
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        made.append(None)
+        return making(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    try:
+        for _ in range(5):
+            async with oci_client.Client(
+                "registry.test",
+                ca_files=(authority.ca_cert,),
+                endpoint=f"127.0.0.1:{server.port}",
+            ) as registry:
+                found = await registry.exists("kmm/mod", "v1")
+                assert found is not None
+                assert found.digest == _DIGEST
+    finally:
+        await server.close()
+    assert len(made) == 1
