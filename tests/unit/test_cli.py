@@ -39,6 +39,42 @@ def test_the_operator_does_not_load_grpc_or_the_driver() -> None:
     assert _loaded_by("operator") == "['kmm.operator']"
 
 
+# Packages `kmm operator` never calls: each import is resident memory for
+# the process's life (cryptography's bindings alone ~9 MiB; issue 33's
+# budget is 64 MiB with 5,000 Nodes cached, bench/bench_operator.py).
+_NOT_FOR_THE_OPERATOR = (
+    "cryptography",
+    "grpc",
+    "google.protobuf",
+    "kubernetes_asyncio",
+    "rich",
+    "kmm.driver",
+    "kmm.kubelet",
+    "kmm.kubeletplugin",
+    "kmm.sandbox",
+    "kmm.cli.sandboxing",
+    "kmm.cli.driving",
+)
+_OPERATOR_PROBE = """
+import sys
+from kmm import cli
+from kmm.operator import running
+cli.build("operator")
+print(sorted(m for m in {names!r} if m in sys.modules))
+"""
+
+
+def test_the_operator_process_loads_nothing_it_never_uses() -> None:
+    probe = subprocess.run(
+        [sys.executable, "-c", _OPERATOR_PROBE.format(names=_NOT_FOR_THE_OPERATOR)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert probe.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_the_driver_does_not_load_the_operator() -> None:
     assert _loaded_by("driver") == "['grpc', 'kmm.driver']"
 

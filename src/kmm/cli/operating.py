@@ -1,7 +1,8 @@
 """``kmm operator``: the Module operator (DESIGN §5), leader-elected.
 
 Reads flags and the environment (``POD_NAME``/``POD_NAMESPACE`` from the
-Deployment's downward API) and runs ``kmm.operator.running.run`` until
+Deployment's downward API), sizes the process's TLS read buffers
+(``kmm.aio.tlsbuffers``) and runs ``kmm.operator.running.run`` until
 SIGTERM/SIGINT. Exit status 1 after losing the lease: the replica restarts
 with fresh caches rather than race the new leader (client-go's habit).
 """
@@ -17,6 +18,7 @@ from typing import Annotated
 
 import typer
 
+from kmm.aio import tlsbuffers
 from kmm.cli import clients
 from kmm.kube import client
 from kmm.oci import trust
@@ -141,6 +143,8 @@ def operator(
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--registry-endpoint") from err
     jsonlogs.configure()
+    # Before the first connection: each watch keeps its TLS connection for good.
+    tlsbuffers.limit()
     name = identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}"
     lease_namespace = namespace_of_lease or os.environ.get("POD_NAMESPACE") or "kube-system"
     election = wiring.Election(

@@ -41,9 +41,10 @@
 The transport is aiohttp, chosen by ``bench/bench_transport.py`` (import
 memory, requests per second on the sandbox): one pooled keep-alive session
 per client, TLS and identity from the kubeconfig. Nothing else in kmm
-imports it (import-linter). Every open TLS connection costs a 128 KiB
-buffer (asyncio's SSL protocol): bounding requests in flight bounds the pool
-to that many connections plus one per watch.
+imports it (import-linter). Every open TLS connection costs a read buffer
+(asyncio's SSL protocol: 256 KiB, 32 KiB in the operator, which sets
+``kmm.aio.tlsbuffers``): bounding requests in flight bounds the pool to that
+many connections plus one per watch.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ credentials would cross the network in the clear.
 realm's and each redirect's, is refused when it is loopback, link-local and
 the like, judged on the address actually dialled.
 
-TLS: ``trust.ssl_context`` (the system's roots plus ``ca_files``).
+TLS: ``trust.context`` (the system's roots plus ``ca_files``), one context
+per trust configuration, shared by every client.
 ``endpoint`` dials another address for ``host`` (a client outside the
 network the host name is reachable in, such as an operator run beside a
 sandbox): the TLS server name checked and the ``Host`` header stay
@@ -89,8 +90,9 @@ class Transport:
         self._endpoint = endpoint
         self._guard = guard
         self._on_request = on_request
-        self._ssl: ssl.SSLContext | bool = (
-            False if plain_http else trust.ssl_context(ca_files, verify=verify_tls)
+        # The shared context of this trust (``trust.context``); False on plain HTTP.
+        self.tls: ssl.SSLContext | bool = (
+            False if plain_http else trust.context(ca_files, verify=verify_tls)
         )
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
@@ -118,7 +120,7 @@ class Transport:
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
             resolver = self._guard.resolver() if self._guard is not None else None
-            connector = aiohttp.TCPConnector(ssl=self._ssl, resolver=resolver)
+            connector = aiohttp.TCPConnector(ssl=self.tls, resolver=resolver)
             # trust_env off: a registry on loopback is never reached through a proxy.
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._session

@@ -3,10 +3,19 @@ PEM files, or directories of them (a mounted ConfigMap or Secret, whose keys
 are files and whose ``..data`` bookkeeping entries start with a dot).
 
 ``load`` expands and checks them once, at start, so a bad file is an error
-naming it then, not a TLS failure at the first registry request;
-``ssl_context`` makes the context registry requests use: the system's roots
-plus those files (a registry's own CA is added to, not substituted for, the
-public ones, as Docker and containerd do).
+naming it then, not a TLS failure at the first registry request. The check
+is OpenSSL's own, the one registry requests load the file with (``ssl``):
+a file counts when TLS takes at least one certificate from it. Not
+``cryptography``'s parser: importing it costs the operator ~9 MiB of
+resident memory for this one check at start (``bench/bench_operator.py``).
+
+``context`` is the TLS context registry requests are made with: one per
+trust configuration (the system's roots plus the CA files, or no
+verification), shared by every client and existence check. A context with
+the system's roots holds ~1 MiB of parsed certificates and takes ~25 ms to
+make; one per check, four checks at once, left the operator's heap 4 MiB
+larger for good. A CA file changed on disk (a ConfigMap's update swaps the
+file its key links to) makes a new one.
 """
 
 from __future__ import annotations
@@ -15,9 +24,13 @@ import ssl
 from collections.abc import Sequence
 from pathlib import Path
 
-from cryptography import x509
+__all__ = ["context", "load"]
 
-__all__ = ["load", "ssl_context"]
+# A file as last seen: path, inode, size, modification time; the path alone
+# once it cannot be read (making the context then says why).
+_Stamp = tuple[str, ...]
+# (verify, CA files) -> (their stamps when made, the context).
+_contexts: dict[tuple[bool, tuple[Path, ...]], tuple[tuple[_Stamp, ...], ssl.SSLContext]] = {}
 
 
 def _files(path: Path) -> list[Path]:
@@ -31,6 +44,22 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
+def _check(file: Path) -> None:
+    """ValueError naming ``file`` unless TLS loads a certificate from it."""
+    try:
+        file.read_bytes()
+    except OSError as err:
+        raise ValueError(f"{file}: {err.strerror}") from err
+    # No system roots: what counts is what this file adds.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        context.load_verify_locations(cafile=str(file))
+    except ssl.SSLError as err:  # no PEM block, or one TLS cannot read
+        raise ValueError(f"{file} holds no PEM certificate TLS accepts ({err})") from err
+    if not context.cert_store_stats()["x509"]:  # revocation lists only
+        raise ValueError(f"{file} holds no PEM certificate")
+
+
 def load(paths: Sequence[Path]) -> tuple[Path, ...]:
     """Every CA file ``paths`` name (directories expanded), each checked to
     hold PEM certificates that TLS accepts; ValueError naming the first that
@@ -38,27 +67,20 @@ def load(paths: Sequence[Path]) -> tuple[Path, ...]:
     files: list[Path] = []
     for path in paths:
         for file in _files(path):
-            try:
-                data = file.read_bytes()
-            except OSError as err:
-                raise ValueError(f"{file}: {err.strerror}") from err
-            try:
-                certificates = x509.load_pem_x509_certificates(data)
-            except ValueError as err:
-                raise ValueError(f"{file} holds no PEM certificate ({err})") from err
-            if not certificates:
-                raise ValueError(f"{file} holds no PEM certificate")
-            try:
-                ssl.create_default_context().load_verify_locations(cafile=str(file))
-            except ssl.SSLError as err:
-                raise ValueError(f"{file} is not a usable CA bundle: {err}") from err
+            _check(file)
             files.append(file)
     return tuple(files)
 
 
-def ssl_context(ca_files: Sequence[Path] = (), *, verify: bool = True) -> ssl.SSLContext:
-    """The system's roots plus ``ca_files``; no verification when ``verify`` is
-    False (a registry's ``insecureSkipTLSVerify``)."""
+def _stamp(path: Path) -> _Stamp:
+    try:
+        found = path.stat()
+    except OSError:
+        return (str(path),)
+    return (str(path), str(found.st_ino), str(found.st_size), str(found.st_mtime_ns))
+
+
+def _make(ca_files: tuple[Path, ...], *, verify: bool) -> ssl.SSLContext:
     if not verify:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.check_hostname = False
@@ -68,3 +90,17 @@ def ssl_context(ca_files: Sequence[Path] = (), *, verify: bool = True) -> ssl.SS
     for path in ca_files:
         context.load_verify_locations(cafile=str(path))
     return context
+
+
+def context(ca_files: Sequence[Path] = (), *, verify: bool = True) -> ssl.SSLContext:
+    """The system's roots plus ``ca_files``; no verification when ``verify``
+    is False (a registry's ``insecureSkipTLSVerify``). Shared: callers must
+    not change it."""
+    files = tuple(ca_files) if verify else ()
+    stamps = tuple(_stamp(path) for path in files)
+    kept = _contexts.get((verify, files))
+    if kept is not None and kept[0] == stamps:
+        return kept[1]
+    made = _make(files, verify=verify)
+    _contexts[(verify, files)] = (stamps, made)
+    return made

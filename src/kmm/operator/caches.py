@@ -9,6 +9,11 @@ reconciler reads (``stores.keep_fields``), so 5,000 Nodes cost a few MiB.
 DaemonSets and pods keep, of their ``ownerReferences``, only the uid of
 their controller (``CONTROLLER_UID``, a field of the projection's own:
 ``controller_uid`` reads it); preflight pods keep their references whole.
+Nodes keep their taints without ``timeAdded``, the pods of DaemonSets their
+conditions without times (``project_node``, ``project_pod``): only key,
+value and effect decide scheduling, only type and status readiness, and a
+time per object would keep thousands of otherwise equal lists apart (equal
+values are stored once).
 
 Which cached objects count as a Module's is ``ownership``'s to say: the
 labels these indexes read are anyone's to write, so they only say where to
@@ -76,6 +81,7 @@ __all__ = [
     "object_module_index",
     "preflight_index",
     "project_daemonset",
+    "project_node",
     "project_pod",
     "validations_of_module_change",
     "validations_of_pod",
@@ -138,6 +144,7 @@ PREFLIGHT_POD_FIELDS: Final = (*BUILD_POD_FIELDS, "metadata.ownerReferences")
 CONTROLLER_UID: Final = "controllerUid"
 _BUILD_ROLES: Final = frozenset({"build", "sign"})
 _PREFLIGHT_ROLE: Final = "preflight"
+_node_fields = stores.keep_fields(*NODE_FIELDS)
 _daemonset_fields = stores.keep_fields(*DAEMONSET_FIELDS)
 _pod_fields = stores.keep_fields(*POD_FIELDS)
 _build_pod_fields = stores.keep_fields(*BUILD_POD_FIELDS)
@@ -167,6 +174,36 @@ def _with_controller(obj: stores.RawObject, projected: stores.RawObject) -> stor
     return projected
 
 
+def _timeless(items: Any, times: frozenset[str]) -> Any:
+    """A list of mappings without the keys ``times``; anything else as it is."""
+    if not isinstance(items, list):
+        return items
+    return [
+        {k: v for k, v in item.items() if k not in times} if isinstance(item, Mapping) else item
+        for item in items
+    ]
+
+
+def _replaced(obj: stores.RawObject, part: str, field: str, value: Any) -> stores.RawObject:
+    """``obj`` with ``obj[part][field]`` replaced (shallow copies; ``obj``
+    itself is left alone)."""
+    return {**obj, part: {**obj[part], field: value}}
+
+
+_TAINT_TIMES: Final = frozenset({"timeAdded"})
+_CONDITION_TIMES: Final = frozenset({"lastTransitionTime", "lastProbeTime"})
+
+
+def project_node(obj: stores.RawObject) -> stores.RawObject:
+    """The fields kept of a Node (``NODE_FIELDS``), its taints without
+    ``timeAdded`` (which the node lifecycle controller sets per node on its
+    ``NoExecute`` taints)."""
+    taints = (obj.get("spec") or {}).get("taints")
+    if taints:
+        obj = _replaced(obj, "spec", "taints", _timeless(taints, _TAINT_TIMES))
+    return _node_fields(obj)
+
+
 def project_daemonset(obj: stores.RawObject) -> stores.RawObject:
     """The fields kept of a DaemonSet, with its controller's uid."""
     return _with_controller(obj, _daemonset_fields(obj))
@@ -181,6 +218,9 @@ def project_pod(obj: stores.RawObject) -> stores.RawObject:
         return _with_controller(obj, _without_registry_ca(_build_pod_fields(obj)))
     if role == _PREFLIGHT_ROLE:
         return _with_controller(obj, _without_registry_ca(_preflight_pod_fields(obj)))
+    conditions = (obj.get("status") or {}).get("conditions")
+    if conditions:
+        obj = _replaced(obj, "status", "conditions", _timeless(conditions, _CONDITION_TIMES))
     return _with_controller(obj, _pod_fields(obj))
 
 

@@ -205,7 +205,7 @@ class Operator:
             "nodes",
             listwatch.ApiListWatch(api, resources.NODES, kind="Node"),
             handler_errors=handler_errors,
-            projection=stores.keep_fields(*caches.NODE_FIELDS),
+            projection=caches.project_node,
             indexers={caches.MODULE_INDEX: caches.node_module_index},
             page_size=LIST_PAGE,
         )

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import datetime
 import os
+import ssl
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from typer.testing import CliRunner
 
 from kmm import cli
 from kmm.cli import operating
-from kmm.oci import trust
+from kmm.oci import client as oci_client
+from kmm.oci import mediatypes, transport, trust
 from kmm.sandbox import pki
+
+_DIGEST = "sha256:" + "b" * 64
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +41,7 @@ def test_a_file_and_a_mounted_configmap_directory(ca_file: Path, tmp_path: Path)
         (tmp_path / "cas" / key).symlink_to(Path("..data") / key)
     loaded = trust.load([ca_file, tmp_path / "cas"])
     assert loaded == (ca_file, tmp_path / "cas" / "ca.crt", tmp_path / "cas" / "other.pem")
-    trust.ssl_context(loaded)  # what a registry request will be made with
+    trust.context(loaded)  # what a registry request will be made with
 
 
 @pytest.mark.parametrize(
@@ -53,6 +63,35 @@ def test_a_file_without_a_certificate_is_named(
     with pytest.raises(ValueError, match=message) as caught:
         trust.load([bad])
     assert str(bad) in str(caught.value)
+
+
+def test_a_revocation_list_alone_is_no_certificate(ca_file: Path, tmp_path: Path) -> None:
+    # TLS loads a PEM CRL from a CA file without complaint: it adds no trust.
+    key = ec.generate_private_key(ec.SECP256R1())
+    issuer = x509.load_pem_x509_certificate(ca_file.read_bytes()).subject
+    now = datetime.datetime.now(datetime.UTC)
+    crl = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(issuer)
+        .last_update(now)
+        .next_update(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    only_crl = tmp_path / "crl.pem"
+    only_crl.write_bytes(crl.public_bytes(serialization.Encoding.PEM))
+    with pytest.raises(ValueError, match=r"holds no PEM certificate$") as caught:
+        trust.load([only_crl])
+    assert str(only_crl) in str(caught.value)
+    both = tmp_path / "both.pem"
+    both.write_bytes(only_crl.read_bytes() + ca_file.read_bytes())
+    assert trust.load([both]) == (both,)
+
+
+def test_a_truncated_certificate_is_named(ca_file: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.pem"
+    cut.write_bytes(ca_file.read_bytes()[:200])
+    with pytest.raises(ValueError, match="holds no PEM certificate TLS accepts"):
+        trust.load([cut])
 
 
 def test_missing_paths_and_empty_directories_are_named(tmp_path: Path) -> None:
@@ -123,3 +162,89 @@ def test_the_operator_help_says_what_the_cas_are_for() -> None:
     )
     assert "--registry-ca" in result.output
     assert "registry requests" in result.output
+
+
+def test_one_context_per_trust_configuration(ca_file: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.pem"
+    other.write_bytes(ca_file.read_bytes())
+    shared = trust.context([ca_file])
+    assert trust.context([ca_file]) is shared
+    made = transport.Transport("registry.example:5000", ca_files=[ca_file])
+    assert made.tls is shared  # what every registry client asks for
+    assert trust.context([other]) is not shared
+    assert trust.context() is trust.context()
+    assert trust.context() is not shared
+    unverified = trust.context([ca_file], verify=False)
+    assert unverified is trust.context(verify=False)
+    assert unverified.verify_mode is ssl.CERT_NONE
+    assert not unverified.check_hostname
+    assert shared.verify_mode is ssl.CERT_REQUIRED
+
+
+def _ders(context: ssl.SSLContext) -> list[bytes]:
+    return list(context.get_ca_certs(binary_form=True))
+
+
+def test_a_ca_file_changed_on_disk_makes_a_new_context(tmp_path: Path) -> None:
+    # A ConfigMap volume: its key links into ..data; an update points ..data
+    # at a new dated directory.
+    first, second = (pki.create(tmp_path / name, ()).ca_cert for name in ("first", "second"))
+    mounted = tmp_path / "cas"
+    for dated, source in (("..1", first), ("..2", second)):
+        (mounted / dated).mkdir(parents=True)
+        (mounted / dated / "ca.crt").write_bytes(source.read_bytes())
+    (mounted / "..data").symlink_to("..1")
+    (mounted / "ca.crt").symlink_to(Path("..data") / "ca.crt")
+    before = trust.context([mounted / "ca.crt"])
+    first_der = ssl.PEM_cert_to_DER_cert(first.read_text())
+    assert first_der in _ders(before)
+    (mounted / "..data").unlink()
+    (mounted / "..data").symlink_to("..2")
+    after = trust.context([mounted / "ca.crt"])
+    assert after is not before
+    assert ssl.PEM_cert_to_DER_cert(second.read_text()) in _ders(after)
+    assert first_der not in _ders(after)
+    assert trust.context([mounted / "ca.crt"]) is after
+
+
+async def test_registry_checks_make_one_context(
+    ca_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each check used to load the system's roots again (~25 ms, ~1 MiB each).
+    authority = pki.create(tmp_path / "pki", ())
+    cert, key = pki.issue_serving(
+        authority, "registry", "registry.test", dns_names=("registry.test",), ips=()
+    )
+    serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    serving.load_cert_chain(cert, key)
+
+    async def manifest(request: web.Request) -> web.Response:
+        return web.Response(
+            headers={"Content-Type": mediatypes.OCI_MANIFEST, "Docker-Content-Digest": _DIGEST}
+        )
+
+    app = web.Application()
+    app.router.add_route("*", "/v2/{name:.+}/manifests/{reference}", manifest)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server(ssl=serving)
+    made: list[None] = []
+    making = ssl.create_default_context
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        made.append(None)
+        return making(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    try:
+        for _ in range(5):
+            async with oci_client.Client(
+                "registry.test",
+                ca_files=(authority.ca_cert,),
+                endpoint=f"127.0.0.1:{server.port}",
+            ) as registry:
+                found = await registry.exists("kmm/mod", "v1")
+                assert found is not None
+                assert found.digest == _DIGEST
+    finally:
+        await server.close()
+    assert len(made) == 1
