@@ -9,6 +9,9 @@ reconciler reads (``stores.keep_fields``), so 5,000 Nodes cost a few MiB.
 DaemonSets and pods keep, of their ``ownerReferences``, only the uid of
 their controller (``CONTROLLER_UID``, a field of the projection's own:
 ``controller_uid`` reads it); preflight pods keep their references whole.
+Nodes keep, of their annotations, only whether KWOK manages them
+(``FAKE_NODE``, ``fake_node``): such a node runs no container, so no pull
+pod goes there (``kmm.operator.build.pulling``).
 
 Which cached objects count as a Module's is ``ownership``'s to say: the
 labels these indexes read are anyone's to write, so they only say where to
@@ -56,6 +59,8 @@ __all__ = [
     "DAEMONSET_FIELDS",
     "DEVICE_CLASS_FIELDS",
     "DRIVER_INDEX",
+    "FAKE_NODE",
+    "KWOK_ANNOTATION",
     "MODULE_INDEX",
     "NODE_FIELDS",
     "OWNED_SELECTOR",
@@ -65,6 +70,7 @@ __all__ = [
     "SELECTOR_INDEX",
     "claim_driver_index",
     "controller_uid",
+    "fake_node",
     "module_class_index",
     "module_driver_index",
     "module_of_object",
@@ -76,6 +82,7 @@ __all__ = [
     "object_module_index",
     "preflight_index",
     "project_daemonset",
+    "project_node",
     "project_pod",
     "validations_of_module_change",
     "validations_of_pod",
@@ -136,8 +143,15 @@ PREFLIGHT_POD_FIELDS: Final = (*BUILD_POD_FIELDS, "metadata.ownerReferences")
 # controller owner, in place of the whole ``ownerReferences`` (a pod's five
 # fields of it would cost more than the rest of what is kept of it).
 CONTROLLER_UID: Final = "controllerUid"
-_BUILD_ROLES: Final = frozenset({"build", "sign"})
+_BUILD_ROLES: Final = frozenset({"build", "sign", labels.PULL_ROLE})
+# The annotation KWOK manages nodes by (its default
+# ``manageNodesWithAnnotationSelector``, and the sandbox's fake nodes): a
+# node that carries it runs no container. In a node's projection, the
+# marker ``FAKE_NODE`` (a bool in the metadata kept) stands for it.
+KWOK_ANNOTATION: Final = "kwok.x-k8s.io/node"
+FAKE_NODE: Final = "fake"
 _PREFLIGHT_ROLE: Final = "preflight"
+_node_fields = stores.keep_fields(*NODE_FIELDS)
 _daemonset_fields = stores.keep_fields(*DAEMONSET_FIELDS)
 _pod_fields = stores.keep_fields(*POD_FIELDS)
 _build_pod_fields = stores.keep_fields(*BUILD_POD_FIELDS)
@@ -165,6 +179,21 @@ def _with_controller(obj: stores.RawObject, projected: stores.RawObject) -> stor
         # Interned: a DaemonSet's pods (hundreds) share their owner's uid.
         projected.setdefault("metadata", {})[CONTROLLER_UID] = sys.intern(uid)
     return projected
+
+
+def project_node(obj: stores.RawObject) -> stores.RawObject:
+    """The fields kept of a node, and ``FAKE_NODE`` when KWOK manages it
+    (one flag, not the annotations: a node has many)."""
+    projected = _node_fields(obj)
+    if KWOK_ANNOTATION in (_meta(obj).get("annotations") or {}):
+        projected.setdefault("metadata", {})[FAKE_NODE] = True
+    return projected
+
+
+def fake_node(node: Mapping[str, Any]) -> bool:
+    """Whether KWOK manages ``node`` (projected, or whole)."""
+    metadata = _meta(node)
+    return bool(metadata.get(FAKE_NODE)) or KWOK_ANNOTATION in (metadata.get("annotations") or {})
 
 
 def project_daemonset(obj: stores.RawObject) -> stores.RawObject:

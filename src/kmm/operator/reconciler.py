@@ -57,7 +57,7 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Final, Literal
 
 from kmm.api import conditions, labels, modules, validation
@@ -210,7 +210,7 @@ class ModuleReconciler:
         with failures.step("reading the caches"):
             view = self._view(raw, module, key)
         building = await self._plan_build(view)
-        asked = _ask_planners(view, gated=building.gated)
+        asked = _ask_planners(view, gated=building.gated, pins=building.digests)
         concerns = asked.concerns()
         # Refused writes (each one object's) do not stop the others.
         building, refused = await self._send_build(raw, view, building)
@@ -218,6 +218,7 @@ class ModuleReconciler:
             raw, key, [ds for plan in concerns for ds in plan.apply]
         )
         await self._delete_daemonsets(raw, [name for plan in concerns for name in plan.delete])
+        await self._replace_loader_pods(raw, asked.loader.replace)
         problems, retried = await self._send_device_classes(raw, key, view, asked.driver)
         refused += retried
         with failures.step("merging the node labels"):
@@ -311,6 +312,19 @@ class ModuleReconciler:
             await self._event(raw, event.type, event.reason, event.message)
         self.build.done(view, building)
         return building, refused
+
+    async def _replace_loader_pods(self, raw: RawObject, found: list[RawObject]) -> None:
+        """Delete loader pods of an older image that never loaded (``loader.planner``)."""
+        for pod in found:
+            name = pod["metadata"]["name"]
+            with failures.step(f"deleting pod {name}"):
+                deleted = await self.writer.delete_pod(pod)
+            if deleted:
+                node = (pod.get("spec") or {}).get("nodeName") or "no node yet"
+                message = (
+                    f"deleted loader pod {name} ({node}): it never loaded and runs an older image"
+                )
+                await self._event(raw, "Normal", "LoaderPodReplaced", message)
 
     async def _tell(self, raw: RawObject, key: str, what: str, reason: str, message: str) -> None:
         """A Warning Event for a refusal of ``what``, unless it told this one last."""
@@ -695,14 +709,19 @@ class _Asked:
         return (self.loader, self.plugin, self.driver, self.upgrade)
 
 
-def _ask_planners(view: views.ModuleView, *, gated: Collection[str] = frozenset()) -> _Asked:
+def _ask_planners(
+    view: views.ModuleView,
+    *,
+    gated: Collection[str] = frozenset(),
+    pins: Mapping[str, str] | None = None,
+) -> _Asked:
     """Ask each concern's planner, in the order their answers feed each
     other: the loader first (where the module is loaded), the two device
     workloads (which run there), then the ordered upgrade (with whichever
     device workload the Module has). Each call is a named step, so a
     planner's bug shows on the Module as that step."""
     with failures.step("planning the module loader"):
-        loader = loader_planner.plan(view, gated=gated)
+        loader = loader_planner.plan(view, gated=gated, pins=pins)
     with failures.step("planning the device plugin"):
         plugin = deviceplugin_planner.plan(view, loader)
     with failures.step("planning the DRA driver"):
