@@ -12,9 +12,11 @@ Level-based (``runtime.controllers.Reconciler``). For a live Module it:
    ``deviceplugin`` and ``dra`` (they run where the module is loaded),
    then ``upgrade`` (ordered upgrades: version labels, with whichever
    device workload the Module has);
-4. sends what they want: build and sign pods created and deleted (with
-   their Events), DaemonSets applied when missing or changed, stale
-   ones deleted (an Event for each create and delete), DeviceClasses
+4. sends what they want: build, sign and pull pods created and deleted
+   (with their Events), DaemonSets applied when missing or changed (a
+   loader pinned to the digest of an image kmm built), stale ones deleted
+   (an Event for each create and delete), loader pods of an older pinned
+   image that never became Ready deleted (``LoaderPodReplaced``), DeviceClasses
    likewise, and the node labels all of them want, merged into one patch
    per node (``nodelabels``), each checked against the freshest cached node
    just before it goes, with a Node Event when ``.ready`` comes or goes;
@@ -781,7 +783,14 @@ def _image_refused(
 ) -> build_planner.BuildPlan:
     """``building`` with the image the refused ``pod`` was to make failed."""
     name = pod["metadata"]["name"]
-    failed: modules.ImageState = "SignFailed" if _role(pod) == "sign" else "BuildFailed"
+    role = _role(pod)
+    failed: modules.ImageState = (
+        "SignFailed"
+        if role == "sign"
+        else "Checking"
+        if role == labels.PULL_ROLE
+        else "BuildFailed"
+    )
     images = [
         image.model_copy(update={"state": failed, "pod": None, "message": message})
         if image.pod == name

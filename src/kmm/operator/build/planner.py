@@ -414,43 +414,20 @@ class _Kernel:
         self.tell(key, Event("Normal", REASON_IMAGE_OUTDATED, message))
 
     def ask_node(self, image: str, fact: existence.Fact) -> None:
-        """A pull pod asks a node whether ``image`` exists (``pulling``):
-        made when there is none (or the one there was judged already), then
-        waited for; the concern keeps its verdict."""
+        """A pull pod asks a node whether ``image`` exists (``pulling.ask``)."""
         name = pulling.pod_name(self.view.name, image)
-        pod = next((p for p in self.view.pods.get(labels.PULL_ROLE, ()) if podstatus.name(p) == name), None)  # fmt: skip
         self.out.asking.add(name)
-        why = fact.message or f"the operator cannot tell whether {image} exists"
-        if pod is not None and podstatus.deleting(pod):
-            self.image("Checking", message=f"{why}; waiting for the last pull pod to go")
-            return
-        if pod is not None and podstatus.uid(pod) in self.judged:
-            self.out.delete.append(pod)  # judged before the fact was forgotten: ask again
-            self.image("Checking", message=f"{why}; asking a node again")
-            return
-        if pod is not None:
-            bound = str((pod.get("spec") or {}).get("nodeName") or "")
-            held = podstatus.waiting(pod)
-            where = f"node {bound}" if bound else "a node"
-            said = f" ({held.reason}: {held.message})" if held is not None else ""
-            self.image("Checking", pod=name, message=f"{why}; asking {where}{said}")
-            return
-        node = pulling.choose_node(self.view, self.kernel)
-        if node is None:
-            self.image(
-                "Checking",
-                message=f"{why}; no selected node that runs containers can be asked",
-            )
-            self.out.requeue(self.config.poll)
-            return
-        made = pulling.pull_pod(self.view.module, image=image, kernel=self.kernel, node=node)
-        self.out.create.append(
-            Creation(
-                made,
-                Event("Normal", "PullPodCreated", f"asking node {node} whether {image} exists"),
-            )
+        found = pulling.ask(
+            self.view, kernel=self.kernel, image=image, fact=fact, judged=self.judged
         )
-        self.image("Checking", pod=name, message=f"{why}; asking node {node}")
+        if found.delete is not None:
+            self.out.delete.append(found.delete)
+        if found.create is not None:
+            what = f"asking node {found.node} whether {image} exists"
+            self.out.create.append(Creation(found.create, Event("Normal", "PullPodCreated", what)))
+        if found.later:
+            self.out.requeue(self.config.poll)
+        self.image("Checking", pod=found.pod, message=found.message)
 
     def finish_stale(self, role: pods.PodRole) -> None:
         """A terminated pod of ``role`` no longer needed for this kernel."""

@@ -44,6 +44,7 @@ not pinned by digest.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Mapping
@@ -53,7 +54,16 @@ from kmm.api import kernels, labels, modules, scheduling
 from kmm.operator import caches, objects, podspecs, views
 from kmm.operator.build import existence, podstatus
 
-__all__ = ["CONTAINER", "choose_node", "image_of", "pod_name", "pull_pod", "verdict"]
+__all__ = [
+    "CONTAINER",
+    "Asked",
+    "ask",
+    "choose_node",
+    "image_of",
+    "pod_name",
+    "pull_pod",
+    "verdict",
+]
 
 RawObject = dict[str, Any]
 
@@ -148,6 +158,53 @@ def pull_pod(module: modules.Module, *, image: str, kernel: str, node: str) -> R
         },
         "spec": spec,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Asked:
+    """What asking a node takes now: a pod to create (on ``node``) or to
+    delete, the pod to show (its name) and the image's message; ``later``:
+    no node can be asked now, look again after a while (a node event may
+    not concern the Module)."""
+
+    message: str
+    create: RawObject | None = None
+    delete: RawObject | None = None
+    pod: str | None = None
+    node: str | None = None
+    later: bool = False
+
+
+def ask(
+    view: views.ModuleView,
+    *,
+    kernel: str,
+    image: str,
+    fact: existence.Fact,
+    judged: frozenset[str],
+) -> Asked:
+    """The next move to ask a node about ``image`` (``fact``: the undecided
+    answer of the registry check): make the pull pod when there is none,
+    wait for it, or delete one whose verdict was kept before the fact was
+    forgotten (``judged``, by uid) so a new one asks again."""
+    name = pod_name(view.name, image)
+    pod = next((p for p in view.pods.get(labels.PULL_ROLE, ()) if podstatus.name(p) == name), None)
+    why = fact.message or f"the operator cannot tell whether {image} exists"
+    if pod is not None and podstatus.deleting(pod):
+        return Asked(f"{why}; waiting for the last pull pod to go")
+    if pod is not None and podstatus.uid(pod) in judged:
+        return Asked(f"{why}; asking a node again", delete=pod)
+    if pod is not None:
+        bound = str((pod.get("spec") or {}).get("nodeName") or "")
+        held = podstatus.waiting(pod)
+        where = f"node {bound}" if bound else "a node"
+        said = f" ({held.reason}: {held.message})" if held is not None else ""
+        return Asked(f"{why}; asking {where}{said}", pod=name, node=bound)
+    node = choose_node(view, kernel)
+    if node is None:
+        return Asked(f"{why}; no selected node that runs containers can be asked", later=True)
+    made = pull_pod(view.module, image=image, kernel=kernel, node=node)
+    return Asked(f"{why}; asking node {node}", create=made, pod=name, node=node)
 
 
 def _node_kernel(node: Mapping[str, Any]) -> str:

@@ -16,7 +16,7 @@ import operator_fixtures as fixtures
 import test_build_planner as cases
 
 from kmm.api import labels
-from kmm.operator.build import concern, desired, existence, images, inputs, planner, pods
+from kmm.operator.build import concern, desired, existence, images, inputs, planner, pods, podstatus
 from kmm.operator.build import settings as build_settings
 from kmm.operator.loader import planner as loader_planner
 
@@ -443,3 +443,21 @@ async def test_an_undecided_image_is_asked_of_a_node_that_runs_containers() -> N
     assert _states(found)[cases.K1] == "Exists"
     assert found.digests == {}  # a node's verdict has no digest: not pinned
     assert found.delete == [done]
+
+
+async def test_a_build_counts_as_done_once_its_container_exited_0_not_once_its_phase_says() -> None:
+    """The kubelet reports ``Succeeded`` only after it tore the pod down (a
+    second or more): the image is asked again, and the kernel's loader may
+    go, as soon as the container exited 0."""
+    raw = cases._raw(sign=False)
+    checker = _Checker({cases.IMAGE2: existence.State.EXISTS})
+    build = concern.BuildConcern(checker, _Reader())
+    (creation,) = (await _plan(build, raw)).create
+    exited = cases._ended(creation.pod, "Running", '{"pushed": true}', uid="b1")
+    checker.images[cases.IMAGE1] = existence.State.EXISTS  # it pushed
+    found = await _plan(build, raw, [exited])
+    assert [e.reason for e in found.events] == ["BuildSucceeded"]
+    assert checker.asked[cases.IMAGE1] == 2  # asked again at once
+    assert found.gated == set()  # the loader may go
+    failed = cases._ended(creation.pod, "Running", "kmm-build: error: x", uid="b2", exit_code=1)
+    assert not podstatus.succeeded(failed)
