@@ -1024,7 +1024,11 @@ async def test_an_image_only_the_nodes_reach_is_asked_of_a_node(
             assert reasons["PullPodCreated"] == 2, reasons  # missing, then there
             assert reasons["BuildCreated"] == 1, reasons
             assert await _exists(sandbox, final)
-            assert await _module_pods(api, name, labels.PULL_ROLE) == []  # deleted once judged
+
+            async def judged_and_gone() -> bool:
+                return await _module_pods(api, name, labels.PULL_ROLE) == []
+
+            await testing.eventually(judged_and_gone, "the pull pods deleted", bound=120)
             # A node's verdict has no digest: the loader runs the tag.
             assert await _loader_image(api, name, kernel) == final
             await _delete_module(api, name)

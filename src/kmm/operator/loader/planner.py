@@ -29,13 +29,16 @@ Pinned images (``pins``: kernel -> digest of an image kmm built, from the
 build planner): the pair's DaemonSet runs ``image@digest``
 (``builders.daemonset``), so an image built again under the same tag
 changes its template. ``OnDelete`` keeps every running pod as it is; the
-planner deletes (``replace``) only the pair's pods of another digest that
-are not Ready, once the DaemonSet's template is the new one: such a pod
-never loaded its module (``postStart`` failed: an unsigned module refused
-by Secure Boot, a module that does not fit the kernel ...) or is not
-running, so nothing it holds is lost, and its successor runs the new
-image. A Ready pod keeps the module it loaded until an ordered upgrade or
-a deletion of its pod moves it (the node keeps ``.ready`` meanwhile).
+planner deletes (``replace``) only the pair's pods of another digest whose
+containers are not ready, once the DaemonSet's template is the new one:
+such a pod never loaded its module (``postStart`` failed: an unsigned
+module refused by Secure Boot, a module that does not fit the kernel ...),
+so nothing it holds is lost, and its successor runs the new image. A Ready
+pod keeps the module it loaded until an ordered upgrade or a deletion of
+its pod moves it (the node keeps ``.ready`` meanwhile), and so does one
+whose node stopped reporting (``ContainersReady`` still True). Limit: a
+loader container that crashed after it loaded (its module stays loaded:
+no ``preStop`` runs on a crash) counts as one that never loaded.
 """
 
 from __future__ import annotations
@@ -76,6 +79,14 @@ def _pair_of(obj: Mapping[str, Any]) -> tuple[str, str, str]:
         found.get(labels.IMAGE_HASH, ""),
         found.get(labels.MODULE_VERSION, ""),
     )
+
+
+def _containers_ready(pod: Mapping[str, Any]) -> bool:
+    """The kubelet's ``ContainersReady``: True on a pod that loaded and
+    whose node stopped reporting (the node controller turns only ``Ready``
+    False then): such a pod still holds its module."""
+    conditions = (pod.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "ContainersReady" and c.get("status") == "True" for c in conditions)
 
 
 def keep_old_version(ds: Mapping[str, Any]) -> bool:
@@ -209,6 +220,7 @@ def plan(
         and pair in current
         and _labels(pod).get(labels.IMAGE_DIGEST) != pinned[pair]
         and not views.is_pod_ready(pod)
+        and not _containers_ready(pod)
         and not _meta(pod).get("deletionTimestamp")
     ]
 

@@ -134,6 +134,11 @@ def test_loader_pods_of_an_older_digest_are_replaced_only_when_they_never_loaded
     assert found.apply == []
     assert found.replace == [refused]  # the Ready one keeps its module
     assert found.loaded == {"n0"}
+    # One whose node stopped reporting (only Ready turned False): it loaded, it stays.
+    lost = fixtures.pod(old, "n3", ready=False)
+    lost["status"]["conditions"].append({"type": "ContainersReady", "status": "True"})
+    kept = loader_planner.plan(fixtures.view(module, nodes, [new], [loaded, lost]), pins={K68: _D2})
+    assert kept.replace == []
     # A pod of the new image that is not Ready (yet) is left alone.
     fresh = fixtures.pod(new, "n3", ready=False)
     again = loader_planner.plan(
