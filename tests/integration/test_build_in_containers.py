@@ -33,7 +33,19 @@ another to have run):
 - a build-only pod that no node can take yet: Unschedulable on the Module;
   ``sign`` added meanwhile: the pod is replaced, and once a node takes it
   only the signed image ever carries the final name (one manifest PUT of
-  that tag, its module signed).
+  that tag, its module signed);
+- kmm knows what it pushed: the signed image carries its labels (signed,
+  the certificate's fingerprint), its intermediate image is deleted once
+  signed (a DELETE in the registry's log), and the loader runs it by
+  digest; an intermediate image an earlier build left (another Dockerfile)
+  is built again, never signed, by an operator restarted in the middle;
+- ``sign`` added to a Module whose unsigned module a node refuses (the
+  image's modprobe refuses a module without a signature, as Secure Boot
+  does): rebuilt and signed, the loader pod that never loaded replaced, the
+  node loads the new image by digest, Ready with no other action;
+- an image only the nodes reach (the operator's endpoint for the registry
+  goes nowhere): a pull pod says it is missing, it is built, a pull pod
+  says it exists, and its loader runs.
 """
 
 from __future__ import annotations
@@ -58,8 +70,8 @@ from kmm.api import labels, modules
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.oci import references
-from kmm.operator.build import images, pods
+from kmm.oci import configs, references
+from kmm.operator.build import images, inputs, pods
 from kmm.operator.build import settings as build_settings
 from kmm.sandbox import cluster, pki, registry, testing
 
@@ -114,8 +126,13 @@ async def api(sandbox: Sandbox) -> AsyncIterator[kube_client.Client]:
         yield found
 
 
+# A loopback port nothing listens on (tcpmux): an operator told to dial the
+# registry there gets no answer from it, as one outside the nodes' network.
+_NOWHERE = "127.0.0.1:1"
+
+
 @contextlib.asynccontextmanager
-async def _operator(sandbox: Sandbox) -> AsyncIterator[support.InProcess]:
+async def _operator(sandbox: Sandbox, *, endpoint: str | None = None) -> AsyncIterator[support.InProcess]:  # fmt: skip
     assert sandbox.record.registry is not None
     settings = build_settings.Settings(
         builder_image=sandbox.builder,
@@ -126,7 +143,7 @@ async def _operator(sandbox: Sandbox) -> AsyncIterator[support.InProcess]:
         sandbox.record.kubeconfig,
         build=settings,
         registry_ca_files=(sandbox.ca,),
-        registry_endpoints={sandbox.host: sandbox.record.registry.host},
+        registry_endpoints={sandbox.host: endpoint or sandbox.record.registry.host},
     ) as running:
         yield running
     # The operator's clients closed their TLS connections; the closing
@@ -296,6 +313,28 @@ async def _exists(sandbox: Sandbox, image: str) -> bool:
         return await client.exists(parsed.name, parsed.reference) is not None
 
 
+async def _inspect(sandbox: Sandbox, image: str) -> configs.Inspected:
+    parsed = references.parse(image)
+    async with registry.client(sandbox.record) as client:
+        found = await configs.inspect(client, parsed.name, parsed.reference, keep=labels.PREFIX)
+    assert found is not None, image
+    return found
+
+
+async def _loader_image(api: kube_client.Client, name: str, kernel: str) -> str:
+    """The image the Module's loader DaemonSet for ``kernel`` runs."""
+    found = await api.request(
+        "GET",
+        resources.DAEMONSETS.path(namespace=NAMESPACE),
+        query={
+            "labelSelector": f"{labels.MODULE_NAME}={name},"
+            f"{labels.KERNEL_VERSION_FULL}={labels.kernel_value(kernel)}"
+        },
+    )
+    (ds,) = found["items"]
+    return str(ds["spec"]["template"]["spec"]["containers"][0]["image"])
+
+
 async def _delete_image(sandbox: Sandbox, image: str) -> None:
     parsed = references.parse(image)
     async with registry.client(sandbox.record) as client:
@@ -463,7 +502,19 @@ async def test_a_missing_image_is_built_and_signed_before_its_loader_runs(
             assert (reasons["BuildSucceeded"], reasons["SignSucceeded"]) == (1, 1), reasons
             # kmm_ci_b.ko is not listed: only the listed one was signed, no warning.
             assert reasons["FilesToSignUnmatched"] == 0
-            assert await _exists(sandbox, intermediate)
+            # What made it is in its config; the intermediate image is gone.
+            found = await _inspect(sandbox, final)
+            assert found.labels is not None
+            assert found.labels[labels.IMAGE_SIGNED] == "true"
+            assert found.labels[labels.IMAGE_SIGNING_CERT] == inputs.fingerprint(cert)
+            assert found.labels[labels.IMAGE_BUILD_HASH]
+            assert not await _exists(sandbox, intermediate)
+            parsed = references.parse(intermediate)
+            assert any(
+                r[0] == "DELETE" and r[1].startswith(f"/v2/{parsed.name}/manifests/sha256:") and r[2] == 202
+                for r in buildsign_support.requests(sandbox.record)
+            )  # fmt: skip
+            assert await _loader_image(api, name, sandbox.kernel) == f"{final}@{found.digest}"
 
             # The final image deleted and a rebuild asked for: the
             # intermediate image the first build left is stale, so the
@@ -756,4 +807,231 @@ async def test_only_the_signed_image_ever_carried_the_final_name(
             assert reasons["BuildSucceeded"] == 1, reasons
         finally:
             await _label_node(api, sandbox.node, builders, None)
+            await _delete_module(api, name)
+
+
+async def _node_kernel(api: kube_client.Client, node: str) -> str:
+    found = await api.request("GET", resources.NODES.path(name=node))
+    return str(found["status"]["nodeInfo"]["kernelVersion"]).removesuffix("+")
+
+
+def _on_the_container_node(body: dict[str, Any], node: str) -> dict[str, Any]:
+    """``body``'s loaders on the container node (real containers), not KWOK's."""
+    body["spec"]["selector"] = {"kubernetes.io/hostname": node}
+    body["spec"].pop("tolerations", None)
+    return body
+
+
+async def _module_pods(api: kube_client.Client, name: str, role: str) -> list[dict[str, Any]]:
+    found = await api.request(
+        "GET",
+        resources.PODS.path(namespace=NAMESPACE),
+        query={"labelSelector": f"{labels.MODULE_NAME}={name},{labels.ROLE}={role}"},
+    )
+    return list(found["items"])
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in (pod.get("status") or {}).get("conditions") or ()
+    )
+
+
+async def test_an_intermediate_image_an_earlier_build_left_is_built_again_never_signed(
+    sandbox: Sandbox, api: kube_client.Client, tmp_path: Path
+) -> None:
+    """Under ``<final>-kmm-unsigned`` lies an image no build of these inputs
+    made (an earlier Dockerfile's: here the bare loader image, without the
+    module). It is not signed: the kernel is built again, then signed; the
+    operator is replaced by a new instance while the build runs, and the new
+    one carries on from what the registry's labels say."""
+    name = f"st-{uuid.uuid4().hex[:6]}"
+    final = f"{sandbox.host}/ci/{name}:{_tag(sandbox.kernel)}"
+    stale = images.intermediate_image(final)
+    containersandbox.push(sandbox.record.directory, IMAGES / "loader.tar", stale.split("/", 1)[1])
+    key, cert = _key_and_cert(tmp_path, "signer")
+    await _create(api, _SECRETS, _pull_secret(sandbox, f"{name}-repo"))
+    await _create(api, _SECRETS, _opaque(f"{name}-key", {"key": key}))
+    await _create(api, _SECRETS, _opaque(f"{name}-cert", {"cert": cert}))
+    await _create(api, _CONFIGMAPS, _dockerfile(f"{name}-dockerfile", _quick_dockerfile(sandbox)))
+    body = _module(
+        name,
+        f"{name}-repo",
+        [{"literal": sandbox.kernel, "containerImage": final}],
+        build={"dockerfileConfigMap": {"name": f"{name}-dockerfile"}},
+        sign={
+            "keySecret": {"name": f"{name}-key"},
+            "certSecret": {"name": f"{name}-cert"},
+            "filesToSign": ["/opt/lib/modules/*/kmm_ci_a.ko"],
+        },
+        builds_on=sandbox.node,
+    )
+    await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
+    try:
+        async with _operator(sandbox):
+            await _until(api, name, _state(sandbox.kernel, "Building"), "the build", bound=300)
+        async with _operator(sandbox):
+            await _until(api, name, _state(sandbox.kernel, "Exists"), "the signed image")
+        reasons = await _events(api, name)
+        assert (reasons["BuildCreated"], reasons["SignCreated"]) == (1, 1), reasons
+        assert reasons["SignFailed"] == 0, reasons
+        _, files = await buildsign_support.pulled(sandbox.record, final)
+        module = next(v for k, v in files.items() if k.endswith("/kmm_ci_a.ko"))
+        assert module.endswith(buildsign_support.TRAILER)
+        assert not await _exists(sandbox, stale)  # the build's own, signed and deleted
+    finally:
+        async with _operator(sandbox):
+            await _delete_module(api, name)
+
+
+def _secure_boot_dockerfile(sandbox: Sandbox) -> str:
+    """The quick Dockerfile, whose image's modprobe refuses to load a module
+    without sign-file's signature ("Key was rejected by service"), as a
+    kernel under Secure Boot does (the sandbox's kernel loads nothing)."""
+    script = [
+        "#!/bin/sh",
+        'case " $* " in *" -r"*) exec /usr/sbin/modprobe.recording "$@" ;; esac',
+        "for ko in /opt/lib/modules/*/kmm_ci_a.ko; do",
+        '  tail -c 28 "$ko" | grep -q "Module signature appended" || '
+        '{ echo "modprobe: ERROR: could not insert kmm_ci_a: Key was rejected by service" >&2; exit 1; }',
+        "done",
+        'exec /usr/sbin/modprobe.recording "$@"',
+    ]
+    lines = " ".join(f"'{line}'" for line in script)
+    return (
+        _quick_dockerfile(sandbox)
+        + "RUN mv /usr/sbin/modprobe /usr/sbin/modprobe.recording && "
+        + f"printf '%s\\n' {lines} >/usr/sbin/modprobe && chmod 755 /usr/sbin/modprobe\n"
+    )
+
+
+async def test_sign_added_rebuilds_and_signs_and_the_node_loads_the_new_image(
+    sandbox: Sandbox, api: kube_client.Client, tmp_path: Path
+) -> None:
+    """Issue 32's sentence on a container node: the same Module without
+    ``sign`` loads nothing (its loader pod never becomes Ready); ``sign`` is
+    added: the image is rebuilt and signed, the loader pod that never loaded
+    is replaced, the node runs the new image by digest, and the Module is
+    Ready with no other action."""
+    name = f"sb-{uuid.uuid4().hex[:6]}"
+    kernel = await _node_kernel(api, sandbox.node)
+    final = f"{sandbox.host}/ci/{name}:{_tag(kernel)}"
+    key, cert = _key_and_cert(tmp_path, "signer")
+    await _create(api, _SECRETS, _pull_secret(sandbox, f"{name}-repo"))
+    await _create(api, _SECRETS, _opaque(f"{name}-key", {"key": key}))
+    await _create(api, _SECRETS, _opaque(f"{name}-cert", {"cert": cert}))
+    dockerfile = _secure_boot_dockerfile(sandbox)
+    await _create(api, _CONFIGMAPS, _dockerfile(f"{name}-dockerfile", dockerfile))
+    body = _module(
+        name,
+        f"{name}-repo",
+        [{"regexp": "^.+$", "containerImage": final}],
+        build={"dockerfileConfigMap": {"name": f"{name}-dockerfile"}},
+        builds_on=sandbox.node,
+    )
+    await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=_on_the_container_node(body, sandbox.node))  # fmt: skip
+    path = _MODULES.path(namespace=NAMESPACE, name=name)
+    try:
+        async with _operator(sandbox):
+            await _until(api, name, _state(kernel, "Exists"), "the unsigned image")
+            unsigned = await _inspect(sandbox, final)
+            assert await _loader_image(api, name, kernel) == f"{final}@{unsigned.digest}"
+
+            async def refused() -> bool:
+                found = await _module_pods(api, name, "module-loader")
+                return bool(found) and all(
+                    not _ready(p)
+                    and any(
+                        s.get("restartCount", 0) > 0 or "terminated" in (s.get("lastState") or {})
+                        for s in (p.get("status") or {}).get("containerStatuses") or ()
+                    )
+                    for p in found
+                )
+
+            await testing.eventually(refused, "the unsigned module refused", bound=300)
+            (never,) = await _module_pods(api, name, "module-loader")
+            sign = {
+                "keySecret": {"name": f"{name}-key"},
+                "certSecret": {"name": f"{name}-cert"},
+                "filesToSign": ["/opt/lib/modules/*/kmm_ci_a.ko"],
+            }
+            await api.request(
+                "PATCH", path,
+                body={"spec": {"moduleLoader": {"container": {"sign": sign}}}},
+                content_type=kube_client.MERGE_PATCH,
+            )  # fmt: skip
+            await _until(
+                api, name, lambda m: _condition(m, "Ready").get("status") == "True", "Ready"
+            )
+            signed = await _inspect(sandbox, final)
+            assert signed.labels is not None
+            assert signed.labels[labels.IMAGE_SIGNED] == "true"
+            assert signed.digest != unsigned.digest
+            (loader,) = [p for p in await _module_pods(api, name, "module-loader") if _ready(p)]
+            assert loader["metadata"]["uid"] != never["metadata"]["uid"]
+            (container,) = loader["spec"]["containers"]
+            assert container["image"] == f"{final}@{signed.digest}"
+            (status,) = loader["status"]["containerStatuses"]
+            assert signed.digest in status["imageID"]  # what the node runs, not a cached tag
+            reasons = await _events(api, name)
+            assert reasons["ImageOutdated"] == 1, reasons
+            assert (reasons["BuildCreated"], reasons["SignCreated"]) == (2, 1), reasons
+            assert reasons["LoaderPodReplaced"] >= 1, reasons
+            assert not await _exists(sandbox, images.intermediate_image(final))
+            await _delete_module(api, name)
+    finally:
+        async with _operator(sandbox):
+            await _delete_module(api, name)
+
+
+def _operator_requests(sandbox: Sandbox) -> int:
+    """Requests to ``/v2/`` the registry served with aiohttp's user agent
+    (the operator's, and this test's own clients'; containerd and buildah
+    send theirs)."""
+    log = sandbox.record.directory / "logs" / f"{registry.COMPONENT}.log"
+    return sum(1 for line in log.read_text().splitlines() if "aiohttp" in line and " /v2/" in line)
+
+
+async def test_an_image_only_the_nodes_reach_is_asked_of_a_node(
+    sandbox: Sandbox, api: kube_client.Client
+) -> None:
+    """The operator cannot reach the registry (its endpoint for it goes
+    nowhere), the nodes can: a pull pod on the container node finds the
+    image missing, it is built, a pull pod finds it there, its loader runs."""
+    name = f"pl-{uuid.uuid4().hex[:6]}"
+    kernel = await _node_kernel(api, sandbox.node)
+    final = f"{sandbox.host}/ci/{name}:{_tag(kernel)}"
+    await _create(api, _SECRETS, _pull_secret(sandbox, f"{name}-repo"))
+    await _create(api, _CONFIGMAPS, _dockerfile(f"{name}-dockerfile", _quick_dockerfile(sandbox)))
+    body = _module(
+        name,
+        f"{name}-repo",
+        [{"regexp": "^.+$", "containerImage": final}],
+        build={"dockerfileConfigMap": {"name": f"{name}-dockerfile"}},
+        builds_on=sandbox.node,
+    )
+    before = _operator_requests(sandbox)
+    await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=_on_the_container_node(body, sandbox.node))  # fmt: skip
+    try:
+        async with _operator(sandbox, endpoint=_NOWHERE) as running:
+            await _until(
+                api, name, lambda m: _condition(m, "Ready").get("status") == "True", "Ready"
+            )
+            assert running.op.asker.requests > 0  # it tried
+            assert _operator_requests(sandbox) == before  # and never reached the registry
+            reasons = await _events(api, name)
+            assert reasons["PullPodCreated"] == 2, reasons  # missing, then there
+            assert reasons["BuildCreated"] == 1, reasons
+            assert await _exists(sandbox, final)
+
+            async def judged_and_gone() -> bool:
+                return await _module_pods(api, name, labels.PULL_ROLE) == []
+
+            await testing.eventually(judged_and_gone, "the pull pods deleted", bound=120)
+            # A node's verdict has no digest: the loader runs the tag.
+            assert await _loader_image(api, name, kernel) == final
+            await _delete_module(api, name)
+    finally:
+        async with _operator(sandbox):
             await _delete_module(api, name)

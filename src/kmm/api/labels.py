@@ -21,7 +21,14 @@ from typing import Final, Literal
 __all__ = [
     "BETA_PREFIX",
     "FINALIZER",
+    "IMAGE_BUILD_HASH",
+    "IMAGE_DIGEST",
     "IMAGE_HASH",
+    "IMAGE_LABELS",
+    "IMAGE_REBUILD_TRIGGER",
+    "IMAGE_SIGNED",
+    "IMAGE_SIGNING_CERT",
+    "IMAGE_SIGN_HASH",
     "KERNEL_VERSION_FULL",
     "LAST_HASH",
     "LAST_INPUTS",
@@ -34,6 +41,7 @@ __all__ = [
     "MODULE_VERSION",
     "PREFIX",
     "PREFLIGHT",
+    "PULL_ROLE",
     "REGISTRY_CA",
     "RESOURCE_TYPE",
     "ROLE",
@@ -45,6 +53,7 @@ __all__ = [
     "device_plugin_version",
     "dra_ready",
     "dra_target",
+    "image_digest_value",
     "image_hash",
     "is_label_key",
     "is_label_value",
@@ -85,6 +94,33 @@ TARGET_KERNEL: Final = PREFIX + "target-kernel"
 # On preflight pods: the PreflightValidation they answer (preflight_value of
 # its name), so its reconciler finds them without reading owner references.
 PREFLIGHT: Final = PREFIX + "preflight"
+
+# On pull pods (``kmm.operator.build.pulling``): a node asked whether an
+# image exists, where the operator's own registry check cannot tell.
+PULL_ROLE: Final = "pull"
+
+# Labels in the *image config* of every image a build or sign pod pushes
+# (``kmm.operator.build.images``): what made it, so the operator can tell an
+# image that is what a Module asks for from one that merely exists, after a
+# restart too. The build sets the first two (and clears the others, which a
+# base image could carry); the sign keeps them and sets the last three. An
+# image with none of them (empty or absent) was not made by kmm.
+IMAGE_BUILD_HASH: Final = PREFIX + "build-hash"
+IMAGE_REBUILD_TRIGGER: Final = PREFIX + "rebuild-trigger"
+IMAGE_SIGNED: Final = PREFIX + "signed"
+IMAGE_SIGNING_CERT: Final = PREFIX + "signing-cert-sha256"
+IMAGE_SIGN_HASH: Final = PREFIX + "sign-hash"
+IMAGE_LABELS: Final = (
+    IMAGE_BUILD_HASH,
+    IMAGE_REBUILD_TRIGGER,
+    IMAGE_SIGNED,
+    IMAGE_SIGNING_CERT,
+    IMAGE_SIGN_HASH,
+)
+# On the pod template of a loader DaemonSet whose image kmm built, pinned by
+# digest: the digest (``image_digest_value``), so the planner tells a pod of
+# an older image from one of the current without caching pod specs.
+IMAGE_DIGEST: Final = PREFIX + "image-digest"
 
 # Annotation with a digest of the desired object, so a reconciler can tell
 # "unchanged" without a deep diff of server-defaulted fields.
@@ -276,6 +312,12 @@ def preflight_value(name: str) -> str:
 def image_hash(image: str) -> str:
     """Label value standing for a container image (images exceed 63 characters)."""
     return _digest(image, 16)
+
+
+def image_digest_value(digest: str) -> str:
+    """The ``IMAGE_DIGEST`` label value of a manifest digest (``sha256:<hex>``):
+    its first 32 hex digits (a label value holds 63 characters, the digest 71)."""
+    return digest.removeprefix("sha256:")[:32]
 
 
 def daemonset_name(name: str, role: Role, *parts: str) -> str:

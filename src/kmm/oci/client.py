@@ -74,6 +74,7 @@ class Client:
         endpoint: str | None = None,
         guard: destinations.Guard | None = None,
         on_request: Callable[[], None] | None = None,
+        max_body: int | None = None,
     ) -> None:
         self.host = host
         self._transport = transport.Transport(
@@ -86,6 +87,7 @@ class Client:
             endpoint=endpoint,
             guard=guard,
             on_request=on_request,
+            max_body=max_body,
         )
         self._authorizer = authorizing.Authorizer(
             self._transport, credentials=credentials, actions=actions

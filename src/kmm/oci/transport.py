@@ -78,8 +78,12 @@ class Transport:
         endpoint: str | None = None,
         guard: destinations.Guard | None = None,
         on_request: Callable[[], None] | None = None,
+        max_body: int | None = None,
     ) -> None:
         self.host = host
+        # Bytes an answer's body may have (None: any): a registry a tenant
+        # names must not make the operator read without bound.
+        self._max_body = max_body
         # A realm or redirect to plain HTTP is followed only when this is set.
         self.insecure = insecure or plain_http
         self._named = URL(f"{'http' if plain_http else 'https'}://{host}")
@@ -162,7 +166,7 @@ class Transport:
                 allow_redirects=False,
                 server_hostname=self._server_name if same_host else None,
             ) as response:
-                body = b"" if method == "HEAD" else await response.read()
+                body = b"" if method == "HEAD" else await self._read(response, what, where)
                 return Answer(response.status, dict(response.headers), body)
         except aiohttp.ClientConnectorError as err:
             if isinstance(err.os_error, destinations.Refused):
@@ -191,6 +195,20 @@ class Transport:
             raise errors.Unreachable(
                 f"{what}: no answer from {where}", detail=f"{type(err).__name__}: {err}"
             ) from err
+
+    async def _read(self, response: aiohttp.ClientResponse, what: str, where: str) -> bytes:
+        """The body, refused past ``max_body`` bytes (before reading more)."""
+        if self._max_body is None:
+            return await response.read()
+        body = bytearray()
+        while chunk := await response.content.read(self._max_body + 1 - len(body)):
+            body += chunk
+            if len(body) > self._max_body:
+                raise errors.UnexpectedResponse(
+                    f"{what}: {where} answered with more than {self._max_body} bytes",
+                    status=response.status,
+                )
+        return bytes(body)
 
     async def exchange(
         self,

@@ -13,7 +13,9 @@ Nodes keep their taints without ``timeAdded``, the pods of DaemonSets their
 conditions without times (``project_node``, ``project_pod``): only key,
 value and effect decide scheduling, only type and status readiness, and a
 time per object would keep thousands of otherwise equal lists apart (equal
-values are stored once).
+values are stored once). Nodes keep, of their annotations, only whether
+KWOK manages them (``FAKE_NODE``, ``fake_node``): such a node runs no
+container, so no pull pod goes there (``kmm.operator.build.pulling``).
 
 Which cached objects count as a Module's is ``ownership``'s to say: the
 labels these indexes read are anyone's to write, so they only say where to
@@ -61,6 +63,8 @@ __all__ = [
     "DAEMONSET_FIELDS",
     "DEVICE_CLASS_FIELDS",
     "DRIVER_INDEX",
+    "FAKE_NODE",
+    "KWOK_ANNOTATION",
     "MODULE_INDEX",
     "NODE_FIELDS",
     "OWNED_SELECTOR",
@@ -70,6 +74,7 @@ __all__ = [
     "SELECTOR_INDEX",
     "claim_driver_index",
     "controller_uid",
+    "fake_node",
     "module_class_index",
     "module_driver_index",
     "module_of_object",
@@ -142,7 +147,13 @@ PREFLIGHT_POD_FIELDS: Final = (*BUILD_POD_FIELDS, "metadata.ownerReferences")
 # controller owner, in place of the whole ``ownerReferences`` (a pod's five
 # fields of it would cost more than the rest of what is kept of it).
 CONTROLLER_UID: Final = "controllerUid"
-_BUILD_ROLES: Final = frozenset({"build", "sign"})
+_BUILD_ROLES: Final = frozenset({"build", "sign", labels.PULL_ROLE})
+# The annotation KWOK manages nodes by (its default
+# ``manageNodesWithAnnotationSelector``, and the sandbox's fake nodes): a
+# node that carries it runs no container. In a node's projection, the
+# marker ``FAKE_NODE`` (a bool in the metadata kept) stands for it.
+KWOK_ANNOTATION: Final = "kwok.x-k8s.io/node"
+FAKE_NODE: Final = "fake"
 _PREFLIGHT_ROLE: Final = "preflight"
 _node_fields = stores.keep_fields(*NODE_FIELDS)
 _daemonset_fields = stores.keep_fields(*DAEMONSET_FIELDS)
@@ -197,11 +208,21 @@ _CONDITION_TIMES: Final = frozenset({"lastTransitionTime", "lastProbeTime"})
 def project_node(obj: stores.RawObject) -> stores.RawObject:
     """The fields kept of a Node (``NODE_FIELDS``), its taints without
     ``timeAdded`` (which the node lifecycle controller sets per node on its
-    ``NoExecute`` taints)."""
+    ``NoExecute`` taints), and ``FAKE_NODE`` when KWOK manages it (one
+    flag, not the annotations: a node has many)."""
     taints = (obj.get("spec") or {}).get("taints")
     if taints:
         obj = _replaced(obj, "spec", "taints", _timeless(taints, _TAINT_TIMES))
-    return _node_fields(obj)
+    projected = _node_fields(obj)
+    if KWOK_ANNOTATION in (_meta(obj).get("annotations") or {}):
+        projected["metadata"] = {**(projected.get("metadata") or {}), FAKE_NODE: True}
+    return projected
+
+
+def fake_node(node: Mapping[str, Any]) -> bool:
+    """Whether KWOK manages ``node`` (projected, or whole)."""
+    metadata = _meta(node)
+    return bool(metadata.get(FAKE_NODE)) or KWOK_ANNOTATION in (metadata.get("annotations") or {})
 
 
 def project_daemonset(obj: stores.RawObject) -> stores.RawObject:

@@ -18,8 +18,8 @@ whose reconcile then ignores it); ``owned`` decides what counts:
   module in ``preStop``), found by its labels, in the Module's own
   namespace only; a pod whose controller does not exist at all is the
   garbage collector's to delete, and one with no controller never counts;
-- a build or sign pod in the Module's namespace whose controller is the
-  Module;
+- a build, sign or pull pod in the Module's namespace whose controller is
+  the Module;
 - a DeviceClass (cluster-scoped: no owner reference can name a namespaced
   Module) labelled with the Module's namespace, name and uid
   (``labels.MODULE_UID``; ``class_owned``). One listed in ``spec.dra``
@@ -48,7 +48,7 @@ from kmm.runtime import stores
 
 __all__ = ["Owned", "class_adoptable", "class_owned", "module_daemonsets", "owned"]
 
-_BUILD_ROLES: Final = frozenset({"build", "sign"})
+_BUILD_ROLES: Final = frozenset({"build", "sign", labels.PULL_ROLE})
 _WORKLOAD_ROLES: Final = frozenset({"module-loader", "device-plugin", "dra"})
 
 

@@ -12,9 +12,11 @@ Level-based (``runtime.controllers.Reconciler``). For a live Module it:
    ``deviceplugin`` and ``dra`` (they run where the module is loaded),
    then ``upgrade`` (ordered upgrades: version labels, with whichever
    device workload the Module has);
-4. sends what they want: build and sign pods created and deleted (with
-   their Events), DaemonSets applied when missing or changed, stale
-   ones deleted (an Event for each create and delete), DeviceClasses
+4. sends what they want: build, sign and pull pods created and deleted
+   (with their Events), DaemonSets applied when missing or changed (a
+   loader pinned to the digest of an image kmm built), stale ones deleted
+   (an Event for each create and delete), loader pods of an older pinned
+   image that never became Ready deleted (``LoaderPodReplaced``), DeviceClasses
    likewise, and the node labels all of them want, merged into one patch
    per node (``nodelabels``), each checked against the freshest cached node
    just before it goes, with a Node Event when ``.ready`` comes or goes;
@@ -57,7 +59,7 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Final, Literal
 
 from kmm.api import conditions, labels, modules, validation
@@ -210,7 +212,7 @@ class ModuleReconciler:
         with failures.step("reading the caches"):
             view = self._view(raw, module, key)
         building = await self._plan_build(view)
-        asked = _ask_planners(view, gated=building.gated)
+        asked = _ask_planners(view, gated=building.gated, pins=building.digests)
         concerns = asked.concerns()
         # Refused writes (each one object's) do not stop the others.
         building, refused = await self._send_build(raw, view, building)
@@ -218,6 +220,7 @@ class ModuleReconciler:
             raw, key, [ds for plan in concerns for ds in plan.apply]
         )
         await self._delete_daemonsets(raw, [name for plan in concerns for name in plan.delete])
+        await self._replace_loader_pods(raw, asked.loader.replace)
         problems, retried = await self._send_device_classes(raw, key, view, asked.driver)
         refused += retried
         with failures.step("merging the node labels"):
@@ -311,6 +314,19 @@ class ModuleReconciler:
             await self._event(raw, event.type, event.reason, event.message)
         self.build.done(view, building)
         return building, refused
+
+    async def _replace_loader_pods(self, raw: RawObject, found: list[RawObject]) -> None:
+        """Delete loader pods of an older image that never loaded (``loader.planner``)."""
+        for pod in found:
+            name = pod["metadata"]["name"]
+            with failures.step(f"deleting pod {name}"):
+                deleted = await self.writer.delete_pod(pod)
+            if deleted:
+                node = (pod.get("spec") or {}).get("nodeName") or "no node yet"
+                message = (
+                    f"deleted loader pod {name} ({node}): it never loaded and runs an older image"
+                )
+                await self._event(raw, "Normal", "LoaderPodReplaced", message)
 
     async def _tell(self, raw: RawObject, key: str, what: str, reason: str, message: str) -> None:
         """A Warning Event for a refusal of ``what``, unless it told this one last."""
@@ -695,14 +711,19 @@ class _Asked:
         return (self.loader, self.plugin, self.driver, self.upgrade)
 
 
-def _ask_planners(view: views.ModuleView, *, gated: Collection[str] = frozenset()) -> _Asked:
+def _ask_planners(
+    view: views.ModuleView,
+    *,
+    gated: Collection[str] = frozenset(),
+    pins: Mapping[str, str] | None = None,
+) -> _Asked:
     """Ask each concern's planner, in the order their answers feed each
     other: the loader first (where the module is loaded), the two device
     workloads (which run there), then the ordered upgrade (with whichever
     device workload the Module has). Each call is a named step, so a
     planner's bug shows on the Module as that step."""
     with failures.step("planning the module loader"):
-        loader = loader_planner.plan(view, gated=gated)
+        loader = loader_planner.plan(view, gated=gated, pins=pins)
     with failures.step("planning the device plugin"):
         plugin = deviceplugin_planner.plan(view, loader)
     with failures.step("planning the DRA driver"):
@@ -762,7 +783,14 @@ def _image_refused(
 ) -> build_planner.BuildPlan:
     """``building`` with the image the refused ``pod`` was to make failed."""
     name = pod["metadata"]["name"]
-    failed: modules.ImageState = "SignFailed" if _role(pod) == "sign" else "BuildFailed"
+    role = _role(pod)
+    failed: modules.ImageState = (
+        "SignFailed"
+        if role == "sign"
+        else "Checking"
+        if role == labels.PULL_ROLE
+        else "BuildFailed"
+    )
     images = [
         image.model_copy(update={"state": failed, "pod": None, "message": message})
         if image.pod == name

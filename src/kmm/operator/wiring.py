@@ -237,7 +237,7 @@ class Operator:
         # process (a restarted operator asks each registry once); its checks
         # run beside the reconciles, which it requeues when answers land.
         self.asker = asking.Asker(ca_files=registry_ca_files, endpoints=registry_endpoints)
-        self.checker = existence.Checker(self.asker)
+        self.checker = existence.Checker(self.asker, delete=self.asker.delete)
         configured = build or build_settings.Settings(
             registry_ca=build_settings.registry_ca_bundle(registry_ca_files)
         )

@@ -7,13 +7,17 @@ in another, pushing only a signed image under the final name.
 
 - :mod:`.pods`: the build, sign and preflight pods, pure builders (no I/O);
 - :mod:`.scripts`: the shell scripts those pods run, and what they report;
-- :mod:`.images`: a kernel's final and unsigned images, and how their
-  existence is asked;
+- :mod:`.images`: a kernel's final and unsigned images, how their
+  existence is asked, and what their labels say made them (an image that
+  is not what the Module asks for is outdated, and made again);
 - :mod:`.existence`: whether an image exists, remembered; checks run in the
   background (never on a reconcile's path) and requeue whoever waits;
 - :mod:`.asking`: one check over the network: what it dials (the image's
   host, its realm and redirects, never loopback or link-local unless
-  configured) and what a Module's author may read of the outcome;
+  configured) and what a Module's author may read of the outcome; and the
+  delete of an intermediate image once signed;
+- :mod:`.pulling`: where the operator cannot decide, a node is asked with
+  a pull pod (pure: the pod, the node, the verdict);
 - :mod:`.inputs`: the ConfigMaps and Secrets a pod reads, read and picked;
 - :mod:`.hashing`: the digest of a pod's inputs (``last-hash``);
 - :mod:`.desired`: the build or sign pod a kernel needs now, stamped;
@@ -26,8 +30,10 @@ in another, pushing only a signed image under the final name.
   or delete and which kernels wait for their image (pure); the reconciler
   runs it before the loader's planner, which skips those kernels, and sends
   what it wants;
-- :mod:`.concern`: the I/O around the planner (facts, inputs, rebuild passes).
-Nothing here writes to the API server. ``kmm.operator.preflight`` reuses
+- :mod:`.concern`: the I/O around the planner (facts, inputs, the
+  comparison of an image's labels, pull verdicts, deletes).
+Nothing here writes to the API server; the one registry write is the
+delete of an intermediate image kmm pushed (``existence.Checker.remove``). ``kmm.operator.preflight`` reuses
 ``pods``, ``images``, ``inputs``, ``hashing``, ``podstatus``, ``desired.params``
 and ``settings``; never the planner.
 """

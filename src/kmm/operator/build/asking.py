@@ -1,5 +1,22 @@
-"""One existence check of one image: a manifest HEAD over the OCI
-distribution API (``kmm.oci.client``), its outcome as an ``existence.Fact``.
+"""One existence check of one image over the OCI distribution API
+(``kmm.oci.client``), its outcome as an ``existence.Fact``; and the delete
+of an intermediate image once it was signed.
+
+A check reads the image (``kmm.oci.configs.inspect``: a manifest GET and,
+for a single-platform image, its config blob): whether it exists, its
+digest, and the labels kmm's builds put in its config
+(``kmm.api.labels.IMAGE_LABELS``, the others dropped). Answers are read up
+to ``MAX_BODY`` bytes: a registry a tenant names cannot make the operator
+read without bound. That is two requests where a HEAD was one, for the
+images a build concern asks about only, and once per fact: a converged
+Module asks nothing (``existence``).
+
+``delete`` removes a manifest by digest (``DELETE /v2/<name>/manifests/
+<digest>``) with the Module's ``imageRepoSecret``, asking a token for the
+``delete`` action: the one write the operator itself sends to a registry,
+for an image kmm pushed (``build.cleanup``). A registry that does not
+allow it (405, ``UNSUPPORTED``, credentials without the right) answers
+``existence.Deletion`` ``refused``: nothing breaks, the image stays.
 
 What the check dials is the image's host (or the operator's
 ``--registry-endpoint`` for it), its Bearer realm and the redirects it
@@ -30,12 +47,17 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
 
-from kmm.oci import auth, client, destinations, errors, references
+from kmm.api import labels
+from kmm.oci import auth, client, configs, destinations, errors, references
 from kmm.operator.build import existence
 
-__all__ = ["Asker", "parse_endpoints"]
+__all__ = ["MAX_BODY", "Asker", "parse_endpoints"]
+
+#: Bytes of one answer the checks read: manifests and image configs are a
+#: few KiB (the distribution spec lets registries refuse manifests over 4 MiB).
+MAX_BODY: Final = 1024 * 1024
 
 _log = logging.getLogger(__name__)
 
@@ -128,27 +150,50 @@ class Asker:
                     secret_version=existence.secret_version(secret),
                     failure="InvalidSecret",
                 )
+        return await self._inspect(key, reference, credentials, secret)
+
+    def _client(
+        self,
+        key: existence.Key,
+        reference: references.Reference,
+        credentials: auth.Credentials | None,
+        *,
+        plain: bool,
+        actions: tuple[str, ...],
+    ) -> client.Client:
+        return client.Client(
+            reference.host,
+            credentials=credentials,
+            ca_files=self.ca_files,
+            verify_tls=not (key.tls.skip_verify or key.tls.insecure),
+            plain_http=plain,
+            insecure=key.tls.insecure,
+            actions=actions,
+            timeout=self.timeout,
+            endpoint=self.endpoints.get(reference.host),
+            guard=self.guard,
+            on_request=self._count,
+            max_body=MAX_BODY,
+        )
+
+    async def _inspect(
+        self,
+        key: existence.Key,
+        reference: references.Reference,
+        credentials: auth.Credentials | None,
+        secret: RawObject | None,
+    ) -> existence.Fact:
         # insecure: HTTPS first, plain HTTP when HTTPS gets no answer; and,
         # as the builder's --tls-verify=false and Docker's insecure
         # registries, a certificate nobody vouches for is accepted (else the
         # pod would push an image this check never sees).
         for plain in (False, True) if key.tls.insecure else (False,):
-            registry = client.Client(
-                reference.host,
-                credentials=credentials,
-                ca_files=self.ca_files,
-                verify_tls=not (key.tls.skip_verify or key.tls.insecure),
-                plain_http=plain,
-                insecure=key.tls.insecure,
-                actions=("pull",),
-                timeout=self.timeout,
-                endpoint=self.endpoints.get(reference.host),
-                guard=self.guard,
-                on_request=self._count,
-            )
+            registry = self._client(key, reference, credentials, plain=plain, actions=("pull",))
             try:
                 async with registry:
-                    found = await registry.exists(reference.name, reference.reference)
+                    found = await configs.inspect(
+                        registry, reference.name, reference.reference, keep=labels.PREFIX
+                    )
             except errors.Unreachable as err:
                 if key.tls.insecure and not plain:
                     continue
@@ -169,5 +214,54 @@ class Asker:
                 return _failed(key, existence.State.ERROR, err)
             if found is None:
                 return existence.Fact(existence.State.MISSING, f"{key.image} does not exist")
-            return existence.Fact(existence.State.EXISTS)
+            kept = None
+            if found.labels is not None:
+                kept = {k: v for k, v in found.labels.items() if k in labels.IMAGE_LABELS}
+            return existence.Fact(existence.State.EXISTS, digest=found.digest, labels=kept)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def delete(
+        self, key: existence.Key, secret: RawObject | None, digest: str
+    ) -> existence.Deletion:
+        """Delete the manifest ``digest`` of ``key.image``'s repository."""
+        try:
+            reference = references.parse(key.image)
+            client.check_name(reference.name)
+        except ValueError as err:
+            return existence.Deletion("failed", str(err))
+        credentials = None
+        if key.secret:
+            try:
+                credentials = _credentials(secret, key, reference.host)
+            except ValueError as err:
+                return existence.Deletion("refused", str(err))
+        for plain in (False, True) if key.tls.insecure else (False,):
+            registry = self._client(
+                key, reference, credentials, plain=plain, actions=("pull", "delete")
+            )
+            try:
+                async with registry:
+                    await registry.delete_manifest(reference.name, digest)
+            except errors.Unreachable as err:
+                if key.tls.insecure and not plain:
+                    continue
+                return _deletion("failed", err)
+            except errors.NotFound:
+                return existence.Deletion("deleted", f"{key.image}@{digest} was already gone")
+            except (errors.AuthenticationError, errors.ScopeDenied) as err:
+                return _deletion("refused", err)
+            except errors.RegistryError as err:
+                if err.status == 405 or err.code == "UNSUPPORTED":
+                    return _deletion("refused", err)
+                return _deletion("failed", err)
+            except ValueError as err:  # not a sha256 digest
+                return existence.Deletion("failed", str(err))
+            return existence.Deletion("deleted")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _deletion(
+    outcome: Literal["deleted", "refused", "failed"], err: errors.RegistryError
+) -> existence.Deletion:
+    _log.info("delete: %s", err)
+    return existence.Deletion(outcome, err.public)

@@ -5,21 +5,26 @@ hash (pure).
 inputs read (``inputs.of_pod``) and the operator's settings, and stamps it
 (``hashing``); the planner compares that stamp with the pod it finds.
 ``params`` is what every pod of a Module's kernel shares, preflight pods
-included (``kmm.operator.preflight.planner`` renders those).
+included (``kmm.operator.preflight.planner`` renders those). ``wanted`` is
+what the kernel's image is to be made of now (``images.Wanted``): the
+hashes its build and sign pods write into it as labels, the same the
+planner compares with the labels of an image that exists.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from kmm.api import buildsign, kernels, modules
 from kmm.operator import objects, podspecs
 from kmm.operator.build import hashing, images, inputs, pods, settings
 
-__all__ = ["module_pod", "params"]
+__all__ = ["module_pod", "params", "wanted"]
 
 RawObject = dict[str, Any]
+_BUILD: Final[tuple[pods.PodRole]] = ("build",)
+_SIGN: Final[tuple[pods.PodRole]] = ("sign",)
 
 
 def params(
@@ -59,6 +64,51 @@ def _dir_name(module: modules.Module) -> str:
     return loader.container.modprobe.dir_name if loader is not None else "/opt"
 
 
+def _trigger(module: modules.Module) -> str:
+    found = module.spec.image_rebuild_trigger_generation
+    return "" if found is None else str(found)
+
+
+def wanted(
+    module: modules.Module, target: kernels.Target, found: inputs.Snapshot
+) -> images.Wanted | None:
+    """What ``target``'s image is to be made of, from the inputs ``found``;
+    None when one it needs was not found (nothing can be built then)."""
+    build_hash = None
+    if target.build is not None:
+        picked = inputs.of_pod(found, module, target, _BUILD)
+        if picked.missing:
+            return None
+        shared = pods.PodParams(
+            module=module.metadata.name,
+            namespace=module.metadata.namespace or "",
+            kernel=target.kernel,
+            image="",
+            builder_image="",
+            owner={},
+        )
+        secrets = {s: found.versions.get(f"Secret/{s}", "") for s in target.build.secrets}
+        build_hash = hashing.image_build_hash(
+            dockerfile=picked.dockerfile,
+            build_args=pods.build_args(shared, target.build),
+            secrets=secrets,
+        )
+    sign = target.sign
+    if sign is None:
+        return images.Wanted(build=build_hash, trigger=_trigger(module))
+    if inputs.of_pod(found, module, target, _SIGN).missing:
+        return None
+    source = build_hash if build_hash is not None else images.unsigned_image(target)
+    return images.Wanted(
+        build=build_hash,
+        trigger=_trigger(module),
+        sign=hashing.image_sign_hash(
+            source=source, files=sign.files_to_sign, dir_name=_dir_name(module)
+        ),
+        cert=found.certificates.get(sign.cert_secret),
+    )
+
+
 def module_pod(
     module: modules.Module,
     target: kernels.Target,
@@ -72,6 +122,9 @@ def module_pod(
     if picked.missing:
         return None, picked.missing
     owner = objects.controller_reference(module)
+    made_of = wanted(module, target, found)
+    if made_of is None:  # a sign checks the build's hash: the build's inputs count
+        return None, inputs.of_pod(found, module, target).missing
     if role == "build":
         assert target.build is not None
         made = params(
@@ -79,7 +132,8 @@ def module_pod(
             image=images.pushed_by(target, "build"), owner=owner,
             pull_tls=target.build.base_image_registry_tls,
         )  # fmt: skip
-        pod = pods.build_pod(made, target.build)
+        env = pods.provenance_env(build_hash=made_of.build, trigger=made_of.trigger)
+        pod = pods.build_pod(made, target.build, env=env)
     else:
         sign = target.sign
         assert sign is not None
@@ -88,8 +142,15 @@ def module_pod(
             target.registry_tls if target.build is not None else sign.unsigned_image_registry_tls
         )
         made = params(module, target, config, image=target.image, owner=owner, pull_tls=pull_tls)
+        env = pods.provenance_env(
+            sign_hash=made_of.sign, trigger=made_of.trigger, expect_build_hash=made_of.build
+        )
         pod = pods.sign_pod(
-            made, sign, unsigned_image=images.unsigned_image(target), dir_name=_dir_name(module)
+            made,
+            sign,
+            unsigned_image=images.unsigned_image(target),
+            dir_name=_dir_name(module),
+            env=env,
         )
     parts = hashing.made_of(
         pod,

@@ -5,7 +5,10 @@ A ``Key`` is what decides the answer: the image, the registry TLS options
 that govern the request, and whose credentials (the Module's
 ``imageRepoSecret``, by namespace/name). A ``Fact`` is one of:
 
-- ``EXISTS``: a manifest HEAD answered 200 (after its redirects);
+- ``EXISTS``: a manifest GET answered 200 (after its redirects); the fact
+  carries the manifest's ``digest`` and the image config's kmm labels
+  (``labels``: what made the image, ``images``; None when not known: an
+  index, or a node's verdict);
 - ``MISSING``: 404, or 401/403 ``insufficient_scope`` after a token was
   granted (how Docker Hub and GHCR answer for a repository that does not
   exist);
@@ -37,7 +40,15 @@ it is the same). While such a fact is asked again it is still shown, marked
 ``pending``. The memory starts empty, so a restarted operator asks once.
 
 ``undecided`` marks a fact the operator cannot decide from where it stands
-(``asking``): a node may still be able to pull the image.
+(``asking``): a node may still be able to pull the image. A node's verdict
+(``pulling``: a pull pod's outcome) is kept with ``record``; it names the
+``node`` and is remembered as a registry's answer is (an ``AUTH_FAILED``
+one asked again after the back-off, by the registry first, then a node).
+
+``remove`` deletes an image kmm pushed (a build's intermediate image once
+signed) in the background too, with the same bound on concurrency and
+time; its ``Deletion`` is kept until ``removal`` takes it, and a deleted
+image's fact becomes ``MISSING``.
 """
 
 from __future__ import annotations
@@ -48,8 +59,8 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal, Protocol
 
 from kmm.aio import backoff, tasks
 from kmm.api import buildsign
@@ -57,6 +68,8 @@ from kmm.api import buildsign
 __all__ = [
     "Ask",
     "Checker",
+    "Delete",
+    "Deletion",
     "Fact",
     "Key",
     "SecretReader",
@@ -125,6 +138,13 @@ class Fact:
     status: int = 0
     # When (``clock``) the registry answered.
     checked_at: float = 0.0
+    # EXISTS: the manifest's digest ("" when not known: a node's verdict).
+    digest: str = ""
+    # EXISTS: the image config's kmm labels (``kmm.api.labels.IMAGE_LABELS``);
+    # None when not known (an index, a node's verdict), {} when it has none.
+    labels: Mapping[str, str] | None = None
+    # The node whose pull pod judged it ("": a registry answered).
+    node: str = ""
 
 
 def secret_version(secret: RawObject | None) -> str:
@@ -139,6 +159,23 @@ class Ask(Protocol):
     as read (None: the key names none, or it does not exist)."""
 
     async def __call__(self, key: Key, secret: RawObject | None, /) -> Fact: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Deletion:
+    """How a delete ended: ``deleted`` (or already gone), ``refused`` (the
+    registry or the credentials do not allow it: 405, ``UNSUPPORTED``,
+    401/403) or ``failed`` (no answer, anything else); ``message`` is
+    public text."""
+
+    outcome: Literal["deleted", "refused", "failed"]
+    message: str = ""
+
+
+class Delete(Protocol):
+    """One delete: the manifest ``digest`` in ``key.image``'s repository."""
+
+    async def __call__(self, key: Key, secret: RawObject | None, digest: str, /) -> Deletion: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,8 +201,11 @@ class Checker:
         retry_maximum: float = 120.0,
         concurrency: int = 4,
         budget: float = 30.0,
+        delete: Delete | None = None,
     ) -> None:
         self._ask = ask
+        self._delete = delete
+        self._removals: dict[Key, Deletion] = {}
         self._clock = clock
         self._retry = (retry_initial, retry_maximum)
         self._budget = budget
@@ -197,6 +237,19 @@ class Checker:
             self._backoffs.pop(key, None)
         for key in [k for k in self._running if k.image == image]:
             self._running.pop(key).cancel()
+
+    def record(self, key: Key, verdict: Fact) -> None:
+        """Keep ``verdict``, a node's answer for ``key`` (a pull pod's), as
+        if the registry had given it; a check of ``key`` in flight is
+        cancelled (the node's answer is the newer one) and its waiters are
+        requeued."""
+        running = self._running.pop(key, None)
+        if running is not None:
+            running.cancel()
+        self._facts[key] = self._scheduled(key, verdict)
+        self.checks[verdict.state.value] += 1
+        for waiter in sorted(self._waiters.pop(key, set()), key=lambda w: w.key):
+            waiter.enqueue(waiter.key)
 
     def _due(self, key: Key, found: Fact, now: float) -> bool:
         if found.retry_at:
@@ -230,7 +283,7 @@ class Checker:
         if key not in self._running:
             if found is None or self._due(key, found, now):
                 self._start(key, read_secret, probe=False)
-            elif found.state is State.AUTH_FAILED and key.secret:
+            elif found.state is State.AUTH_FAILED and key.secret and not found.node:
                 self._start(key, read_secret, probe=True)
             else:
                 return found
@@ -299,7 +352,8 @@ class Checker:
             self._backoffs.pop(key, None)
             return dataclasses.replace(answered, retry_at=now + recheck)
         if not (
-            answer.state is State.ERROR or (answer.state is State.AUTH_FAILED and not key.secret)
+            answer.state is State.ERROR
+            or (answer.state is State.AUTH_FAILED and not (key.secret and not answer.node))
         ):
             self._backoffs.pop(key, None)
             return answered
@@ -307,6 +361,51 @@ class Checker:
             key, backoff.Backoff(initial=self._retry[0], maximum=self._retry[1])
         )
         return dataclasses.replace(answered, retry_at=now + delay.next())
+
+    def remove(
+        self, key: Key, digest: str, read_secret: SecretReader, *, waiter: Waiter | None = None
+    ) -> bool:
+        """Delete ``digest`` of ``key.image``'s repository in the background;
+        ``waiter`` is told when it ended (``removal``). False when there is
+        no deleter, or the checker is stopping."""
+        if self._delete is None or self._closed:
+            return False
+        self._tasks.spawn(
+            self._remove(key, digest, read_secret, waiter), name=f"delete/{key.image}"
+        )
+        return True
+
+    def removal(self, key: Key) -> Deletion | None:
+        """How the last delete of ``key`` ended (once: it is forgotten then)."""
+        return self._removals.pop(key, None)
+
+    async def _remove(
+        self, key: Key, digest: str, read_secret: SecretReader, waiter: Waiter | None
+    ) -> None:
+        assert self._delete is not None
+        try:
+            secret = None
+            if key.secret:
+                namespace, _, name = key.secret.partition("/")
+                secret = await read_secret(namespace, name)
+            async with self._slots:
+                async with asyncio.timeout(self._budget):
+                    done = await self._delete(key, secret, digest)
+        except TimeoutError:
+            done = Deletion(
+                "failed", f"{key.image}: the registry did not answer within {self._budget:g} s"
+            )
+        except Exception:
+            _log.exception("deleting %s@%s failed", key.image, digest)
+            done = Deletion("failed", f"{key.image}: the delete failed")
+        if done.outcome == "deleted":
+            self.forget(key.image)
+            self._facts[key] = Fact(
+                State.MISSING, f"{key.image} was deleted", checked_at=self._clock()
+            )
+        self._removals[key] = done
+        if waiter is not None:
+            waiter.enqueue(waiter.key)
 
     async def settled(self) -> None:
         """Wait until every check task has ended, cancelled ones included

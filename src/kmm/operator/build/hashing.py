@@ -16,18 +16,24 @@ digests and versions only: nothing secret, a few hundred bytes) on the pod,
 so that ``changes`` can say which of them moved when a pod is replaced.
 Pure; the planners compare the digest of the desired pod with the one the
 observed pod carries.
+
+An image's hashes (``image_build_hash``, ``image_sign_hash``) are digests
+too, of a narrower set: what the image's content is made of
+(``images`` says which parts and why). They are written into the image's
+config as labels, which anyone who can pull the image reads: Secrets enter
+them by resourceVersion only, never by content, as here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from kmm.api import labels
 
-__all__ = ["changes", "made_of", "of_pod", "stamp"]
+__all__ = ["changes", "image_build_hash", "image_sign_hash", "made_of", "of_pod", "stamp"]
 
 RawObject = dict[str, Any]
 
@@ -65,6 +71,27 @@ def made_of(
     if trigger is not None:
         found[_TRIGGER] = str(trigger)
     return found
+
+
+def image_build_hash(
+    *, dockerfile: str, build_args: Sequence[tuple[str, str]], secrets: Mapping[str, str]
+) -> str:
+    """The build's hash an image carries: its Dockerfile's text, its build
+    arguments in order, and each build secret's resourceVersion by name."""
+    return _sha(
+        {
+            _DOCKERFILE: _sha(dockerfile),
+            "buildArgs": [list(pair) for pair in build_args],
+            "secrets": dict(sorted(secrets.items())),
+        }
+    )
+
+
+def image_sign_hash(*, source: str, files: Sequence[str], dir_name: str) -> str:
+    """The sign's hash an image carries: what it signed (the build's hash,
+    or the ``unsignedImage`` someone else pushes), ``filesToSign`` and
+    ``dirName`` (the certificate is a label of its own)."""
+    return _sha({"source": source, "filesToSign": list(files), "dirName": dir_name})
 
 
 def stamp(pod: RawObject, parts: Mapping[str, str]) -> RawObject:

@@ -5,7 +5,9 @@ One list (``wanted``) says which a pod of one kernel reads: the
 ``imageRepoSecret``; to build, the Dockerfile ConfigMap and the build
 secrets; to sign, the key and certificate Secrets. ``read`` GETs them (the
 only I/O here; no informer on Secrets) into a ``Snapshot``: each one's
-resourceVersion, and each ConfigMap's Dockerfile text. ``of_pod`` picks from
+resourceVersion, each ConfigMap's Dockerfile text, and each Secret's
+certificate fingerprint (``fingerprint``: what a signed image's label
+names; a certificate is public, its digest too). ``of_pod`` picks from
 a snapshot what one pod depends on (``hashing`` digests it) or says which
 inputs are missing. The build concern and the preflight reconciler read and
 pick through here, so they cannot disagree on what a pod needs.
@@ -13,18 +15,25 @@ pick through here, so they cannot disagree on what a pod needs.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
+import hashlib
+import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Final, Literal, Protocol
 
 from kmm.api import kernels, modules
 from kmm.operator.build import pods
 
-__all__ = ["BOTH", "Picked", "Reader", "Snapshot", "of_pod", "read", "wanted"]
+__all__ = ["BOTH", "Picked", "Reader", "Snapshot", "fingerprint", "of_pod", "read", "wanted"]
 
 RawObject = dict[str, Any]
 Kind = Literal["ConfigMap", "Secret"]
 BOTH: Final[tuple[pods.PodRole, pods.PodRole]] = ("build", "sign")
+# The key of a sign's certificate in its Secret (KMM's).
+CERT_KEY: Final = "cert"
+_PEM = re.compile(rb"-----BEGIN CERTIFICATE-----(.*?)-----END CERTIFICATE-----", re.DOTALL)
 
 
 class Reader(Protocol):
@@ -40,6 +49,8 @@ class Snapshot:
 
     versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
     dockerfiles: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Secret name -> sha256 (hex) of the DER form of its ``cert`` key.
+    certificates: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,11 +105,37 @@ def of_pod(
     return Picked(versions, dockerfile, missing)
 
 
+def fingerprint(data: bytes) -> str | None:
+    """sha256 (hex) of a certificate's DER form, as the sign pod computes it
+    (``openssl x509 -outform DER``: the first certificate of a PEM file);
+    None when ``data`` is neither PEM nor DER."""
+    found = _PEM.search(data)
+    if found is not None:
+        try:
+            data = base64.b64decode(b"".join(found.group(1).split()), validate=True)
+        except binascii.Error:
+            return None
+    if not data.startswith(b"\x30"):  # a DER SEQUENCE
+        return None
+    return hashlib.sha256(data).hexdigest()
+
+
+def _certificate(obj: RawObject) -> str | None:
+    encoded = (obj.get("data") or {}).get(CERT_KEY)
+    if not isinstance(encoded, str):
+        return None
+    try:
+        return fingerprint(base64.b64decode(encoded, validate=True))
+    except binascii.Error:
+        return None
+
+
 async def read(reader: Reader, namespace: str, names: Iterable[str]) -> Snapshot:
     """GET each ``Kind/name`` of ``names`` in ``namespace``: the
     resourceVersions of those that exist and each ConfigMap's Dockerfile."""
     versions: dict[str, str] = {}
     dockerfiles: dict[str, str] = {}
+    certificates: dict[str, str] = {}
     for each in names:
         kind, _, name = each.partition("/")
         obj = await reader.get("ConfigMap" if kind == "ConfigMap" else "Secret", namespace, name)
@@ -108,4 +145,6 @@ async def read(reader: Reader, namespace: str, names: Iterable[str]) -> Snapshot
         text = (obj.get("data") or {}).get(pods.DOCKERFILE_KEY)
         if kind == "ConfigMap" and isinstance(text, str):
             dockerfiles[name] = text
-    return Snapshot(versions=versions, dockerfiles=dockerfiles)
+        if kind == "Secret" and (found := _certificate(obj)) is not None:
+            certificates[name] = found
+    return Snapshot(versions=versions, dockerfiles=dockerfiles, certificates=certificates)

@@ -11,18 +11,31 @@ stands and this module carries the step out:
 - final image ``EXISTS``: nothing to do; the kernel's loader may run;
 - ``AUTH_FAILED``: an authentication error naming the Secret, never a
   build; ``ERROR``: checked again after the back-off (``Checking``);
-- ``MISSING``: the kernel is *gated* (its loader DaemonSet is not created
-  until the image exists; one that exists stays, ``loader.planner``). Build
-  only: a build pod pushes the final image. Sign only: once the registry has
-  ``unsignedImage`` (asked every ``Settings.poll`` seconds until then), a
-  sign pod signs it into the final image. Build and sign: the build pushes
-  ``images.intermediate_image(final)`` and, once that exists, a sign pod
-  pushes the signed result under the final name, so only a signed image
-  ever carries it; a failed sign is retried as a sign, never by a rebuild.
-  The one exception is ``rebuild``: kernels the reconciler says must be
-  built again (an ``imageRebuildTriggerGeneration`` pass whose build has
-  not yet succeeded), whose existing intermediate image is stale: built
-  again, then signed.
+- undecided (the operator cannot tell from where it stands): a node is
+  asked with a pull pod (``pulling``), made here, judged by the concern,
+  deleted here once its verdict is the fact;
+- ``MISSING``, or ``EXISTS`` but not what the Module asks for
+  (``outdated``: its labels say it was built from other inputs, is not
+  signed ...; ``images``): the kernel is *gated* (its loader DaemonSet is
+  not created until the image exists; one that exists stays,
+  ``loader.planner``), and an outdated image is told once
+  (``ImageOutdated``). Build only: a build pod pushes the final image.
+  Sign only: once the registry has ``unsignedImage`` (asked every
+  ``Settings.poll`` seconds until then), a sign pod signs it into the final
+  image. Build and sign: the build pushes ``images.intermediate_image(final)``
+  and, once that exists and its labels say this build of the current inputs
+  made it (``images.signable``), a sign pod pushes the signed result under
+  the final name, so only a signed image ever carries it; a failed sign is
+  retried as a sign, never by a rebuild. An intermediate image of other
+  inputs or of an earlier rebuild pass is built again, never signed
+  (``steps``). Once a sign pod succeeded, the intermediate image it signed
+  (its ``unsignedDigest``) is to be deleted (``cleanup``; the concern
+  deletes it).
+
+An existing final image kmm built (labelled, with a digest) is *pinned*:
+``digests`` gives its manifest digest per kernel, and the loader runs
+``image@digest`` (``loader.builders``), so a node runs the image the Module
+asks for, never a tag it cached.
 
 A pod's ``last-hash`` (``hashing``) digests the rendered pod and its inputs
 (``desired``). A pod that has not succeeded and whose hash is no longer the
@@ -53,7 +66,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
-from kmm.api import kernels, modules
+from kmm.api import kernels, labels, modules
 from kmm.operator import status, views
 from kmm.operator.build import (
     desired,
@@ -63,15 +76,16 @@ from kmm.operator.build import (
     inputs,
     pods,
     podstatus,
+    pulling,
     settings,
     steps,
 )
 
 __all__ = [
     "BuildPlan",
+    "Cleanup",
     "Creation",
     "Event",
-    "build_pod_phase",
     "concerned",
     "module_builds",
     "plan",
@@ -83,6 +97,9 @@ RawObject = dict[str, Any]
 REASON_AUTHENTICATION_FAILED: Final = "AuthenticationFailed"
 REASON_BUILD_FAILED: Final = "BuildFailed"
 REASON_SIGN_FAILED: Final = "SignFailed"
+REASON_IMAGE_OUTDATED: Final = "ImageOutdated"
+# ``noticed`` keys kept only while a plan tells them again (not pod uids).
+_TOLD_WHILE: Final = ("auth:", "inputs:", "outdated:")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,11 +117,25 @@ class Creation:
     event: Event
 
 
+@dataclasses.dataclass(frozen=True)
+class Cleanup:
+    """An intermediate image a sign pod signed: ``image`` (the tag) and the
+    manifest ``digest`` it signed, to delete."""
+
+    kernel: str
+    image: str
+    digest: str
+
+
 @dataclasses.dataclass
 class BuildPlan:
     create: list[Creation] = dataclasses.field(default_factory=list)
     delete: list[RawObject] = dataclasses.field(default_factory=list)  # observed pods
     gated: set[str] = dataclasses.field(default_factory=set)  # kernels
+    # Kernels whose final image kmm built and exists as asked: its digest.
+    digests: dict[str, str] = dataclasses.field(default_factory=dict)
+    cleanup: list[Cleanup] = dataclasses.field(default_factory=list)
+    asking: set[str] = dataclasses.field(default_factory=set)  # pull pods wanted
     images: list[modules.ImageStatus] = dataclasses.field(default_factory=list)
     problems: list[status.Problem] = dataclasses.field(default_factory=list)
     events: list[Event] = dataclasses.field(default_factory=list)
@@ -147,15 +178,6 @@ def _pod_named(view: views.ModuleView, role: pods.PodRole, name: str) -> RawObje
     return next((p for p in view.pods.get(role, ()) if podstatus.name(p) == name), None)
 
 
-def build_pod_phase(view: views.ModuleView, kernel: str) -> str | None:
-    """The phase of the kernel's build pod ("" before the kubelet gave it
-    one); None when the cache shows none, or one being deleted."""
-    pod = _pod_named(view, "build", pods.pod_name(view.name, "build", kernel))
-    if pod is None or podstatus.deleting(pod):
-        return None
-    return podstatus.phase(pod)
-
-
 def pushed_by_succeeded(
     view: views.ModuleView, targets: Mapping[str, kernels.Target], noticed: set[str]
 ) -> set[str]:
@@ -165,7 +187,7 @@ def pushed_by_succeeded(
     for kernel, target in concerned(targets).items():
         for role in steps.ROLES:
             pod = _pod_named(view, role, pods.pod_name(view.name, role, kernel))
-            if pod is None or podstatus.phase(pod) != "Succeeded" or podstatus.uid(pod) in noticed:
+            if pod is None or not podstatus.succeeded(pod) or podstatus.uid(pod) in noticed:
                 continue
             found.add(images.pushed_by(target, role))
     return found
@@ -184,7 +206,10 @@ class _Kernel:
     noticed: set[str]
     now: datetime.datetime
     out: BuildPlan
-    rebuild: bool = False  # the intermediate image, if any, is stale
+    # Why the existing final image is not what the Module asks for ([]: it is).
+    outdated: list[str] = dataclasses.field(default_factory=list)
+    # Pull pods whose verdict the concern already kept (by uid).
+    judged: frozenset[str] = frozenset()
 
     def image(
         self, state: modules.ImageState, *, pod: str | None = None, message: str | None = None
@@ -211,6 +236,13 @@ class _Kernel:
         what = f"{role} pod {name} for kernel {self.kernel} succeeded"
         if role == "sign":
             summary = podstatus.summary(pod)
+            source = summary.get("unsignedDigest")
+            if self.target.build is not None and isinstance(source, str) and source:
+                key = f"{uid}:cleanup"
+                if key not in self.noticed:
+                    unsigned = images.intermediate_image(self.target.image)
+                    self.out.cleanup.append(Cleanup(self.kernel, unsigned, source))
+                self.out.noticed.add(key)
             signed = summary.get("signed") or ()
             what += f": {len(signed)} file(s) signed into {self.target.image}"
             for pattern in summary.get("unmatched") or ():
@@ -242,7 +274,7 @@ class _Kernel:
             self.image(busy, pod=name, message="waiting for the old pod to go")
             return
         phase = podstatus.phase(observed) if observed is not None else ""
-        if observed is not None and phase == "Succeeded":
+        if observed is not None and podstatus.succeeded(observed):
             # Its image is checked again before this plan (``pushed_by_succeeded``).
             self.finish_succeeded(role, observed)
             self.image(busy, pod=name)
@@ -333,13 +365,27 @@ class _Kernel:
 
     def plan(self) -> None:
         observed = {role: self.observed(role) for role in steps.ROLES}
-        step = steps.next_step(self.target, self.facts, observed, rebuild=self.rebuild)
+        final = self.facts.final
+        made_of = None
+        if final.state is existence.State.MISSING or self.outdated:
+            made_of = desired.wanted(self.view.module, self.target, self.found)
+        step = steps.next_step(
+            self.target, self.facts, observed, outdated=self.outdated, wanted=made_of
+        )
         if step.kind != "exists":
             self.out.gated.add(self.kernel)
         for role in step.finish:
             self.finish_stale(role)
+        if self.outdated and step.kind != "exists":
+            self.tell_outdated()
         if step.kind == "exists":
+            if images.made_by_kmm(final.labels) and final.digest:
+                self.out.digests[self.kernel] = final.digest
             self.image("Exists")
+        elif step.kind == "asking":
+            assert step.image is not None
+            assert step.fact is not None
+            self.ask_node(step.image, step.fact)
         elif step.kind == "blocked":
             assert step.fact is not None
             self.blocked(step.fact, step.image or "")
@@ -356,12 +402,39 @@ class _Kernel:
             assert step.role is not None
             self.run_pod(step.role)
 
+    def tell_outdated(self) -> None:
+        """Once per image (its digest): why it is made again."""
+        why = "; ".join(self.outdated)
+        message = (
+            f"image {self.target.image} for kernel {self.kernel} is not what the Module asks "
+            f"for ({why}): it is built again"
+            + (" and signed" if self.target.sign is not None else "")
+        )
+        key = f"outdated:{self.kernel}:{self.facts.final.digest}"
+        self.tell(key, Event("Normal", REASON_IMAGE_OUTDATED, message))
+
+    def ask_node(self, image: str, fact: existence.Fact) -> None:
+        """A pull pod asks a node whether ``image`` exists (``pulling.ask``)."""
+        name = pulling.pod_name(self.view.name, image)
+        self.out.asking.add(name)
+        found = pulling.ask(
+            self.view, kernel=self.kernel, image=image, fact=fact, judged=self.judged
+        )
+        if found.delete is not None:
+            self.out.delete.append(found.delete)
+        if found.create is not None:
+            what = f"asking node {found.node} whether {image} exists"
+            self.out.create.append(Creation(found.create, Event("Normal", "PullPodCreated", what)))
+        if found.later:
+            self.out.requeue(self.config.poll)
+        self.image("Checking", pod=found.pod, message=found.message)
+
     def finish_stale(self, role: pods.PodRole) -> None:
         """A terminated pod of ``role`` no longer needed for this kernel."""
         pod = self.observed(role)
         if pod is None or podstatus.deleting(pod):
             return
-        if podstatus.phase(pod) == "Succeeded":
+        if podstatus.succeeded(pod):
             self.finish_succeeded(role, pod)
         elif podstatus.phase(pod) == "Failed":
             self.out.delete.append(pod)
@@ -376,19 +449,26 @@ def plan(
     noticed: set[str],
     settings: settings.Settings,
     now: datetime.datetime,
-    rebuild: frozenset[str] = frozenset(),
+    outdated: Mapping[str, Sequence[str]] | None = None,
+    judged: frozenset[str] = frozenset(),
 ) -> BuildPlan:
     """The plan for the concerned kernels of ``targets`` (``facts`` given
     for each of them). Pods of kernels no longer targeted are deleted once
-    they ended. ``rebuild``: kernels that build and sign whose intermediate
-    image, if the registry has one, is not to be signed but built again."""
+    they ended; pull pods no kernel asks with any more, at once.
+    ``outdated``: per kernel whose final image exists, why it is not what
+    the Module asks for (``images.outdated``; absent: it is); ``judged``:
+    pull pods whose verdict the concern kept."""
     out = BuildPlan()
     wanted = concerned(targets)
     names: set[str] = set()
     for kernel, target in wanted.items():
         names.update(pods.pod_name(view.name, role, kernel) for role in steps.ROLES)
-        one = _Kernel(view, kernel, target, facts[kernel], found, settings, noticed, now, out, kernel in rebuild)  # fmt: skip
+        why = list((outdated or {}).get(kernel, ()))
+        one = _Kernel(view, kernel, target, facts[kernel], found, settings, noticed, now, out, why, judged)  # fmt: skip
         one.plan()
+    for pod in view.pods.get(labels.PULL_ROLE, ()):
+        if podstatus.name(pod) not in out.asking and not podstatus.deleting(pod):
+            out.delete.append(pod)
     for role in steps.ROLES:
         for pod in view.pods.get(role, ()):
             if podstatus.name(pod) in names or podstatus.deleting(pod):
@@ -401,11 +481,7 @@ def plan(
     out.noticed = {
         key
         for key in noticed | out.noticed
-        if (
-            key in out.noticed
-            if key.startswith(("auth:", "inputs:"))
-            else key.split(":", 1)[0] in shown
-        )
+        if (key in out.noticed if key.startswith(_TOLD_WHILE) else key.split(":", 1)[0] in shown)
     }
     out.delete = _unique(out.delete)
     return out

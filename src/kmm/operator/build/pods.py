@@ -71,6 +71,7 @@ __all__ = [
     "pod_name",
     "preflight_pod",
     "preflight_pod_name",
+    "provenance_env",
     "secret_path",
     "sign_pod",
 ]
@@ -344,7 +345,12 @@ def build_args(params: PodParams, build: kernels.BuildTarget) -> list[tuple[str,
     return [(k, v) for k, v in build.build_args if k not in ours] + list(ours.items())
 
 
-def _build_part(params: PodParams, build: kernels.BuildTarget, dockerfile_key: str) -> _Part:
+def _build_part(
+    params: PodParams,
+    build: kernels.BuildTarget,
+    dockerfile_key: str,
+    env: Sequence[RawObject] = (),
+) -> _Part:
     args = [f"--build-arg={k}={v}" for k, v in build_args(params, build)]
     mounts: list[RawObject] = [
         {"name": "dockerfile", "mountPath": _DOCKERFILE_DIR, "readOnly": True},
@@ -366,11 +372,16 @@ def _build_part(params: PodParams, build: kernels.BuildTarget, dockerfile_key: s
         mounts.append({"name": f"secret-{index}", "mountPath": path, "readOnly": True})
         volumes.append({"name": f"secret-{index}", "secret": {"secretName": secret}})
         args.append(f"--volume={path}:{path}:ro")
-    return _Part("build", scripts.BUILD, args, (), mounts, volumes)
+    return _Part("build", scripts.BUILD, args, env, mounts, volumes)
 
 
 def _sign_part(
-    sign: kernels.SignTarget, *, unsigned_image: str, dir_name: str, local: bool
+    sign: kernels.SignTarget,
+    *,
+    unsigned_image: str,
+    dir_name: str,
+    local: bool,
+    more: Sequence[RawObject] = (),
 ) -> _Part:
     mounts = [
         {"name": "signing-key", "mountPath": _KEY_DIR, "readOnly": True},
@@ -388,6 +399,7 @@ def _sign_part(
     ]
     if local:
         env.append({"name": "KMM_UNSIGNED_LOCAL", "value": "true"})
+    env.extend(more)
     return _Part("sign", scripts.SIGN, sign.files_to_sign, env, mounts, volumes)
 
 
@@ -401,25 +413,56 @@ def _module_pod(params: PodParams, part: _Part) -> RawObject:
     }
 
 
+def provenance_env(
+    *,
+    build_hash: str | None = None,
+    trigger: str = "",
+    sign_hash: str | None = None,
+    expect_build_hash: str | None = None,
+) -> list[RawObject]:
+    """The environment that makes a pod label what it pushes
+    (``scripts``: ``KMM_BUILD_HASH`` ...), and a sign check its input."""
+    env: list[RawObject] = []
+    if build_hash is not None:
+        env.append({"name": "KMM_BUILD_HASH", "value": build_hash})
+    if sign_hash is not None:
+        env.append({"name": "KMM_SIGN_HASH", "value": sign_hash})
+    if expect_build_hash is not None:
+        env.append({"name": "KMM_EXPECT_BUILD_HASH", "value": expect_build_hash})
+    if env and trigger:
+        env.append({"name": "KMM_REBUILD_TRIGGER", "value": trigger})
+    return env
+
+
 def build_pod(
-    params: PodParams, build: kernels.BuildTarget, *, dockerfile_key: str = DOCKERFILE_KEY
+    params: PodParams,
+    build: kernels.BuildTarget,
+    *,
+    dockerfile_key: str = DOCKERFILE_KEY,
+    env: Sequence[RawObject] = (),
 ) -> RawObject:
     """The pod that builds ``params.image`` from ``build``'s Dockerfile and
-    pushes it (unless ``params.push`` is false)."""
-    return _module_pod(params, _build_part(params, build, dockerfile_key))
+    pushes it (unless ``params.push`` is false); ``env``:
+    ``provenance_env``'s."""
+    return _module_pod(params, _build_part(params, build, dockerfile_key, env))
 
 
 def sign_pod(
-    params: PodParams, sign: kernels.SignTarget, *, unsigned_image: str, dir_name: str
+    params: PodParams,
+    sign: kernels.SignTarget,
+    *,
+    unsigned_image: str,
+    dir_name: str,
+    env: Sequence[RawObject] = (),
 ) -> RawObject:
     """The pod that signs ``unsigned_image``'s modules and pushes ``params.image``
-    (unless ``params.push`` is false).
+    (unless ``params.push`` is false); ``env``: ``provenance_env``'s.
 
     Every ``filesToSign`` pattern (a shell glob, already expanded for the
     kernel) must lie under ``dir_name`` (``modprobe.dirName``, as admission
     checks); the script refuses one that does not.
     """
-    part = _sign_part(sign, unsigned_image=unsigned_image, dir_name=dir_name, local=False)
+    part = _sign_part(sign, unsigned_image=unsigned_image, dir_name=dir_name, local=False, more=env)
     return _module_pod(params, part)
 
 

@@ -28,10 +28,12 @@ __all__ = [
     "Waiting",
     "deleting",
     "ended",
+    "exit_code",
     "finished",
     "meta",
     "name",
     "phase",
+    "succeeded",
     "summary",
     "tail",
     "uid",
@@ -92,9 +94,23 @@ def deleting(pod: Mapping[str, Any]) -> bool:
     return bool(meta(pod).get("deletionTimestamp"))
 
 
+def succeeded(pod: Mapping[str, Any]) -> bool:
+    """Its phase is Succeeded, or every container of it terminated with exit
+    code 0: the kubelet reports the phase only once it tore the pod's
+    sandbox down (a second or more after the last container exited), and
+    the pod's work (a push) is done when its container is."""
+    if phase(pod) in _ENDED:
+        return phase(pod) == "Succeeded"
+    found = (pod.get("status") or {}).get("containerStatuses") or ()
+    return bool(found) and all(
+        (((status.get("state") or {}).get("terminated") or {}).get("exitCode", -1) == 0)
+        for status in found
+    )
+
+
 def ended(pod: Mapping[str, Any]) -> bool:
     """Succeeded or Failed: nothing runs in it any more."""
-    return phase(pod) in _ENDED
+    return phase(pod) in _ENDED or succeeded(pod)
 
 
 def _terminations(pod: Mapping[str, Any], *fields: str) -> list[Mapping[str, Any]]:
@@ -113,6 +129,12 @@ def _terminated(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     found = _terminations(pod, "initContainerStatuses", "containerStatuses")
     failed = [t for t in found if t.get("exitCode")]
     return (failed or found or [{}])[0]
+
+
+def exit_code(pod: Mapping[str, Any]) -> int | None:
+    """The exit code of the container ``tail`` reads; None when none ended."""
+    found = _terminated(pod).get("exitCode")
+    return found if isinstance(found, int) else None
 
 
 def tail(pod: Mapping[str, Any]) -> str:

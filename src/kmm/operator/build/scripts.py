@@ -17,6 +17,16 @@ Environment, besides what ``pods`` mounts:
 - ``KMM_UNSIGNED_LOCAL`` (sign, default ``false``): ``true`` reads
   ``$KMM_UNSIGNED_IMAGE`` from that storage (``buildah from --pull=never``),
   where a preflight pod's build init container left it, instead of pulling.
+- ``KMM_BUILD_HASH``, ``KMM_REBUILD_TRIGGER`` (build, optional): written as
+  the image's labels ``kmm.api.labels.IMAGE_BUILD_HASH`` and
+  ``IMAGE_REBUILD_TRIGGER``; the sign's labels are cleared (a base image
+  may carry them). ``KMM_SIGN_HASH`` (sign, optional): the image gets
+  ``IMAGE_SIGNED`` ``true``, ``IMAGE_SIGNING_CERT`` (sha256 of the
+  certificate's DER form, computed here) and ``IMAGE_SIGN_HASH``, and keeps
+  the build's. ``KMM_EXPECT_BUILD_HASH`` (sign, optional): the unsigned
+  image must carry that build hash and ``KMM_REBUILD_TRIGGER``, or the sign
+  exits ``STALE_EXIT`` without signing (the operator then builds again).
+  Preflight pods set none of them.
 
 What a container reports: on success one JSON line in its termination
 message. Pushed: ``{"image": ..., "digest": "sha256:...", "pushed": true}``
@@ -27,14 +37,21 @@ digest), which names what was made inside the pod only. A sign adds
 ``"signed": [paths in the image]`` and ``"unmatched": [patterns]``. On
 failure nothing is written, so the kubelet puts the log's tail there
 (``FallbackToLogsOnError``), whose last line is the script's
-``kmm-build: error: ...``/``kmm-sign: error: ...``.
+``kmm-build: error: ...``/``kmm-sign: error: ...``. A sign that pulled its
+unsigned image adds ``"unsignedDigest"``: the manifest digest it signed
+(the operator deletes the build's intermediate image by it).
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["BUILD", "SIGN"]
+from kmm.api import labels
+
+__all__ = ["BUILD", "SIGN", "STALE_EXIT"]
+
+#: The sign's exit code when its unsigned image is not the build it expects.
+STALE_EXIT: Final = 3
 
 # Shared by both scripts: error lines, the registry CA, JSON strings, and the
 # push-or-keep ending.
@@ -76,13 +93,35 @@ finish() {
 }
 """
 
-BUILD: Final = (
+
+def _named(script: str) -> str:
+    """``script`` with the label keys and the stale exit code filled in."""
+    for mark, value in (
+        ("@BUILD_HASH@", labels.IMAGE_BUILD_HASH),
+        ("@REBUILD_TRIGGER@", labels.IMAGE_REBUILD_TRIGGER),
+        ("@SIGNED@", labels.IMAGE_SIGNED),
+        ("@SIGNING_CERT@", labels.IMAGE_SIGNING_CERT),
+        ("@SIGN_HASH@", labels.IMAGE_SIGN_HASH),
+        ("@STALE_EXIT@", str(STALE_EXIT)),
+    ):
+        script = script.replace(mark, value)
+    return script
+
+
+BUILD: Final = _named(
     _COMMON
     + r"""
 # "$@": buildah build's arguments (--build-arg, --volume for build secrets).
 [ -s /run/kmm/dockerfile/Dockerfile ] || fail "the Dockerfile ConfigMap key is missing or empty"
 if [ -n "$(ls -A /host/lib/modules 2>/dev/null)" ]; then
     set -- "$@" --volume=/host/lib/modules:/host/lib/modules:ro
+fi
+# What made the image, in its config (the sign's labels cleared: a base
+# image built by kmm would lend its own).
+if [ -n "${KMM_BUILD_HASH:-}" ]; then
+    set -- "$@" --label "@BUILD_HASH@=$KMM_BUILD_HASH" \
+        --label "@REBUILD_TRIGGER@=${KMM_REBUILD_TRIGGER:-}" \
+        --label "@SIGNED@=" --label "@SIGNING_CERT@=" --label "@SIGN_HASH@="
 fi
 mkdir -p /tmp/context
 say "building $KMM_IMAGE"
@@ -96,7 +135,7 @@ finish ""
 """
 )
 
-SIGN: Final = (
+SIGN: Final = _named(
     _COMMON
     + r"""
 # "$@": the filesToSign patterns, shell globs of paths in the image.
@@ -136,6 +175,22 @@ else
     container=$(buildah from --quiet --pull=always --tls-verify="$KMM_PULL_TLS_VERIFY" "$KMM_UNSIGNED_IMAGE") ||
         fail "pulling $KMM_UNSIGNED_IMAGE failed"
 fi
+label() {
+    buildah inspect --type container --format "{{index .OCIv1.Config.Labels \"$1\"}}" "$container"
+}
+if [ -n "${KMM_EXPECT_BUILD_HASH:-}" ]; then
+    built=$(label "@BUILD_HASH@") || fail "reading the labels of $KMM_UNSIGNED_IMAGE failed"
+    trigger=$(label "@REBUILD_TRIGGER@") || fail "reading the labels of $KMM_UNSIGNED_IMAGE failed"
+    if [ "$built" != "$KMM_EXPECT_BUILD_HASH" ] || [ "$trigger" != "${KMM_REBUILD_TRIGGER:-}" ]; then
+        echo "$0: error: $KMM_UNSIGNED_IMAGE is not the build of the Module's current inputs (build hash ${built:-none}, rebuild trigger ${trigger:-none}): not signed" >&2
+        exit @STALE_EXIT@
+    fi
+fi
+unsigned_digest=""
+if [ "${KMM_UNSIGNED_LOCAL:-false}" != true ]; then
+    unsigned_digest=$(buildah inspect --type container --format '{{.FromImageDigest}}' "$container") ||
+        fail "reading the digest of $KMM_UNSIGNED_IMAGE failed"
+fi
 root=$(buildah mount "$container") || fail "mounting $KMM_UNSIGNED_IMAGE failed"
 signed=""
 unmatched=""
@@ -159,9 +214,19 @@ for pattern in "$@"; do
 done
 [ "$count" -gt 0 ] || fail "no file in $KMM_UNSIGNED_IMAGE matches filesToSign: $*"
 buildah umount "$container" >/dev/null
+if [ -n "${KMM_SIGN_HASH:-}" ]; then
+    openssl x509 -in "$cert" -inform PEM -outform DER -out /tmp/cert.der 2>/dev/null ||
+        openssl x509 -in "$cert" -inform DER -outform DER -out /tmp/cert.der ||
+        fail "reading the certificate of Secret $KMM_CERT_SECRET failed"
+    fingerprint=$(sha256sum /tmp/cert.der | cut -d ' ' -f 1)
+    buildah config --label "@SIGNED@=true" --label "@SIGNING_CERT@=$fingerprint" \
+        --label "@SIGN_HASH@=$KMM_SIGN_HASH" "$container" || fail "labelling the signed image failed"
+fi
 buildah commit --quiet --iidfile /tmp/iid "$container" "$KMM_IMAGE" >/dev/null ||
     fail "committing the signed image failed"
 say "$count files signed"
-finish ", \"signed\": [$signed], \"unmatched\": [$unmatched]"
+source=""
+[ -z "$unsigned_digest" ] || source=", \"unsignedDigest\": $(json "$unsigned_digest")"
+finish ", \"signed\": [$signed], \"unmatched\": [$unmatched]$source"
 """
 )

@@ -25,6 +25,16 @@ container's start to its ``preStop``, which removes the chain with one
 Module without the field gets no annotation, volume or mount: its template,
 hence its pods, unchanged.
 
+A kernel whose image kmm built and found as the Module asks for is pinned
+(``digest``, from ``kmm.operator.build.planner``): the container runs
+``<image>@<digest>`` and the template carries ``labels.IMAGE_DIGEST``, so an
+image built again under the same tag changes the template and reaches the
+nodes, never a copy a node cached under the tag (no ``imagePullPolicy`` is
+forced on the user's choice: a digest is pulled when the node lacks it).
+The DaemonSet's name and labels stay the tag's: it is the same pair. With
+``OnDelete`` a running pod keeps its image; the loader planner replaces
+only pods that never loaded (``loader.planner``).
+
 Neighbours: ``objects`` (hash, owner), ``podspecs`` (the shared pod-spec
 fields), ``loader.planner`` (the planner that wants these), ``kmm.api.labels``
 (every name used here).
@@ -46,6 +56,7 @@ __all__ = [
     "daemonset_name",
     "load_commands",
     "pair_labels",
+    "pinned",
     "softdep_config",
     "unload_commands",
 ]
@@ -206,8 +217,19 @@ def daemonset_name(module: modules.Module, kernel: str, image: str) -> str:
     return labels.daemonset_name(module.metadata.name, "module-loader", *parts)
 
 
-def daemonset(module: modules.Module, target: kernels.Target) -> RawObject:
-    """The desired loader DaemonSet for one (kernel, image) pair, hash-stamped."""
+def pinned(image: str, digest: str | None) -> str:
+    """``image`` as a loader runs it: ``<image>@<digest>`` when pinned (the
+    tag kept for readers; runtimes pull by the digest)."""
+    if not digest:
+        return image
+    return f"{image.split('@', 1)[0]}@{digest}"
+
+
+def daemonset(
+    module: modules.Module, target: kernels.Target, *, digest: str | None = None
+) -> RawObject:
+    """The desired loader DaemonSet for one (kernel, image) pair, hash-stamped;
+    ``digest``: the image's, when kmm built it (pinned)."""
     loader = _loader(module)
     modprobe = loader.container.modprobe
     container_spec = loader.container
@@ -222,7 +244,7 @@ def daemonset(module: modules.Module, target: kernels.Target) -> RawObject:
         node_selector[labels.module_loader_version(namespace, module.metadata.name)] = version
     container: RawObject = {
         "name": _CONTAINER,
-        "image": target.image,
+        "image": pinned(target.image, digest),
         # The container only holds the module files; the hooks do the work.
         "command": list(MAIN_COMMAND),
         # modprobe needs root and SYS_MODULE (DESIGN §5), and the firmware
@@ -253,6 +275,9 @@ def daemonset(module: modules.Module, target: kernels.Target) -> RawObject:
             }
         ]
     template_metadata: RawObject = {"labels": dict(pod_labels)}
+    if digest:
+        # On the template only: the selector (immutable) stays the pair's.
+        template_metadata["labels"][labels.IMAGE_DIGEST] = labels.image_digest_value(digest)
     if modprobe.modules_loading_order:
         _mount_softdep_file(template_metadata, pod_spec, container, modprobe.modules_loading_order)
     return objects.stamped(

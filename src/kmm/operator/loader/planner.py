@@ -24,6 +24,21 @@ never before: nodes still run it.
 Without a version, a targeted node is loaded when the loader pod of *its*
 pair is Ready. Wanted labels: ``kernel-version.full`` on selected nodes
 (shared by all Modules, never removed), ``.ready`` exactly where loaded.
+
+Pinned images (``pins``: kernel -> digest of an image kmm built, from the
+build planner): the pair's DaemonSet runs ``image@digest``
+(``builders.daemonset``), so an image built again under the same tag
+changes its template. ``OnDelete`` keeps every running pod as it is; the
+planner deletes (``replace``) only the pair's pods of another digest whose
+containers are not ready, once the DaemonSet's template is the new one:
+such a pod never loaded its module (``postStart`` failed: an unsigned
+module refused by Secure Boot, a module that does not fit the kernel ...),
+so nothing it holds is lost, and its successor runs the new image. A Ready
+pod keeps the module it loaded until an ordered upgrade or a deletion of
+its pod moves it (the node keeps ``.ready`` meanwhile), and so does one
+whose node stopped reporting (``ContainersReady`` still True). Limit: a
+loader container that crashed after it loaded (its module stays loaded:
+no ``preStop`` runs on a crash) counts as one that never loaded.
 """
 
 from __future__ import annotations
@@ -66,6 +81,14 @@ def _pair_of(obj: Mapping[str, Any]) -> tuple[str, str, str]:
     )
 
 
+def _containers_ready(pod: Mapping[str, Any]) -> bool:
+    """The kubelet's ``ContainersReady``: True on a pod that loaded and
+    whose node stopped reporting (the node controller turns only ``Ready``
+    False then): such a pod still holds its module."""
+    conditions = (pod.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "ContainersReady" and c.get("status") == "True" for c in conditions)
+
+
 def keep_old_version(ds: Mapping[str, Any]) -> bool:
     """Whether a DaemonSet of a version the Module no longer has must stay:
     until its controller reports no node left (``desiredNumberScheduled`` 0)."""
@@ -93,6 +116,8 @@ class LoaderPlan(plans.Plan):
     # With a version: nodes whose loader label is gone and whose loader pod is
     # not yet (it unloads on its way out); they keep `.ready` meanwhile.
     unloading: set[str] = dataclasses.field(default_factory=set)
+    # Loader pods of an older pinned image that never loaded: to delete.
+    replace: list[RawObject] = dataclasses.field(default_factory=list)
 
 
 def _candidates(
@@ -126,10 +151,16 @@ def grouping(view: views.ModuleView) -> kernels.Grouping:
     return kernels.group_nodes(view.module, _candidates(view)[1])
 
 
-def plan(view: views.ModuleView, *, gated: Collection[str] = frozenset()) -> LoaderPlan:
+def plan(
+    view: views.ModuleView,
+    *,
+    gated: Collection[str] = frozenset(),
+    pins: Mapping[str, str] | None = None,
+) -> LoaderPlan:
     """``gated``: kernels whose image is not known to exist yet (``build``):
     no loader DaemonSet is created for them, and one that exists is kept as
-    it is, never deleted because its image went missing."""
+    it is, never deleted because its image went missing. ``pins``: kernels
+    whose image kmm built, and its digest."""
     module = view.module
     result = LoaderPlan()
     ready_key = labels.ready(view.namespace, view.name)
@@ -152,8 +183,12 @@ def plan(view: views.ModuleView, *, gated: Collection[str] = frozenset()) -> Loa
     desired: dict[str, RawObject] = {}
     node_pairs: dict[str, tuple[str, str, str]] = {}
     waiting = {labels.kernel_value(kernel) for kernel in gated}
+    pinned: dict[tuple[str, str, str], str] = {}  # pair -> digest label value
     for kernel, target in result.grouping.targets.items():
-        ds = loader_builders.daemonset(module, target)
+        digest = (pins or {}).get(kernel)
+        ds = loader_builders.daemonset(module, target, digest=digest)
+        if digest:
+            pinned[_pair_of(ds)] = labels.image_digest_value(digest)
         if kernel not in gated:
             desired[_meta(ds)["name"]] = ds
         for node_name in result.grouping.nodes.get(kernel, ()):
@@ -176,6 +211,18 @@ def plan(view: views.ModuleView, *, gated: Collection[str] = frozenset()) -> Loa
         elif not deleting:
             result.delete.append(name)  # its pair is gone, or a stray duplicate of a pair
     result.apply.extend(ds for name, ds in sorted(desired.items()) if name not in found_names)
+    sent = {_meta(ds)["name"] for ds in result.apply}
+    current = {_pair_of(desired[n]) for n in found_names if n not in sent}
+    result.replace = [
+        pod
+        for pod in view.pods.get(_ROLE, ())
+        if (pair := _pair_of(pod)) in pinned
+        and pair in current
+        and _labels(pod).get(labels.IMAGE_DIGEST) != pinned[pair]
+        and not views.is_pod_ready(pod)
+        and not _containers_ready(pod)
+        and not _meta(pod).get("deletionTimestamp")
+    ]
 
     nodes = view.nodes()
     ready_pods = [

@@ -1,7 +1,9 @@
 """One existence check (``asking.Asker``) against registry doubles on
 loopback (Basic auth, as the sandbox's htpasswd registry), reached as the
-operator's configured endpoints: what it answers, what a tenant may read of
-it, what it refuses to dial, and how many requests that costs."""
+operator's configured endpoints: what it answers (the digest and kmm's
+labels of an image that exists), what a tenant may read of it, what it
+refuses to dial, and how many requests that costs; and the delete of a
+manifest, with the answers of registries that refuse it."""
 
 from __future__ import annotations
 
@@ -16,11 +18,36 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from kmm.oci import mediatypes, references
+from kmm.api import labels
+from kmm.oci import descriptors, mediatypes, references
 from kmm.operator.build import asking, existence
 from kmm.sandbox import pki
 
-_DIGEST = "sha256:" + "b" * 64
+# An image config with kmm's labels and someone else's.
+_CONFIG = json.dumps(
+    {
+        "config": {
+            "Labels": {
+                labels.IMAGE_BUILD_HASH: "b1",
+                labels.IMAGE_SIGNED: "true",
+                "org.opencontainers.image.title": "not kept",
+            }
+        }
+    }
+).encode()
+_MANIFEST = json.dumps(
+    {
+        "schemaVersion": 2,
+        "mediaType": mediatypes.OCI_MANIFEST,
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": descriptors.sha256_digest(_CONFIG),
+            "size": len(_CONFIG),
+        },
+        "layers": [],
+    }
+).encode()
+_DIGEST = descriptors.sha256_digest(_MANIFEST)
 
 
 @dataclasses.dataclass
@@ -30,24 +57,51 @@ class _Registry:
     password: str = "s3cret"
     requests: int = 0
     failing: bool = False
+    manifest_body: bytes = _MANIFEST
+    media_type: str = mediatypes.OCI_MANIFEST
+    # What DELETE answers: status and distribution error code.
+    delete_answer: tuple[int, str] = (202, "")
+    deleted: list[str] = dataclasses.field(default_factory=list)
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_route("*", "/v2/{name:.+}/manifests/{reference}", self.manifest)
+        app.router.add_route("GET", "/v2/{name:.+}/blobs/{digest}", self.blob)
         return app
 
-    async def manifest(self, request: web.Request) -> web.Response:
+    def _refused(self, request: web.Request) -> web.Response | None:
         self.requests += 1
         if self.failing:
             return web.Response(status=503)
         expected = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
         if request.headers.get("Authorization") != f"Basic {expected}":
             return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="r"'})
+        return None
+
+    async def manifest(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        if request.method == "DELETE":
+            status, code = self.delete_answer
+            self.deleted.append(request.match_info["reference"])
+            body = json.dumps({"errors": [{"code": code, "message": "m"}]}) if code else ""
+            return web.Response(status=status, text=body)
         if request.match_info["reference"] not in self.tags.get(request.match_info["name"], ()):
             return web.Response(status=404)
         return web.Response(
-            headers={"Content-Type": mediatypes.OCI_MANIFEST, "Docker-Content-Digest": _DIGEST}
+            body=self.manifest_body,
+            headers={
+                "Content-Type": self.media_type,
+                "Docker-Content-Digest": descriptors.sha256_digest(self.manifest_body),
+            },
         )
+
+    async def blob(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        if request.match_info["digest"] != descriptors.sha256_digest(_CONFIG):
+            return web.Response(status=404)
+        return web.Response(body=_CONFIG)
 
 
 _HOST = "registry.test:5000"
@@ -84,16 +138,67 @@ async def test_exists_missing_and_every_request_counted(
 ) -> None:
     registry, asker = plain
     secret = _secret("robot", "s3cret")
-    assert (await asker(_KEY, secret)).state is existence.State.EXISTS
+    there = await asker(_KEY, secret)
+    assert there.state is existence.State.EXISTS
+    assert there.digest == _DIGEST
+    # kmm's labels, and only those: someone else's are not kept.
+    assert there.labels == {labels.IMAGE_BUILD_HASH: "b1", labels.IMAGE_SIGNED: "true"}
     absent = dataclasses.replace(_KEY, image=f"{_HOST}/kmm/mod:v2")
     found = await asker(absent, secret)
     assert (found.state, found.message) == (
         existence.State.MISSING,
         f"{absent.image} does not exist",
     )
-    # https refused, then http challenged and answered, for each.
-    assert asker.requests == 6
-    assert registry.requests == 4
+    # https refused, then http challenged and answered, for each; the
+    # image that exists costs one more: its config.
+    assert asker.requests == 7
+    assert registry.requests == 5
+
+
+async def test_an_index_exists_with_labels_not_known(
+    plain: tuple[_Registry, asking.Asker],
+) -> None:
+    registry, asker = plain
+    registry.media_type = mediatypes.OCI_INDEX
+    registry.manifest_body = json.dumps(
+        {"schemaVersion": 2, "mediaType": mediatypes.OCI_INDEX, "manifests": []}
+    ).encode()
+    found = await asker(_KEY, _secret("robot", "s3cret"))
+    assert (found.state, found.labels) == (existence.State.EXISTS, None)
+    assert found.digest == descriptors.sha256_digest(registry.manifest_body)
+    assert registry.requests == 2  # challenged, answered: no config to read
+
+
+async def test_an_answer_past_the_bound_is_an_error_not_read_whole(
+    plain: tuple[_Registry, asking.Asker],
+) -> None:
+    registry, asker = plain
+    registry.manifest_body = b"{" + b" " * asking.MAX_BODY + b"}"
+    found = await asker(_KEY, _secret("robot", "s3cret"))
+    assert (found.state, found.failure) == (existence.State.ERROR, "UnexpectedResponse")
+    assert f"more than {asking.MAX_BODY} bytes" in found.message
+
+
+@pytest.mark.parametrize(
+    ("answer", "outcome"),
+    [
+        ((202, ""), "deleted"),
+        ((404, "MANIFEST_UNKNOWN"), "deleted"),
+        ((405, "UNSUPPORTED"), "refused"),
+        ((400, "UNSUPPORTED"), "refused"),
+        ((403, "DENIED"), "refused"),
+        ((500, ""), "failed"),
+    ],
+)
+async def test_a_delete_and_how_registries_refuse_it(
+    plain: tuple[_Registry, asking.Asker], answer: tuple[int, str], outcome: str
+) -> None:
+    registry, asker = plain
+    registry.delete_answer = answer
+    done = await asker.delete(_KEY, _secret("robot", "s3cret"), _DIGEST)
+    assert done.outcome == outcome, done
+    assert registry.deleted == [_DIGEST]
+    assert "m" not in done.message.split()  # the registry's own words are not shown
 
 
 async def test_rejected_credentials_name_the_secret(plain: tuple[_Registry, asking.Asker]) -> None:
@@ -141,7 +246,7 @@ async def test_a_failure_tells_its_class_and_status(
     found = await asker(_KEY, _secret("robot", "s3cret"))
     assert found.state is existence.State.ERROR
     assert (found.failure, found.status) == ("UnexpectedResponse", 503)
-    assert found.message == f"{_KEY.image}: HEAD /v2/kmm/mod/manifests/v1: {_HOST} answered 503"
+    assert found.message == f"{_KEY.image}: GET /v2/kmm/mod/manifests/v1: {_HOST} answered 503"
 
 
 async def test_plain_http_only_when_the_registry_is_insecure(
@@ -153,7 +258,7 @@ async def test_plain_http_only_when_the_registry_is_insecure(
     assert found.state is existence.State.ERROR
     assert (found.failure, found.undecided) == ("Unreachable", True)
     # It speaks plain HTTP: the TLS handshake fails, and nothing is asked.
-    what = "HEAD /v2/kmm/mod/manifests/v1"
+    what = "GET /v2/kmm/mod/manifests/v1"
     assert found.message == f"{strict.image}: {what}: the TLS handshake with {_HOST} failed"
     assert registry.requests == 0
 
@@ -227,7 +332,7 @@ async def test_an_endpoint_is_dialled_for_a_host_whose_name_tls_checks(
             _secret("robot", "s3cret"),
         )
         assert found.state.value == state, found.message
-        assert registry.requests == (2 if state == "Exists" else 0)
+        assert registry.requests == (3 if state == "Exists" else 0)
         if state == "Error":
             assert found.message.endswith(f"the TLS certificate of {_HOST} is not trusted")
     finally:

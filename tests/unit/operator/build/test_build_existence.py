@@ -248,3 +248,54 @@ async def test_run_cancels_the_checks_in_flight_when_it_stops(stop: bool) -> Non
     assert checker.running() == 0
     await checker.settled()
     assert registry.asked["r.io/late:1"] == 0
+
+
+async def test_a_nodes_verdict_replaces_an_undecided_fact_and_is_kept() -> None:
+    registry = _Registry()
+    checker = existence.Checker(registry)
+    key = existence.Key("r.io/m:1", secret="ns/repo")
+    requeued: list[str] = []
+    waiter = existence.Waiter(requeued.append, "ns/m")
+    checker.fact(key, _Secrets(), waiter=waiter)
+    await _turns()
+    await registry.answer("r.io/m:1", existence.State.ERROR, undecided=True)
+    assert checker.known(key) is not None
+    checker.fact(key, _Secrets(), waiter=waiter)
+    checker.record(key, existence.Fact(existence.State.MISSING, "no such image", node="n1"))
+    # Requeued for the answer; the verdict is kept by the reconcile that reads it.
+    assert requeued == ["ns/m"]
+    for _ in range(3):
+        found = checker.fact(key, _Secrets(), waiter=waiter)
+    assert (found.state, found.node, found.pending) == (existence.State.MISSING, "n1", False)
+    assert registry.asked["r.io/m:1"] == 1  # kept: the registry is not asked again
+    # A node's refusal is asked again after the back-off (no Secret probe each reconcile).
+    checker.record(key, existence.Fact(existence.State.AUTH_FAILED, "refused", node="n1"))
+    refused = checker.known(key)
+    assert refused is not None
+    assert refused.retry_at > 0
+    checker.fact(key, _Secrets(), waiter=waiter)
+    assert checker.running() == 0
+
+
+async def test_a_removal_runs_in_the_background_and_leaves_the_image_known_missing() -> None:
+    deleted: list[tuple[str, str]] = []
+
+    async def delete(key: existence.Key, secret: Obj | None, digest: str) -> existence.Deletion:
+        deleted.append((key.image, digest))
+        return existence.Deletion("deleted")
+
+    checker = existence.Checker(_Registry(), delete=delete)
+    key = existence.Key("r.io/m:1-kmm-unsigned")
+    requeued: list[str] = []
+    assert checker.remove(
+        key, "sha256:" + "a" * 64, _Secrets(), waiter=existence.Waiter(requeued.append, "ns/m")
+    )
+    await checker.settled()
+    assert deleted == [("r.io/m:1-kmm-unsigned", "sha256:" + "a" * 64)]
+    assert requeued == ["ns/m"]
+    assert checker.removal(key) == existence.Deletion("deleted")
+    assert checker.removal(key) is None  # told once
+    found = checker.known(key)
+    assert found is not None
+    assert found.state is existence.State.MISSING
+    assert not existence.Checker(_Registry()).remove(key, "sha256:" + "a" * 64, _Secrets())

@@ -19,11 +19,13 @@ from typing import Any
 import pytest
 import test_build_pods
 
-from kmm.operator.build import scripts
+from kmm.api import labels
+from kmm.operator.build import inputs, scripts
 
 _BUILDAH = r"""#!/bin/sh
 echo "buildah $*" >>"$STUB_LOG"
 verb=$1
+all="$*"
 while [ "$#" -gt 0 ]; do
     case $1 in
     --iidfile) printf 'sha256:%s' "$verb-id" >"$2" ;;
@@ -34,6 +36,13 @@ done
 case $verb in
 from) echo ctr ;;
 mount) echo "$STUB_ROOT" ;;
+inspect)
+    case $all in
+    *FromImageDigest*) echo "sha256:unsigned" ;;
+    *build-hash*) echo "${STUB_BUILD_HASH:-}" ;;
+    *rebuild-trigger*) echo "${STUB_TRIGGER:-}" ;;
+    esac
+    ;;
 esac
 """
 
@@ -144,7 +153,7 @@ def test_a_build_told_not_to_push_keeps_the_image_and_says_its_id(sandbox: Path)
 def test_a_sign_pulls_signs_and_pushes(sandbox: Path) -> None:
     ran = _run(sandbox, scripts.SIGN, "sign", ["/opt/lib/modules/k/*.ko", "/opt/none-*.ko"])
     assert ran.returncode == 0, ran.stderr
-    assert _verbs(ran) == ["from", "mount", "umount", "commit", "push"]
+    assert _verbs(ran) == ["from", "inspect", "mount", "umount", "commit", "push"]
     assert "buildah from --quiet --pull=always --tls-verify=false reg.io/m:unsigned" in ran.calls
     assert (sandbox / "root/opt/lib/modules/k/a.ko").read_bytes() == b"module~signed~"
     assert ran.summary == {
@@ -153,7 +162,62 @@ def test_a_sign_pulls_signs_and_pushes(sandbox: Path) -> None:
         "pushed": True,
         "signed": ["/opt/lib/modules/k/a.ko"],
         "unmatched": ["/opt/none-*.ko"],
+        "unsignedDigest": "sha256:unsigned",  # what the operator deletes once signed
     }
+
+
+def test_a_build_labels_what_made_the_image_and_clears_the_signs_labels(sandbox: Path) -> None:
+    ran = _run(sandbox, scripts.BUILD, "build", [], KMM_BUILD_HASH="b1", KMM_REBUILD_TRIGGER="4")
+    assert ran.returncode == 0, ran.stderr
+    build = ran.calls[0]
+    for label in (
+        f"--label {labels.IMAGE_BUILD_HASH}=b1",
+        f"--label {labels.IMAGE_REBUILD_TRIGGER}=4",
+        f"--label {labels.IMAGE_SIGNED}= ",
+        f"--label {labels.IMAGE_SIGNING_CERT}= ",
+        f"--label {labels.IMAGE_SIGN_HASH}= ",
+    ):
+        assert label in build, build
+    plain = _run(sandbox, scripts.BUILD, "build", [])  # preflight pods: no labels
+    assert "--label" not in plain.calls[0]
+
+
+def test_a_sign_labels_its_certificate_as_the_operator_computes_it(
+    sandbox: Path, signing: tuple[bytes, bytes]
+) -> None:
+    ran = _run(
+        sandbox, scripts.SIGN, "sign", ["/opt/lib/modules/k/*.ko"],
+        KMM_SIGN_HASH="s1", KMM_EXPECT_BUILD_HASH="b1", STUB_BUILD_HASH="b1",
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert _verbs(ran) == [
+        "from", "inspect", "inspect", "inspect", "mount", "umount", "config", "commit", "push",
+    ]  # fmt: skip
+    (config,) = [c for c in ran.calls if c.startswith("buildah config")]
+    fingerprint = inputs.fingerprint(signing[1])
+    assert fingerprint is not None
+    assert config == (
+        f"buildah config --label {labels.IMAGE_SIGNED}=true "
+        f"--label {labels.IMAGE_SIGNING_CERT}={fingerprint} "
+        f"--label {labels.IMAGE_SIGN_HASH}=s1 ctr"
+    )
+
+
+@pytest.mark.parametrize(
+    ("found", "trigger"), [("b0", ""), ("", ""), ("b1", "2")], ids=["other", "none", "pass"]
+)
+def test_a_sign_refuses_an_unsigned_image_of_other_inputs(
+    sandbox: Path, found: str, trigger: str
+) -> None:
+    ran = _run(
+        sandbox, scripts.SIGN, "sign", ["/opt/lib/modules/k/*.ko"],
+        KMM_SIGN_HASH="s1", KMM_EXPECT_BUILD_HASH="b1", KMM_REBUILD_TRIGGER="3",
+        STUB_BUILD_HASH=found, STUB_TRIGGER=trigger,
+    )  # fmt: skip
+    assert ran.returncode == scripts.STALE_EXIT
+    assert "is not the build of the Module's current inputs" in ran.stderr
+    assert _verbs(ran) == ["from", "inspect", "inspect"]  # nothing signed, nothing pushed
+    assert (sandbox / "root/opt/lib/modules/k/a.ko").read_bytes() == b"module"
 
 
 def test_a_sign_of_a_local_image_told_not_to_push_neither_pulls_nor_pushes(

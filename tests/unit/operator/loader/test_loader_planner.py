@@ -88,3 +88,63 @@ def test_loaded_needs_the_pod_of_the_nodes_own_pair() -> None:
     assert plan.loaded == {"n0"}
     assert plan.labels["n0"][labels.ready("ns", "m")] == ""
     assert plan.labels["n3"][labels.ready("ns", "m")] is None
+
+
+_D1, _D2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+
+
+def _image_of(ds: dict) -> str:
+    return str(ds["spec"]["template"]["spec"]["containers"][0]["image"])
+
+
+def test_an_image_kmm_built_is_pinned_by_digest_and_a_rebuild_changes_the_template() -> None:
+    module = fixtures.module()
+    nodes = [fixtures.node("n0", K68)]
+    tag = loader_planner.grouping(fixtures.view(module, nodes)).targets[K68].image
+    (pinned,) = loader_planner.plan(fixtures.view(module, nodes), pins={K68: _D1}).apply
+    assert _image_of(pinned) == f"{tag}@{_D1}"
+    template = pinned["spec"]["template"]["metadata"]["labels"]
+    assert template[labels.IMAGE_DIGEST] == labels.image_digest_value(_D1)
+    assert labels.IMAGE_DIGEST not in pinned["spec"]["selector"]["matchLabels"]  # immutable
+    # The same pair (name, labels) as unpinned: an existing DaemonSet is patched, not replaced.
+    (plain,) = loader_planner.plan(fixtures.view(module, nodes)).apply
+    assert plain["metadata"]["name"] == pinned["metadata"]["name"]
+    assert plain["metadata"]["labels"] == pinned["metadata"]["labels"]
+    converged = loader_planner.plan(fixtures.view(module, nodes, [pinned]), pins={K68: _D1})
+    assert (converged.apply, converged.delete) == ([], [])
+    (rebuilt,) = loader_planner.plan(fixtures.view(module, nodes, [pinned]), pins={K68: _D2}).apply
+    assert _image_of(rebuilt) == f"{tag}@{_D2}"
+
+
+def test_loader_pods_of_an_older_digest_are_replaced_only_when_they_never_loaded() -> None:
+    module = fixtures.module()
+    nodes = [fixtures.node("n0", K68), fixtures.node("n3", K68)]
+    (old,) = loader_planner.plan(fixtures.view(module, nodes), pins={K68: _D1}).apply
+    old["metadata"]["uid"] = "uid-ds"
+    loaded = fixtures.pod(old, "n0", ready=True)
+    refused = fixtures.pod(old, "n3", ready=False)  # its postStart failed: never loaded
+    pods = [loaded, refused]
+    # The rebuilt image's template is sent first; no pod is touched meanwhile.
+    sending = loader_planner.plan(fixtures.view(module, nodes, [old], pods), pins={K68: _D2})
+    assert len(sending.apply) == 1
+    assert sending.replace == []
+    (new,) = sending.apply
+    new["metadata"]["uid"] = "uid-ds"
+    found = loader_planner.plan(fixtures.view(module, nodes, [new], pods), pins={K68: _D2})
+    assert found.apply == []
+    assert found.replace == [refused]  # the Ready one keeps its module
+    assert found.loaded == {"n0"}
+    # One whose node stopped reporting (only Ready turned False): it loaded, it stays.
+    lost = fixtures.pod(old, "n3", ready=False)
+    lost["status"]["conditions"].append({"type": "ContainersReady", "status": "True"})
+    kept = loader_planner.plan(fixtures.view(module, nodes, [new], [loaded, lost]), pins={K68: _D2})
+    assert kept.replace == []
+    # A pod of the new image that is not Ready (yet) is left alone.
+    fresh = fixtures.pod(new, "n3", ready=False)
+    again = loader_planner.plan(
+        fixtures.view(module, nodes, [new], [loaded, fresh]), pins={K68: _D2}
+    )
+    assert again.replace == []
+    # Unpinned (an image kmm did not build): nothing is replaced.
+    plain = loader_planner.plan(fixtures.view(module, nodes, [new], pods))
+    assert plain.replace == []
