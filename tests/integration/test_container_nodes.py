@@ -26,7 +26,8 @@ from kmm.api import labels, modules
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.sandbox import addressing, cluster, containernodes
+from kmm.sandbox import addressing, cluster
+from kmm.sandbox.containernodes import nodes as containernodes
 
 IMAGES = Path("build/images")
 # What the fixture pushes and pods pull; set once the registry answered.

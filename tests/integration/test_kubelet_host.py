@@ -25,7 +25,10 @@ import pytest
 
 from kmm.cli import paths
 from kmm.kube import resources
-from kmm.sandbox import cluster, containernodes, kubeletnodes, state
+from kmm.sandbox import cluster, state
+from kmm.sandbox.containernodes import cgroups as node_cgroups
+from kmm.sandbox.containernodes import nodes as containernodes
+from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
 
 # Values the kubelet changes (it wants 1, 10 and 1), safe to hold meanwhile.
 # The host is set to them first, so the restore is checked even on a machine
@@ -171,7 +174,7 @@ async def test_container_nodes_leave_no_shim_cgroup_namespace_mount_or_rule() ->
                         break
                     await asyncio.sleep(0.3)
         parent = record.cgroup_parent
-        cgroups = [h / parent for h in containernodes.cgroup_hierarchies() if (h / parent).is_dir()]
+        cgroups = [h / parent for h in node_cgroups.cgroup_hierarchies() if (h / parent).is_dir()]
         contained = {
             int(pid)
             for cgroup in cgroups

@@ -34,15 +34,8 @@ from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.sandbox import (
-    addressing,
-    cluster,
-    components,
-    kubeletnodes,
-    namespaces,
-    restarting,
-    testing,
-)
+from kmm.sandbox import addressing, cluster, components, namespaces, restarting, testing
+from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
 
 NODE = f"{kubeletnodes.NODE_PREFIX}0"
 

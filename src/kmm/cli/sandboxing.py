@@ -21,13 +21,14 @@ from kmm.sandbox import (
     cluster,
     components,
     errors,
-    fakemodules,
+    nodekinds,
     processes,
     pushing,
     restarting,
     state,
 )
 from kmm.sandbox import registry as sandbox_registry
+from kmm.sandbox.containernodes import fakemodules
 
 app = typer.Typer(
     help="Run a local Kubernetes control plane with fake nodes.", no_args_is_help=True
@@ -390,14 +391,37 @@ def status(directory: DirOption = None) -> None:
     for row in node_rows:
         nodes_table.add_row(*row)
     _console.print(nodes_table)
-    if record.container_nodes:
-        ready = {row[0]: row[1] for row in node_rows}
-        containers = Table(title="container nodes")
-        for column in ("name", "runtime", "node IP", "Ready"):
-            containers.add_column(column)
-        for name, runtime, address in cluster.container_node_table(record):
-            containers.add_row(name, runtime, address, ready.get(name, "Unknown"))
-        _console.print(containers)
+    ready = {row[0]: row[1] for row in node_rows}
+    for kind in cluster.kinds(record):
+        title = _NODE_TABLES.get(kind.kind)
+        if title is None:
+            continue
+        described = asyncio.run(kind.status())
+        if described:
+            _console.print(_node_kind_table(title, described, ready))
+
+
+# The kinds of node ``status`` shows a table of, beside the nodes table.
+_NODE_TABLES = {"containerd": "container nodes"}
+
+
+def _node_kind_table(
+    title: str, described: list[nodekinds.NodeInfo], ready: dict[str, str]
+) -> Table:
+    """One kind's nodes: name, what the kind says of each, node IP, Ready."""
+    table = Table(title=title)
+    columns = [column for column, _ in described[0].details]
+    for column in ("name", *columns, "node IP", "Ready"):
+        table.add_column(column)
+    for node in described:
+        values = dict(node.details)
+        table.add_row(
+            node.name,
+            *(values.get(column, "") for column in columns),
+            node.address,
+            ready.get(node.name, "Unknown"),
+        )
+    return table
 
 
 def _registry_line(record: state.SandboxState) -> str:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kmm.sandbox import cluster, errors, kubeletnodes, namespaces
+from kmm.sandbox import cluster, errors, namespaces
+from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
 
 
 def _node(tmp_path: Path) -> kubeletnodes.KubeletNode:

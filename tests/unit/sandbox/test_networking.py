@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kmm.sandbox import addressing, fabric, kubeletnodes, namespaces, networking, relay
+from kmm.sandbox import addressing, fabric, namespaces, networking, relay
 
 
 def test_the_relay_serves_the_api_server_to_nodes_and_kubelets_to_the_host(
@@ -14,12 +14,8 @@ def test_the_relay_serves_the_api_server_to_nodes_and_kubelets_to_the_host(
     fab = fabric.Fabric(holder=namespaces.Holder(pid=10), directory=tmp_path)
     nodes = [
         (
-            kubeletnodes.KubeletNode(
-                name=f"kmm-kubelet-{i}",
-                directory=tmp_path / str(i),
-                port=20000 + i,
-                healthz_port=21000 + i,
-                cri_http_port=22000 + i,
+            networking.Attachment(
+                name=f"kmm-kubelet-{i}", index=i, published=(20000 + i, 21000 + i)
             ),
             namespaces.Holder(pid=100 + i, mount=True),
         )
