@@ -8,8 +8,8 @@ the relay), then kube-apiserver, then controller-manager, scheduler, KWOK
 returns once every node is Ready. Every process is recorded in the sandbox
 directory as soon as it is launched (``launching``), so ``down`` can stop a
 start that was interrupted half-way: each kind stops its nodes and what
-they leave behind, then the rest stops in reverse start order (and the
-sysctls the kubelets change are written back). Every ``up`` starts an empty
+they leave behind (and writes back the host sysctls its kubelets changed,
+``hostsysctls``), then the rest stops in reverse start order. Every ``up`` starts an empty
 cluster: the data, certificates and logs of the directory's previous run are
 replaced. ``restarting`` stops and starts one component of a running
 sandbox on its data.
@@ -382,21 +382,16 @@ def _refuse_if_running(directory: Path) -> None:
 
 def _stop(record: state.SandboxState, planned: list[nodekinds.NodeKind]) -> None:
     """Each kind's nodes (the last started first), then every other process
-    in reverse start order, then the host's sysctls as they were; the first
-    error of a kind is raised once everything else was done."""
+    in reverse start order; the first error of a kind is raised once
+    everything else was done."""
     failure: errors.SandboxError | None = None
-    try:
-        for kind in reversed(planned):
-            try:
-                kind.stop()
-            except errors.SandboxError as err:
-                failure = failure or err
-        for process in reversed(record.launched):
-            process.stop()
-    finally:
-        # Whatever could not be removed, the host's sysctls come back.
-        if record.sysctls:
-            kubeletnodes.restore_sysctls(record.sysctls)
+    for kind in reversed(planned):
+        try:
+            kind.stop()
+        except errors.SandboxError as err:
+            failure = failure or err
+    for process in reversed(record.launched):
+        process.stop()
     if failure is not None:
         raise failure
 

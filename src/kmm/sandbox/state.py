@@ -44,10 +44,9 @@ class SandboxState:
     launched: list[processes.Process]
     node_names: list[str]
     versions: dict[str, str]
-    # Nodes served by real kubelets, and the host sysctls they change,
-    # as found before the first one started (``down`` writes them back).
+    # Nodes served by real kubelets on the host (the host sysctls they
+    # change are ``hostsysctls``').
     kubelet_nodes: list[str] = dataclasses.field(default_factory=list)
-    sysctls: dict[str, str] = dataclasses.field(default_factory=dict)
     # Which kubelet nodes run containerd (``--runtime containerd``), and the
     # cgroup every container of theirs lives under (``kmm-sandbox-<id>``,
     # in every hierarchy; ``down`` removes it).
@@ -67,7 +66,6 @@ def save(state: SandboxState) -> None:
         "versions": state.versions,
         "nodes": state.node_names,
         "kubeletNodes": state.kubelet_nodes,
-        "sysctls": state.sysctls,
         "containerNodes": state.container_nodes,
         "cgroupParent": state.cgroup_parent,
         "registry": _registry_document(state.registry),
@@ -110,7 +108,6 @@ def load(directory: Path) -> SandboxState | None:
         versions=dict(document["versions"]),
         node_names=list(document["nodes"]),
         kubelet_nodes=list(document.get("kubeletNodes") or ()),
-        sysctls=dict(document.get("sysctls") or {}),
         container_nodes=list(document.get("containerNodes") or ()),
         cgroup_parent=str(document.get("cgroupParent") or ""),
         registry=_registry_record(document.get("registry")),

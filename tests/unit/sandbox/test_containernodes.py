@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kmm.sandbox import addressing, cluster, errors
+from kmm.sandbox import addressing, cluster, errors, hostsysctls
 from kmm.sandbox.containernodes import cgroups, configs
 from kmm.sandbox.containernodes import nodes as containernodes
 from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
@@ -211,14 +211,13 @@ def test_down_writes_the_sysctls_back_even_when_the_cgroups_would_not_go(
         launched=[],
         node_names=[],
         versions={},
-        sysctls={"kernel/panic": "0"},
         kubelet_nodes=["kmm-kubelet-0"],
         container_nodes=["kmm-kubelet-0"],
         cgroup_parent="kmm-sandbox-test",
     )
     cluster.state.save(record)
-    restored: list[dict[str, str]] = []
-    monkeypatch.setattr(kubeletnodes, "restore_sysctls", restored.append)
+    released: list[Path] = []
+    monkeypatch.setattr(hostsysctls, "release", released.append)
 
     def stuck(parent: str) -> list[Path]:
         return [Path("/sys/fs/cgroup/pids") / parent.lstrip("/")]
@@ -226,4 +225,4 @@ def test_down_writes_the_sysctls_back_even_when_the_cgroups_would_not_go(
     monkeypatch.setattr(cgroups, "remove_cgroups", stuck)
     with pytest.raises(errors.SandboxError, match="could not remove the sandbox's cgroups"):
         cluster.down(tmp_path)
-    assert restored == [{"kernel/panic": "0"}]
+    assert released == [tmp_path]

@@ -9,7 +9,9 @@ node's kube-proxy, kubelet and containerd, then what they leave outside
 their namespaces: the shims (sessions of their own, never in the record)
 and every process and cgroup under the sandbox's cgroup parent. With the
 holders stopped after it (``cluster.down``) the node namespaces lose their
-last process, and their mounts, interfaces and iptables rules go too.
+last process, and their mounts, interfaces and iptables rules go too; the
+host sysctls the kubelets changed come back once no other sandbox's
+kubelets hold them (``hostsysctls``).
 ``restart`` restarts a node's containerd, kubelet and kube-proxy, as a
 machine restarts those services: its containers keep running.
 """
@@ -20,10 +22,9 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
-from kmm.sandbox import errors, launching, networking, nodekinds, pki, state
+from kmm.sandbox import errors, hostsysctls, launching, networking, nodekinds, pki, state
 from kmm.sandbox.containernodes import cgroups, fakemodules, nodes, starting
 from kmm.sandbox.kubeletnodes import kind as kubeletkind
-from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
 
 __all__ = ["KIND", "ContainerNodes", "identities", "of", "plan"]
 
@@ -79,10 +80,9 @@ class ContainerNodes:
         # Planned (``plan``), not found again (``of``): only a plan starts.
         assert self._pinned is not None
         assert self._pause_archive is not None
-        record = starting_.record
-        # What the kubelets will change on the host, as it was: `down` restores it.
-        record.sysctls = kubeletnodes.read_sysctls()
-        state.save(record)
+        # The host's sysctls as they were, unless another sandbox's kubelets
+        # changed them first: `down` writes them back (``hostsysctls``).
+        hostsysctls.claim(starting_.record.directory)
         await starting.start(
             starting_,
             self._nodes,
@@ -97,16 +97,20 @@ class ContainerNodes:
     def stop(self) -> None:
         """See the module docstring; SandboxError naming the cgroups that
         would not go."""
-        launching.stop(self._record, self._processes().__contains__)
-        for node in self._nodes:
-            cgroups.kill_shims(node.containerd_socket)
-        if self._record.cgroup_parent:
-            left = cgroups.remove_cgroups(f"/{self._record.cgroup_parent}")
-            if left:
-                raise errors.SandboxError(
-                    "could not remove the sandbox's cgroups (processes still in them?): "
-                    + ", ".join(str(path) for path in left)
-                )
+        try:
+            launching.stop(self._record, self._processes().__contains__)
+            for node in self._nodes:
+                cgroups.kill_shims(node.containerd_socket)
+            if self._record.cgroup_parent:
+                left = cgroups.remove_cgroups(f"/{self._record.cgroup_parent}")
+                if left:
+                    raise errors.SandboxError(
+                        "could not remove the sandbox's cgroups (processes still in them?): "
+                        + ", ".join(str(path) for path in left)
+                    )
+        finally:
+            # Whatever could not be removed, the host's sysctls come back.
+            hostsysctls.release(self._record.directory)
 
     async def restart(self, name: str, *, timeout: float) -> None:
         node = next((node for node in self._nodes if node.name == name), None)

@@ -7,7 +7,9 @@ covered in its mount namespace, its two ports published on the host's
 loopback). ``start`` runs, per node, the fake runtime (on the host) then
 the kubelet (in the node's namespaces), and returns once every Node is
 Ready. ``restart`` restarts a node's kubelet, as a machine restarts its
-kubelet service; ``stop`` stops both.
+kubelet service; ``stop`` stops both. The host sysctls the kubelets change
+are claimed before the first one starts and released by ``stop``
+(``hostsysctls``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from kmm.sandbox import (
     addressing,
     health,
+    hostsysctls,
     launching,
     networking,
     nodekinds,
@@ -81,9 +84,9 @@ class KubeletNodes:
 
     async def start(self, starting: nodekinds.Starting) -> None:
         record = starting.record
-        # What the kubelets will change on the host, as it was: `down` restores it.
-        record.sysctls = nodes.read_sysctls()
-        state.save(record)
+        # The host's sysctls as they were, unless another sandbox's kubelets
+        # changed them first: `down` writes them back (``hostsysctls``).
+        hostsysctls.claim(record.directory)
         started = []
         for node in self._nodes:
             runtime = starting.launcher.launch(
@@ -120,7 +123,10 @@ class KubeletNodes:
         return {f"{what}/{name}" for name in self.names for what in ("kubelet", "fake-cri")}
 
     def stop(self) -> None:
-        launching.stop(self._record, self._processes().__contains__)
+        try:
+            launching.stop(self._record, self._processes().__contains__)
+        finally:
+            hostsysctls.release(self._record.directory)
 
     async def restart(self, name: str, *, timeout: float) -> None:
         index = launching.find(self._record, f"kubelet/{name}")
