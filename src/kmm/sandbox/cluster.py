@@ -21,6 +21,7 @@ CLI use: ``cluster.up(cluster.Options(...))`` is the sandbox's entry point.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import shutil
 from pathlib import Path
@@ -52,6 +53,7 @@ from kmm.sandbox.kubeletnodes import kind as kubeletkind
 from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
 from kmm.sandbox.kwoknodes import kind as kwokkind
 from kmm.sandbox.kwoknodes import nodes as kwoknodes
+from kmm.sandbox.vmnodes import kind as vmkind
 
 __all__ = [
     "DEFAULT_KERNELS",
@@ -68,6 +70,7 @@ __all__ = [
     "node_table",
     "status",
     "up",
+    "vm_nodes",
     "wait_default_account",
 ]
 
@@ -81,7 +84,7 @@ health_access = controlplane.health_access
 
 
 def _reset(directory: Path) -> None:
-    for name in ("pki", "etcd", "logs", "kubelets", "relay", "registry"):
+    for name in ("pki", "etcd", "logs", "kubelets", "relay", "registry", "vms", "secure-boot"):
         shutil.rmtree(directory / name, ignore_errors=True)
     (directory / "logs").mkdir(parents=True)
 
@@ -96,6 +99,25 @@ def _check_directory(directory: Path, chosen: options.Options) -> None:
         kubeletnodes.check_directory(directory)
         if chosen.containers:
             containernodes.check_directory(directory, containernodes.overlay_roots())
+    if chosen.vm_nodes:
+        vmkind.check_directory(directory)
+
+
+def _vm_boot(directory: Path, chosen: options.Options) -> vmkind.Boot | None:
+    """How the VM nodes asked for boot, checked before anything starts (the
+    image built, the kernel one of its own, qemu and the firmware there);
+    None without VM nodes. The signing key is made later, in ``directory``."""
+    if not chosen.vm_nodes:
+        return None
+    image = vmkind.find_image(chosen.cache_dir)
+    return vmkind.Boot(
+        image=image,
+        kernel=vmkind.check_kernel(image, chosen.node_kernel),
+        secure_boot=chosen.secure_boot,
+        accel=vmkind.requested_accel(chosen.accel),
+        key=vmkind.signing_key_path(directory),
+        pause_archive=chosen.pause_image,
+    )
 
 
 def _tools(chosen: options.Options) -> tuple[components.GoTool, ...]:
@@ -105,12 +127,16 @@ def _tools(chosen: options.Options) -> tuple[components.GoTool, ...]:
     return tools
 
 
-def _identities(chosen: options.Options, kubelet_names: list[str]) -> list[pki.ClientIdentity]:
+def _identities(
+    chosen: options.Options, kubelet_names: list[str], vm_names: list[str]
+) -> list[pki.ClientIdentity]:
     found = list(controlplane.IDENTITIES)
-    if kubelet_names:
+    if kubelet_names or vm_names:
         found.append(controlplane.KUBELET_CLIENT)
+    if kubelet_names:
         planned = containerkind if chosen.containers else kubeletkind
         found += planned.identities(kubelet_names)
+    found += vmkind.identities(vm_names)
     return found
 
 
@@ -120,11 +146,13 @@ def _plan(
     node_plan: list[tuple[str, str]],
     free: list[int],
     pinned: Path | None,
+    boot: vmkind.Boot | None,
 ) -> list[nodekinds.NodeKind]:
     """Each kind of node ``chosen`` asks for, planned (KWOK's first: its
-    nodes are Ready before any kubelet starts, as before kinds existed)."""
+    nodes are Ready before any kubelet starts, as before kinds existed; VM
+    nodes last, their ports and fabric places after the kubelet nodes')."""
     planned: list[nodekinds.NodeKind] = [
-        kwokkind.plan(record, node_plan, tainted=bool(record.container_nodes))
+        kwokkind.plan(record, node_plan, tainted=bool(record.container_nodes or record.vm_nodes))
     ]
     if record.container_nodes:
         assert pinned is not None  # built with the container nodes' tools
@@ -139,6 +167,8 @@ def _plan(
         )
     elif record.kubelet_nodes:
         planned.append(kubeletkind.plan(record, free))
+    if boot is not None:
+        planned.append(vmkind.plan(record, free[3 * len(record.kubelet_nodes) :], boot=boot))
     return planned
 
 
@@ -154,6 +184,7 @@ async def up(
     if chosen.apiserver_port:
         ports.require_free(chosen.apiserver_port, what="kube-apiserver")
 
+    boot = _vm_boot(directory, chosen)
     tools = _tools(chosen)
     binaries = await building.ensure_built(chosen.cache_dir, tools, progress=progress)
     pinned = (
@@ -164,15 +195,19 @@ async def up(
     directory.mkdir(parents=True, exist_ok=True)
     _reset(directory)
     kubelet_names = kubeletkind.names(chosen.kubelet_nodes)
-    credentials = pki.create(directory / "pki", tuple(_identities(chosen, kubelet_names)))
+    vm_names = vmkind.names(chosen.vm_nodes)
+    credentials = pki.create(directory / "pki", tuple(_identities(chosen, kubelet_names, vm_names)))
+    if boot is not None:
+        vmkind.signing_key(directory)
 
-    # One call, so that no two coincide: kubelet nodes' host ports (and the
+    # One call, so that no two coincide: the nodes' host ports (and the
     # relay's health port) are bound by the relay before the API server starts.
-    chosen_ports = ports.free_ports(8 + (1 + 3 * len(kubelet_names) if kubelet_names else 0))
+    networked = len(kubelet_names) + len(vm_names)
+    chosen_ports = ports.free_ports(8 + (1 + 3 * networked if networked else 0))
     etcd_port, peer_port, cm_port, scheduler_port, kwok_port, free_api_port = chosen_ports[:6]
     # The registry's: chosen now, for the relay (started first) to forward to.
     registry_port, registry_debug_port = chosen_ports.pop(6), chosen_ports.pop(6)
-    relay_health_port, *kubelet_ports = chosen_ports[6:] or [0]  # 0: no relay without kubelets
+    relay_health_port, *node_ports = chosen_ports[6:] or [0]  # 0: no relay without nodes
     api_port = chosen.apiserver_port or free_api_port
     server = f"https://{ports.HOST}:{api_port}"
 
@@ -197,10 +232,14 @@ async def up(
         kubelet_nodes=kubelet_names,
         container_nodes=kubelet_names if chosen.containers else [],
         cgroup_parent=f"kmm-sandbox-{secrets.token_hex(4)}" if chosen.containers else "",
+        vm_nodes=vm_names,
     )
     launcher = launching.Launcher(record)
-    planned = _plan(record, chosen, node_plan, kubelet_ports, pinned)
+    planned = _plan(record, chosen, node_plan, node_ports, pinned, boot)
     attachments = [attachment for kind in planned for attachment in kind.attachments()]
+    # VM nodes boot while the control plane starts (their kubelets wait for
+    # it): a guest's boot is the longest step of a sandbox's start.
+    booting: asyncio.Task[None] | None = None
     try:
         etcd = launcher.launch(
             "etcd",
@@ -219,6 +258,19 @@ async def up(
                 registry_port=registry_port if chosen.wants_registry else 0,
             )
             await health.wait_healthy(network.relay, timeout=chosen.start_timeout)
+        starting = nodekinds.Starting(
+            launcher=launcher,
+            binaries=binaries,
+            credentials=credentials,
+            kubeconfig_for=kubeconfig_for,
+            network=network,
+            api_port=api_port,
+            timeout=chosen.start_timeout,
+            cache_dir=chosen.cache_dir,
+        )
+        vms = next((kind for kind in planned if isinstance(kind, vmkind.VmNodes)), None)
+        if vms is not None:
+            booting = asyncio.create_task(vms.boot(starting), name="kmm-sandbox-vm-boot")
         apiserver = launcher.launch(
             "kube-apiserver",
             controlplane.apiserver_argv(
@@ -292,16 +344,6 @@ async def up(
         )
         if registry_process is not None:
             await health.wait_healthy(registry_process, timeout=chosen.start_timeout)
-        starting = nodekinds.Starting(
-            launcher=launcher,
-            binaries=binaries,
-            credentials=credentials,
-            kubeconfig_for=kubeconfig_for,
-            network=network,
-            api_port=api_port,
-            timeout=chosen.start_timeout,
-            cache_dir=chosen.cache_dir,
-        )
         kwok_nodes, *kubelet_kinds = planned
         await kwok_nodes.start(starting)
         # A cluster where a pod can be created: the controller-manager has
@@ -318,8 +360,15 @@ async def up(
                     processes.log_tail(controller_manager.log),
                 ) from err
         for kind in kubelet_kinds:
+            if kind is vms:
+                assert booting is not None
+                await booting
             await kind.start(starting)
     except BaseException:
+        if booting is not None and not booting.done():
+            booting.cancel()
+            with contextlib.suppress(BaseException):
+                await booting
         _stop(record, planned)
         raise
     return record
@@ -345,9 +394,20 @@ async def wait_default_account(
 def kinds(record: state.SandboxState) -> list[nodekinds.NodeKind]:
     """The kinds of node a running sandbox has, as its record and files say."""
     found: list[nodekinds.NodeKind] = [kwokkind.of(record)]
-    for kind in (kubeletkind.of(record), containerkind.of(record)):
+    for kind in (kubeletkind.of(record), containerkind.of(record), vmkind.of(record)):
         if kind is not None:
             found.append(kind)
+    return found
+
+
+def vm_nodes(directory: Path) -> vmkind.VmNodes:
+    """A running sandbox's VM nodes; NotRunning when it has none."""
+    record = status(directory)
+    found = vmkind.of(record)
+    if found is None:
+        raise errors.NotRunning(
+            f"the sandbox in {record.directory} has no VM node (`kmm sandbox up --vm-nodes N`)"
+        )
     return found
 
 

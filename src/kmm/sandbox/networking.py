@@ -10,7 +10,9 @@ launches the relay (``relay``) that joins them to the host's loopback:
   namespace (what kubelet kubeconfigs name);
 - each kubelet's port and healthz port are published on the host's
   127.0.0.1 under the same numbers, so node records, health URLs and
-  callers on the host are as they were;
+  callers on the host are as they were (a VM node's are its guest's, dialled
+  at the node IP from the fabric: inside a guest 127.0.0.1 is the guest's
+  own, and its kubeconfigs name GATEWAY:P);
 - the API server reaches kubelets through its egress selector
   (``apiserver_flags``): selection ``cluster``, HTTPConnect over the relay's
   unix socket, dialled from the fabric namespace, limited to
@@ -52,12 +54,17 @@ class Attachment:
     node IP is ``addressing.node_address(index)``), the ports of its loopback
     published on the host's under the same numbers (its kubelet's, healthz
     ...), and what makes its mounts in a private mount namespace of its own
-    (None: a network namespace only)."""
+    (None: a network namespace only).
+
+    With ``tap`` the node is a VM's: its namespace is a wire to the fabric
+    for the guest on that tap (``fabric.attach_bridged``), which holds the
+    node IP itself; its published ports are the guest's, on the node IP."""
 
     name: str
     index: int
     published: tuple[int, ...] = ()
     mount: Callable[[namespaces.Holder], None] | None = None
+    tap: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +115,18 @@ def relay_config(
         ),
     ]
     for node, holder in nodes:
+        if node.tap:
+            # A guest's 127.0.0.1 is its own: it names the gateway (above),
+            # and its ports are dialled at its address on the fabric.
+            guest = str(addressing.node_address(node.index))
+            forwarders += [
+                relay.Forwarder(
+                    listen=relay.Endpoint(None, ports.HOST, port),
+                    target=relay.Endpoint(fab.holder.net_path, guest, port),
+                )
+                for port in node.published
+            ]
+            continue
         forwarders.append(
             relay.Forwarder(
                 listen=relay.Endpoint(holder.net_path, "127.0.0.1", api_port), target=api
@@ -172,7 +191,10 @@ def start(
         holder = namespaces.start_holder(
             launcher, f"node/{node.name}", mount=node.mount is not None
         )
-        fabric.attach(fab, holder, node.index)
+        if node.tap:
+            fabric.attach_bridged(fab, holder, node.index, tap=node.tap)
+        else:
+            fabric.attach(fab, holder, node.index)
         if node.mount is not None:
             node.mount(holder)
         holders[node.name] = holder

@@ -43,6 +43,7 @@ __all__ = [
     "NodeInfo",
     "NodeKind",
     "Starting",
+    "schedulable_ready",
     "wait_kubelets_ready",
     "wait_ready",
 ]
@@ -137,7 +138,8 @@ class NodeKind(Protocol):
         ...
 
 
-def _is_schedulable_ready(node: Mapping[str, Any]) -> bool:
+def schedulable_ready(node: Mapping[str, Any]) -> bool:
+    """Whether a Node object is Ready and no longer tainted not-ready."""
     conditions = (node.get("status") or {}).get("conditions") or ()
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     # The node lifecycle controller taints a new node not-ready until it sees
@@ -160,7 +162,7 @@ async def wait_ready(
             listing = await api.request(
                 "GET", resources.NODES.path(), query={"labelSelector": label_selector}
             )
-            ready = {objects.name(n) for n in listing["items"] if _is_schedulable_ready(n)}
+            ready = {objects.name(n) for n in listing["items"] if schedulable_ready(n)}
             if wanted <= ready:
                 return
             await asyncio.sleep(0.25)

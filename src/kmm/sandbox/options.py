@@ -9,15 +9,18 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from kmm.sandbox import addressing
 from kmm.sandbox.containernodes import fakemodules
 from kmm.sandbox.containernodes import nodes as containernodes
 from kmm.sandbox.registry import Auth as RegistryAuth
 
-__all__ = ["DEFAULT_KERNELS", "RUNTIMES", "Options"]
+__all__ = ["ACCELERATORS", "DEFAULT_KERNELS", "RUNTIMES", "Options"]
 
 DEFAULT_KERNELS = ("6.8.0-45-generic",)
 # What runs a kubelet node's pods: nothing (a fake CRI), or containerd and runc.
 RUNTIMES = ("fake", containernodes.RUNTIME)
+# What VM nodes run on (``vmnodes.accel``): KVM where it boots a node, else TCG.
+ACCELERATORS = ("auto", "kvm", "tcg")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +66,13 @@ class Options:
     # Kernel modules every container node shows as loaded, with their devices
     # (``fakemodules``: the kernel here loads none).
     fake_modules: tuple[fakemodules.FakeModule, ...] = ()
+    # VM nodes (``vmnodes``): qemu guests booting Debian's kernels, Secure
+    # Boot on unless told otherwise, on ``node_kernel`` first ("": the
+    # image's default), accelerated as ``accel`` says.
+    vm_nodes: int = 0
+    secure_boot: bool = True
+    node_kernel: str = ""
+    accel: str = "auto"
 
     @property
     def containers(self) -> bool:
@@ -73,7 +83,7 @@ class Options:
     def wants_registry(self) -> bool:
         if self.registry is not None:
             return self.registry
-        return self.registry_auth is not None or self.containers
+        return self.registry_auth is not None or self.containers or self.vm_nodes > 0
 
     def apiserver_flags(self) -> list[str]:
         """The kube-apiserver flags these options add."""
@@ -127,10 +137,32 @@ class Options:
             # user asking for a low limit means.
             if value is not None and value < 1:
                 raise ValueError(f"{flag} must be 1 or more")
+        self._check_vm_nodes()
         if any(entry.startswith("resource.k8s.io/") for entry in self.runtime_config) and (
-            self.kubelet_nodes
+            self.kubelet_nodes or self.vm_nodes
         ):
+            flag = "--kubelet-nodes" if self.kubelet_nodes else "--vm-nodes"
             raise ValueError(
-                "--kubelet-nodes needs resource.k8s.io served: the Node authorizer and "
+                f"{flag} needs resource.k8s.io served: the Node authorizer and "
                 "the kubelet's DRA manager watch it"
+            )
+
+    def _check_vm_nodes(self) -> None:
+        if self.vm_nodes < 0:
+            raise ValueError("--vm-nodes must be 0 or more")
+        if self.accel not in ACCELERATORS:
+            raise ValueError(
+                f"--accel must be one of {', '.join(ACCELERATORS)}, not {self.accel!r}"
+            )
+        if not self.vm_nodes:
+            for flag, given in (
+                ("--node-kernel", bool(self.node_kernel)),
+                ("--no-secure-boot", not self.secure_boot),
+                (f"--accel {self.accel}", self.accel != "auto"),
+            ):
+                if given:
+                    raise ValueError(f"{flag} needs --vm-nodes 1 or more")
+        if self.kubelet_nodes + self.vm_nodes > addressing.MAX_NODES:
+            raise ValueError(
+                f"--kubelet-nodes and --vm-nodes together must be {addressing.MAX_NODES} or fewer"
             )

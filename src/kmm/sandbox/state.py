@@ -53,6 +53,8 @@ class SandboxState:
     container_nodes: list[str] = dataclasses.field(default_factory=list)
     cgroup_parent: str = ""
     registry: RegistryRecord | None = None
+    # VM nodes (``vmnodes``): qemu guests, each under ``vms/<i>``.
+    vm_nodes: list[str] = dataclasses.field(default_factory=list)
 
     def alive(self) -> list[processes.Process]:
         return [process for process in self.launched if process.alive()]
@@ -69,6 +71,7 @@ def save(state: SandboxState) -> None:
         "containerNodes": state.container_nodes,
         "cgroupParent": state.cgroup_parent,
         "registry": _registry_document(state.registry),
+        "vmNodes": state.vm_nodes,
         "processes": [
             {
                 "name": process.name,
@@ -111,6 +114,7 @@ def load(directory: Path) -> SandboxState | None:
         container_nodes=list(document.get("containerNodes") or ()),
         cgroup_parent=str(document.get("cgroupParent") or ""),
         registry=_registry_record(document.get("registry")),
+        vm_nodes=list(document.get("vmNodes") or ()),
         launched=[
             processes.Process(
                 name=entry["name"],

@@ -22,11 +22,14 @@ from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
 __all__ = [
     "CNI_PLUGINS",
     "cni_config",
+    "cni_conflist",
     "containerd_argv",
     "containerd_config",
+    "containerd_toml",
     "hosts_files",
     "kube_proxy_argv",
     "kube_proxy_config",
+    "kube_proxy_document",
     "kubelet_argv",
     "kubelet_config",
     "write_cni_files",
@@ -52,6 +55,25 @@ def containerd_config(node: nodes.ContainerNode, *, runc: Path) -> str:
     """containerd's config (version 3): overlayfs, the node's registry hosts
     (for the CRI's pulls and the transfer service's), CDI (always on in 2.x)
     from the node's /var/run/cdi, the pinned runc, the local pause image."""
+    return containerd_toml(
+        socket=str(node.containerd_socket),
+        opt=str(node.root / "opt" / "containerd"),
+        runc=str(runc),
+        systemd_cgroup=False,
+        # Never below containerd's own score: the kubelet asks -998 for pod
+        # sandboxes, which needs CAP_SYS_RESOURCE (not every machine grants
+        # it), and sandbox pods are no more precious than the host's processes.
+        restrict_oom_score_adj=True,
+    )
+
+
+def containerd_toml(
+    *, socket: str, opt: str, runc: str, systemd_cgroup: bool, restrict_oom_score_adj: bool
+) -> str:
+    """containerd's config at the usual paths of a node's filesystem, with
+    its socket, opt directory and runc where the node has them, cgroups
+    through systemd or not: a container node's (``containerd_config``), a
+    VM node's (``vmnodes.kubernetes``)."""
     cri_runtime = '[plugins."io.containerd.cri.v1.runtime"]'
     runc_table = '[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]'
     images = '[plugins."io.containerd.cri.v1.images"]'
@@ -76,11 +98,11 @@ def containerd_config(node: nodes.ContainerNode, *, runc: Path) -> str:
             ]
         ),
         "[grpc]",
-        f"address = {_toml(str(node.containerd_socket))}",
+        f"address = {_toml(socket)}",
         "[ttrpc]",
-        f"address = {_toml(str(node.containerd_socket) + '.ttrpc')}",
+        f"address = {_toml(socket + '.ttrpc')}",
         '[plugins."io.containerd.internal.v1.opt"]',
-        f"path = {_toml(str(node.root / 'opt' / 'containerd'))}",
+        f"path = {_toml(opt)}",
         images,
         'snapshotter = "overlayfs"',
         f"{images[:-1]}.pinned_images]",
@@ -90,17 +112,14 @@ def containerd_config(node: nodes.ContainerNode, *, runc: Path) -> str:
         cri_runtime,
         f"cdi_spec_dirs = {_toml(['/var/run/cdi'])}",
         "netns_mounts_under_state_dir = true",
-        # Never below containerd's own score: the kubelet asks -998 for pod
-        # sandboxes, which needs CAP_SYS_RESOURCE (not every machine grants
-        # it), and sandbox pods are no more precious than the host's processes.
-        "restrict_oom_score_adj = true",
+        f"restrict_oom_score_adj = {_toml(restrict_oom_score_adj)}",
         f"{cri_runtime[:-1]}.containerd]",
         'default_runtime_name = "runc"',
         runc_table,
         'runtime_type = "io.containerd.runc.v2"',
         f"{runc_table[:-1]}.options]",
-        f"BinaryName = {_toml(str(runc))}",
-        "SystemdCgroup = false",
+        f"BinaryName = {_toml(runc)}",
+        f"SystemdCgroup = {_toml(systemd_cgroup)}",
         f"{cri_runtime[:-1]}.cni]",
         f"bin_dirs = {_toml(['/opt/cni/bin'])}",
         f"conf_dir = {_toml('/etc/cni/net.d')}",
@@ -162,10 +181,15 @@ def containerd_argv(
 
 
 def cni_config(node: nodes.ContainerNode) -> dict[str, Any]:
-    """The node's conflist: a bridge with host-local addresses from the node's
+    """The node's conflist (``cni_conflist``)."""
+    return cni_conflist(node.index)
+
+
+def cni_conflist(index: int) -> dict[str, Any]:
+    """Node ``index``'s conflist: a bridge with host-local addresses from its
     pod subnet and routes to the sandbox's networks only (no default route:
     nothing outside is reachable from a pod), and portmap."""
-    subnet = addressing.pod_subnet(node.index)
+    subnet = addressing.pod_subnet(index)
     routes = [{"dst": str(net)} for net in addressing.sandbox_networks()]
     return {
         "cniVersion": "1.0.0",
@@ -265,17 +289,31 @@ def kube_proxy_config(node: nodes.ContainerNode, *, kubeconfig: Path) -> dict[st
     """kube-proxy in iptables mode in the node's namespace. Zero conntrack
     limits and timeouts: it would otherwise write the host's global
     nf_conntrack_max and TCP timeouts."""
+    return kube_proxy_document(
+        name=node.name,
+        kubeconfig=str(kubeconfig),
+        healthz=f"127.0.0.1:{node.proxy_healthz_port}",
+        address=node.address,
+    )
+
+
+def kube_proxy_document(
+    *, name: str, kubeconfig: str, healthz: str, address: str
+) -> dict[str, Any]:
+    """kube-proxy in iptables mode for node ``name`` at ``address``, its
+    health served on ``healthz`` (host:port), its conntrack settings left as
+    the kernel has them (``kube_proxy_config`` says why)."""
     return {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
-        "clientConnection": {"kubeconfig": str(kubeconfig)},
-        "hostnameOverride": node.name,
+        "clientConnection": {"kubeconfig": kubeconfig},
+        "hostnameOverride": name,
         "mode": "iptables",
         "clusterCIDR": str(addressing.POD_NETWORK),
         "bindAddress": "127.0.0.1",
-        "healthzBindAddress": f"127.0.0.1:{node.proxy_healthz_port}",
+        "healthzBindAddress": healthz,
         "metricsBindAddress": "127.0.0.1:10249",
-        "nodePortAddresses": [f"{node.address}/32"],
+        "nodePortAddresses": [f"{address}/32"],
         "conntrack": {
             "maxPerCore": 0,
             "min": 0,

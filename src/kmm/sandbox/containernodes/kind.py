@@ -63,7 +63,7 @@ class ContainerNodes:
 
     @property
     def names(self) -> list[str]:
-        return [node.name for node in self._nodes]
+        return list(self._record.container_nodes)
 
     def attachments(self) -> list[networking.Attachment]:
         return [

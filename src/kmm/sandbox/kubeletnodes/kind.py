@@ -69,7 +69,7 @@ class KubeletNodes:
 
     @property
     def names(self) -> list[str]:
-        return [node.name for node in self._nodes]
+        return list(self._record.kubelet_nodes)
 
     def attachments(self) -> list[networking.Attachment]:
         return [
