@@ -539,7 +539,8 @@ async def test_restarts_of_the_kubelet_and_of_the_driver_keep_running_pods(
         # The counter that must stay at 0 after the restart counted this pod's prepare.
         assert await kubelet_count(node, pki_dir, prepares[0], operation_name=prepares[1])
 
-        await restarting.restart(kubelet_sandbox.directory, f"kubelet/{NODE}")
+        # As `kmm sandbox restart kmm-kubelet-0` does: its kind restarts its kubelet.
+        await restarting.restart_node(kubelet_sandbox.directory, NODE)
 
         async def registered_again() -> bool:
             return driver.said("registered with the kubelet") > registered

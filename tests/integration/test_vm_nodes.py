@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import containersandbox
+import namespacing
 import pytest
 
 from kmm.cli import paths
@@ -394,3 +395,20 @@ async def test_node_reboot_back_onto_the_first_kernel(
 ) -> None:
     # The node ends where it started (a node shared by tests leaves as it came).
     await _reboot(sandbox, api, image.kernels.default)
+
+
+def test_down_stops_qemu_and_removes_the_nodes_tap_and_disks(sandbox: Started) -> None:
+    # Last: the module's sandbox goes (the fixture's own down then finds nothing to do).
+    node = sandbox.node
+    holder = next(p for p in sandbox.record.launched if p.name == f"node/{NODE}")
+    namespace = os.readlink(f"/proc/{holder.pid}/ns/net")
+    done = _kmm("sandbox", "down", "--dir", str(sandbox.directory))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"vm/{NODE}" in done.stdout
+    assert not node.alive()
+    # The tap lived in the node's namespace, which is gone.
+    assert namespace not in namespacing.namespace_ids("net")
+    for disk in (node.machine.root, node.machine.esp, node.machine.variables):
+        assert not disk.exists()
+    # Its console stays with the logs.
+    assert node.machine.serial_log.is_file()
