@@ -54,7 +54,8 @@ from typing import Any
 
 from kmm.kube import client, errors, resources
 from kmm.kube import kubeconfigs as kube_access
-from kmm.sandbox import building, cluster, health, nodes, ports, processes, state
+from kmm.sandbox import building, cluster, health, ports, processes, state
+from kmm.sandbox.kwoknodes import nodes
 
 POLL = 0.05
 # What the other components need serving before they start well.

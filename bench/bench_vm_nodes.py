@@ -1,7 +1,7 @@
 """A VM node's costs: image build, boot to ready, memory, reboot (kmm.sandbox.vmnodes).
 
-Run: ``/work/notes/nodes-lock .venv/bin/python bench/bench_vm_nodes.py [--cold] [--accel tcg]``
-(root; after ``make vm-image``)
+Run: ``/work/notes/nodes-lock .venv/bin/python bench/bench_vm_nodes.py [--cold] [--accel tcg]
+[--sandbox]`` (root; after ``make vm-image test-images``)
 
 1. Node image, warm: ``images.build`` when the image is cached (finding it
    by its key). With ``--cold``, also a cold build into a temporary cache
@@ -13,8 +13,17 @@ Run: ``/work/notes/nodes-lock .venv/bin/python bench/bench_vm_nodes.py [--cold] 
    resident memory then and the guest's own view (MemTotal, MemAvailable),
    and a reboot onto the other kernel line until ready again.
 
+3. With ``--sandbox``, instead of 2: a sandbox with one VM node and no KWOK
+   node (``cluster.up``, as ``kmm sandbox up --nodes 0 --vm-nodes 1``): up
+   to every node Ready (the VM boots while the control plane starts, so
+   this is the VM node's time from ``up`` to Ready too), the sandbox's own
+   processes' resident memory, qemu's, and inside the guest its kubelet's,
+   containerd's and kube-proxy's and what the guest uses (MemTotal minus
+   MemAvailable); a reboot until the Node is Ready again on the other
+   kernel line.
+
 Bounds: one node, every wait bounded (600 s); everything started is stopped
-at the end. Addresses: none but the node's own namespace.
+at the end. Addresses: none but the sandbox's own namespaces.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import time
 from pathlib import Path
 
 from kmm.cli import paths
-from kmm.sandbox import building, namespaces, processes
+from kmm.sandbox import building, cluster, namespaces, processes
 from kmm.sandbox.vmnodes import esp, firmware, images, kernels
 from kmm.sandbox.vmnodes import nodes as vm
 
@@ -102,13 +111,70 @@ async def _node(image: images.NodeImage, accel: str) -> None:
                 await process.stop_async()
 
 
+_GUEST_MEMORY = """
+for unit in kmm-kubelet kmm-containerd kmm-kube-proxy; do
+    pid=$(systemctl show -p MainPID --value "$unit")
+    echo "$unit $(grep '^VmRSS:' /proc/$pid/status | tr -s ' ' | cut -d' ' -f2)"
+done
+grep -E '^Mem(Total|Available):' /proc/meminfo | tr -d ':' | tr -s ' ' | cut -d' ' -f1,2
+"""
+
+
+async def _sandbox(accel: str) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="kb", dir="/tmp"))
+    options = cluster.Options(
+        directory=directory,
+        cache_dir=paths.cache_dir(),
+        nodes=0,
+        vm_nodes=1,
+        accel=accel,
+        pause_image=Path("build/images/pause.tar").resolve(),
+    )
+    try:
+        started = time.monotonic()
+        record = await cluster.up(options)
+        print(
+            f"sandbox up, VM Ready: {time.monotonic() - started:7.2f} s  (1 VM node, no KWOK node)"
+        )
+        vms = cluster.vm_nodes(directory)
+        node = vms.handle(record.vm_nodes[0])
+        status = await node.status()
+        print(f"  the node runs {status.kernel} on {status.accel}")
+        others = sum(p.rss_bytes() for p in record.launched if not p.name.startswith("vm/"))
+        print(
+            f"  sandbox processes:  {others / 2**20:7.0f} MiB resident (control plane, relay ...)"
+        )
+        print(f"  qemu resident:      {node.rss_bytes() / 2**20:7.0f} MiB")
+        found = await node.exec(["sh", "-c", _GUEST_MEMORY], timeout=120)
+        values = dict(line.split() for line in found.stdout.decode().splitlines())
+        used = int(values["MemTotal"]) - int(values["MemAvailable"])
+        daemons = ", ".join(
+            f"{unit.removeprefix('kmm-')} {int(values[unit]) >> 10}"
+            for unit in ("kmm-kubelet", "kmm-containerd", "kmm-kube-proxy")
+        )
+        print(f"  in the guest:       {used >> 10:7d} MiB used ({daemons} MiB resident)")
+        other = node.image.kernels.other(status.kernel)
+        started = time.monotonic()
+        await vms.reboot(node.name, kernel=other, timeout=600)
+        print(f"  reboot, Node Ready: {time.monotonic() - started:7.2f} s  ({other})")
+    finally:
+        cluster.down(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cold", action="store_true", help="also build the image cold")
     parser.add_argument("--accel", default="tcg", choices=("auto", "kvm", "tcg"))
+    parser.add_argument(
+        "--sandbox", action="store_true", help="a sandbox with one VM node instead of a bare one"
+    )
     args = parser.parse_args()
     image = _image(args.cold)
-    asyncio.run(_node(image, args.accel))
+    if args.sandbox:
+        asyncio.run(_sandbox(args.accel))
+    else:
+        asyncio.run(_node(image, args.accel))
 
 
 if __name__ == "__main__":

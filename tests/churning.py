@@ -31,7 +31,7 @@ from typing import Any, Final
 from kubernetes_asyncio import client
 
 from kmm.api import modules
-from kmm.sandbox import nodes
+from kmm.sandbox.kwoknodes import nodes
 
 __all__ = [
     "KERNELS",

@@ -46,7 +46,8 @@ from kmm.api import labels
 from kmm.kube import client as kube_client
 from kmm.kube import resources
 from kmm.oci import archive as oci_archive
-from kmm.sandbox import cluster, components, containernodes, namespaces, registry, state
+from kmm.sandbox import cluster, components, namespaces, registry, state
+from kmm.sandbox.containernodes import nodes as containernodes
 
 IMAGES = Path("build/images")
 KMM_IMAGE = Path("build/kmm-image.tar")

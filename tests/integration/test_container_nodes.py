@@ -26,7 +26,8 @@ from kmm.api import labels, modules
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.sandbox import addressing, cluster, containernodes
+from kmm.sandbox import addressing, cluster, restarting, testing
+from kmm.sandbox.containernodes import nodes as containernodes
 
 IMAGES = Path("build/images")
 # What the fixture pushes and pods pull; set once the registry answered.
@@ -316,3 +317,38 @@ async def test_a_module_meant_for_kwok_nodes_reaches_them_only_by_tolerating_the
                         while True:
                             await api.request("GET", _MODULES.path(namespace=NAMESPACE, name=name))
                             await asyncio.sleep(0.5)
+
+
+async def test_a_nodes_restart_restarts_its_services_and_its_containers_keep_running(
+    api: kube_client.Client, containers: cluster.state.SandboxState
+) -> None:
+    # `kmm sandbox restart kmm-kubelet-1`: containerd, the kubelet and
+    # kube-proxy restart, as a machine restarts those services; the shims
+    # and the containers they run stay.
+    node = NODES[1]
+    services = [f"{service}/{node}" for service in ("containerd", "kubelet", "kube-proxy")]
+
+    def pids() -> list[int]:
+        record = cluster.status(containers.directory)
+        return [next(p.pid for p in record.launched if p.name == name) for name in services]
+
+    name = _name("survivor")
+    async with running(api, _pod(name, node, "echo KMM-TEST started")):
+        pod_path = resources.PODS.path(namespace=NAMESPACE, name=name)
+        before = await api.request("GET", pod_path)
+        old = pids()
+        await restarting.restart_node(containers.directory, node)
+        new = pids()
+        assert all(a != b for a, b in zip(old, new, strict=True))
+        assert all(p.alive() for p in cluster.status(containers.directory).launched)
+
+        async def still_running() -> bool:
+            pod = await api.request("GET", pod_path)
+            (status,) = pod["status"]["containerStatuses"]
+            return bool(status.get("ready")) and status["restartCount"] == 0
+
+        await testing.eventually(still_running, "the pod ran on through the restart", bound=120)
+        after = await api.request("GET", pod_path)
+        (before_status,) = before["status"]["containerStatuses"]
+        (after_status,) = after["status"]["containerStatuses"]
+        assert after_status["containerID"] == before_status["containerID"]

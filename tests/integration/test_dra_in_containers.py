@@ -35,7 +35,8 @@ from kmm.cli import applying
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.sandbox import cluster, containernodes, testing
+from kmm.sandbox import cluster, testing
+from kmm.sandbox.containernodes import nodes as containernodes
 
 IMAGES = Path("build/images")
 KMM_IMAGE = Path("build/kmm-image.tar")

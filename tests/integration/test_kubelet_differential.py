@@ -29,7 +29,8 @@ from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import resources
 from kmm.kubelet import checkpoint, emulator, nodes
-from kmm.sandbox import cluster, kubeletnodes, restarting, testing
+from kmm.sandbox import cluster, restarting, testing
+from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
 
 NAMESPACE = real.NAMESPACE
 

@@ -1,7 +1,8 @@
 """Kubelet nodes change nothing on the host outside the sandbox dir.
 
 The kubelet's fixed host paths are covered in its node's private mount
-namespace, the three sysctls it sets are written back by ``down``, the host's
+namespace, the sysctls it sets are written back by ``down`` (by the last
+``down`` when two such sandboxes run at once), the host's
 network namespace gains nothing (not while the sandbox runs either), and no
 holder, namespace or mount outlives ``down``. Container nodes add shims,
 containers, their cgroups and namespaces and iptables rules: none outlives
@@ -12,6 +13,7 @@ Its own module: no other kubelet sandbox may run while the host is compared.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -25,7 +27,9 @@ import pytest
 
 from kmm.cli import paths
 from kmm.kube import resources
-from kmm.sandbox import cluster, containernodes, kubeletnodes, state
+from kmm.sandbox import cluster, hostsysctls, state
+from kmm.sandbox.containernodes import cgroups as node_cgroups
+from kmm.sandbox.containernodes import nodes as containernodes
 
 # Values the kubelet changes (it wants 1, 10 and 1), safe to hold meanwhile.
 # The host is set to them first, so the restore is checked even on a machine
@@ -35,12 +39,12 @@ _NOT_THE_KUBELETS = {"vm/overcommit_memory": "0", "kernel/panic": "0", "kernel/p
 
 @pytest.fixture
 def foreign_sysctls() -> Iterator[None]:
-    found = kubeletnodes.read_sysctls()
-    kubeletnodes.restore_sysctls({k: v for k, v in _NOT_THE_KUBELETS.items() if k in found})
+    found = hostsysctls.read()
+    hostsysctls.restore({k: v for k, v in _NOT_THE_KUBELETS.items() if k in found})
     try:
         yield
     finally:
-        kubeletnodes.restore_sysctls(found)
+        hostsysctls.restore(found)
 
 
 def _host_view() -> dict[str, object]:
@@ -48,7 +52,7 @@ def _host_view() -> dict[str, object]:
         path: sorted(os.listdir(path)) if os.path.isdir(path) else None
         for path in ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods")
     }
-    found.update(kubeletnodes.read_sysctls())
+    found.update(hostsysctls.read())
     return found
 
 
@@ -70,7 +74,7 @@ async def test_up_and_down_change_nothing_outside_the_sandbox_dir() -> None:
     mounts_before = _mounts()
     record = await cluster.up(options)
     try:
-        during = kubeletnodes.read_sysctls()
+        during = hostsysctls.read()
         network_during = namespacing.host_network()
         holders = [p for p in record.launched if p.name == "fabric" or p.name.startswith("node/")]
         net_ids = {os.readlink(f"/proc/{p.pid}/ns/net") for p in holders}
@@ -92,6 +96,37 @@ async def test_up_and_down_change_nothing_outside_the_sandbox_dir() -> None:
     assert not mnt_ids & namespacing.namespace_ids("mnt")
     # The kubelet did change them while it ran: the restore is not vacuous.
     assert during != {k: before[k] for k in during}
+
+
+@pytest.mark.usefixtures("foreign_sysctls")
+async def test_two_sandboxes_with_kubelets_at_once_leave_the_host_as_it_was() -> None:
+    """A second sandbox does not take the first one's kubelet values for the
+    host's: the first ``down`` writes nothing back while the other's kubelets
+    run, the last writes back what the host had before either."""
+    before = hostsysctls.read()
+    directories = [Path(tempfile.mkdtemp(prefix="k", dir="/tmp")) for _ in range(2)]
+    first, second = (
+        cluster.Options(directory=d, cache_dir=paths.cache_dir(), nodes=0, kubelet_nodes=1)
+        for d in directories
+    )
+    try:
+        await cluster.up(first)
+        await cluster.up(second)
+        during = hostsysctls.read()
+        cluster.down(first.directory)
+        after_first = hostsysctls.read()
+        holding = hostsysctls.users()
+        cluster.down(second.directory)
+    finally:
+        for directory in directories:
+            with contextlib.suppress(Exception):
+                cluster.down(directory)
+            shutil.rmtree(directory, ignore_errors=True)
+    assert during != before  # the kubelets did change them
+    assert after_first == during
+    assert holding == [str(second.directory.resolve())]
+    assert hostsysctls.read() == before
+    assert hostsysctls.users() == []
 
 
 def _iptables() -> str:
@@ -171,7 +206,7 @@ async def test_container_nodes_leave_no_shim_cgroup_namespace_mount_or_rule() ->
                         break
                     await asyncio.sleep(0.3)
         parent = record.cgroup_parent
-        cgroups = [h / parent for h in containernodes.cgroup_hierarchies() if (h / parent).is_dir()]
+        cgroups = [h / parent for h in node_cgroups.cgroup_hierarchies() if (h / parent).is_dir()]
         contained = {
             int(pid)
             for cgroup in cgroups

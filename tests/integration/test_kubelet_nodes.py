@@ -34,15 +34,8 @@ from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.sandbox import (
-    addressing,
-    cluster,
-    components,
-    kubeletnodes,
-    namespaces,
-    restarting,
-    testing,
-)
+from kmm.sandbox import addressing, cluster, components, namespaces, restarting, testing
+from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
 
 NODE = f"{kubeletnodes.NODE_PREFIX}0"
 
@@ -546,7 +539,8 @@ async def test_restarts_of_the_kubelet_and_of_the_driver_keep_running_pods(
         # The counter that must stay at 0 after the restart counted this pod's prepare.
         assert await kubelet_count(node, pki_dir, prepares[0], operation_name=prepares[1])
 
-        await restarting.restart(kubelet_sandbox.directory, f"kubelet/{NODE}")
+        # As `kmm sandbox restart kmm-kubelet-0` does: its kind restarts its kubelet.
+        await restarting.restart_node(kubelet_sandbox.directory, NODE)
 
         async def registered_again() -> bool:
             return driver.said("registered with the kubelet") > registered

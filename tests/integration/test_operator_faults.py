@@ -42,7 +42,8 @@ from kmm.kube import client as kube_client
 from kmm.kube import counting, errors, reflecting
 from kmm.operator import wiring
 from kmm.runtime import leaderelection
-from kmm.sandbox import cluster, nodes, testing
+from kmm.sandbox import cluster, testing
+from kmm.sandbox.kwoknodes import nodes
 
 KERNELS = ("6.8.0-45-generic", "6.1.0-27-amd64", "5.14.0-427.el9.x86_64+")
 COMPACTION = sandbox_faults.COMPACTION

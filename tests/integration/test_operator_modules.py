@@ -344,7 +344,8 @@ async def test_a_fresh_converge_patches_each_node_exactly_twice(
     no more, however the watch events interleave with the reconciles."""
     import uuid
 
-    from kmm.sandbox import cluster, nodes
+    from kmm.sandbox import cluster
+    from kmm.sandbox.kwoknodes import nodes
 
     count = 20
     names = [f"kmm-fresh-{uuid.uuid4().hex[:6]}-{i}" for i in range(count)]

@@ -17,7 +17,8 @@ from kubernetes_asyncio import client
 
 from kmm.api import labels, modules
 from kmm.runtime import controllers
-from kmm.sandbox import cluster, nodes, testing
+from kmm.sandbox import cluster, testing
+from kmm.sandbox.kwoknodes import nodes
 
 manifests = support.manifests
 

@@ -1,55 +1,98 @@
-"""A VM node on its own (kmm.sandbox.vmnodes): Debian's kernels under Secure Boot.
+"""VM nodes in the sandbox's cluster (kmm.sandbox.vmnodes): Debian's kernels
+under Secure Boot, each guest a real Kubernetes node.
 
-One node for the whole module, owned by it: booted under TCG with Secure
-Boot on, in a network namespace of its own with a tap as its NIC. The tests
-read what its kernel says (Secure Boot, lockdown), run commands in its OS
-through the guest agent, load the test module built against its kernel's
-headers (``make vm-test-modules``) signed with the sandbox key and refused
-unsigned, and reboot it into the other kernel line (last: the tests before
-read the kernel they run on rather than assume it).
+One sandbox for the module, owned by it, started as a user starts it
+(``kmm sandbox up --vm-nodes 1 --accel tcg``): no KWOK node, one VM node
+booted under TCG with Secure Boot on, its NIC a tap bridged onto the
+sandbox's fabric. The tests read what its kernel says (Secure Boot,
+lockdown), run commands in its OS (``kmm sandbox node exec``), check that
+its Node is Ready on the kernel the guest runs and that a pod from the
+sandbox registry runs in a real container on it, load the test module
+built against its kernel's headers (``make vm-test-modules``) signed with
+the sandbox key and refused unsigned, reboot it onto the other kernel line
+(``kmm sandbox node reboot --kernel``) and back to the first (last: the
+tests before read the kernel they run on rather than assume it; the last
+one leaves the node on the kernel it started with).
 
-Needs ``make vm-image vm-test-modules`` first (no test downloads or builds
-an image) and the host-wide lock (``/work/notes/nodes-lock``): it starts a
-network namespace and keeps one core busy. Cost: one boot and one reboot
-under TCG, about 1.5 to 3 minutes on a 2-core machine (more when it is busy).
+Needs ``make vm-image vm-test-modules test-images`` first (no test
+downloads or builds an image) and the host-wide lock
+(``/work/notes/nodes-lock``): its sandbox starts network namespaces and
+keeps one core busy. Cost on this 2-core machine: the sandbox's start with
+the node Ready about 1.5 to 2.5 minutes, two reboots about 1 to 2 minutes
+each, the rest under a minute: about 5 to 7 minutes (more when it is busy).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import os
+import shutil
 import subprocess
-from collections.abc import Iterator
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
+import containersandbox
+import namespacing
 import pytest
 
 from kmm.cli import paths
-from kmm.sandbox import namespaces, processes
-from kmm.sandbox.vmnodes import agent, esp, firmware, images, kernels, qemu
+from kmm.kube import client as kube_client
+from kmm.kube import errors as kube_errors
+from kmm.kube import resources
+from kmm.sandbox import addressing, cluster, state
+from kmm.sandbox.vmnodes import agent, firmware, images, kernels, qemu
+from kmm.sandbox.vmnodes import kind as vmkind
 from kmm.sandbox.vmnodes import nodes as vm
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ROOT / "build" / "vm" / "modules"
+IMAGES = ROOT / "build" / "images"
 MODULE = "kmm_vm_test"
-ADDRESS = "10.253.0.10"
-NAMESPACE_ADDRESS = "10.253.0.1"
-BOOT_TIMEOUT = 900.0
-# Within pytest's 600 s per test: a reboot and a module load.
-REBOOT_TIMEOUT = 420.0
+NODE = f"{vmkind.NODE_PREFIX}0"
+NAMESPACE = "default"
+WORKLOAD = f"{addressing.GATEWAY}:{addressing.REGISTRY_PORT}/workload:1"
+_KMM = Path(sys.executable).with_name("kmm")
+# A VM's start, and each reboot, under TCG on a busy 2-core machine.
+UP_TIMEOUT = 1200.0
+REBOOT_TIMEOUT = 540.0
 
 
-class _Launcher:
-    """Records what it starts, as the sandbox's launcher does, to stop it all."""
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """The module's sandbox: its record, what ``up`` printed, its VM nodes."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.launched: list[processes.Process] = []
+    record: state.SandboxState
+    up_output: str
+    vms: vmkind.VmNodes
 
-    def launch(self, name: str, argv: list[str], *, health_url: str) -> processes.Process:
-        log = self.directory / "logs" / f"{name.replace('/', '-')}.log"
-        process = processes.launch(name, argv, log=log, health_url=health_url)
-        self.launched.append(process)
-        return process
+    @property
+    def directory(self) -> Path:
+        return self.record.directory
+
+    @property
+    def node(self) -> vm.VmNode:
+        return self.vms.handle(NODE)
+
+    @property
+    def key(self) -> firmware.SigningKey:
+        return vmkind.signing_key_path(self.directory)
+
+
+def _kmm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(_KMM), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "COLUMNS": "250"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,64 +103,72 @@ def image() -> images.NodeImage:
     assert found is not None, "no VM node image: run `make vm-image vm-test-modules` first"
     for kernel in found.kernels.versions:
         assert (MODULES / kernel / f"{MODULE}.ko").is_file(), "run `make vm-test-modules` first"
+    assert (IMAGES / "pause.tar").is_file(), "run `make test-images` first"
     return found
 
 
 @pytest.fixture(scope="module")
-def launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Launcher]:
-    # Short: the node's unix sockets live below it.
-    started = _Launcher(tmp_path_factory.mktemp("vm"))
+def sandbox(image: images.NodeImage) -> Iterator[Started]:
+    # Short: the sandbox's unix sockets live below it.
+    directory = Path(os.path.realpath(tempfile.mkdtemp(prefix="kv", dir="/tmp")))
     try:
-        yield started
-    finally:
-        for process in reversed(started.launched):
-            process.stop()
-
-
-@pytest.fixture(scope="module")
-def key(launcher: _Launcher) -> firmware.SigningKey:
-    return firmware.signing_key(launcher.directory, common_name="kmm sandbox test signing key")
-
-
-@pytest.fixture(scope="module")
-def holder(launcher: _Launcher) -> namespaces.Holder:
-    return namespaces.start_holder(launcher, "vm-0-netns")
-
-
-@pytest.fixture(scope="module")
-def node(
-    launcher: _Launcher,
-    image: images.NodeImage,
-    holder: namespaces.Holder,
-    key: firmware.SigningKey,
-) -> vm.VmNode:
-    spec = vm.NodeSpec(
-        name="vm-0",
-        directory=launcher.directory / "vm-0",
-        kernel=image.kernels.default,
-        accel="tcg",
-        settings=esp.NodeSettings(name="vm-0", mac=vm.mac_address(0), address=f"{ADDRESS}/24"),
-    )
-
-    async def started() -> vm.VmNode:
-        found = await vm.start(
-            launcher, spec, image=image, holder=holder, key=key, cache_dir=paths.cache_dir()
+        up = _kmm(
+            "sandbox", "up", "--dir", str(directory), "--nodes", "0", "--vm-nodes", "1",
+            "--accel", "tcg", "--pause-image", str(IMAGES / "pause.tar"),
+            timeout=UP_TIMEOUT,
+        )  # fmt: skip
+        assert up.returncode == 0, up.stdout + up.stderr
+        pushed = containersandbox.push(directory, IMAGES / "workload.tar", "workload:1")
+        assert pushed == WORKLOAD
+        yield Started(
+            record=cluster.status(directory),
+            up_output=up.stdout,
+            vms=cluster.vm_nodes(directory),
         )
-        # No unit failed ("degraded" otherwise): the image boots clean.
-        assert await found.wait_ready(timeout=BOOT_TIMEOUT) == "running"
-        return found
+    finally:
+        with contextlib.suppress(Exception):
+            cluster.down(directory)
+        shutil.rmtree(directory, ignore_errors=True)
 
-    # Each test's own loop reaches it: a node holds no connection between calls.
-    return asyncio.run(started())
+
+@pytest.fixture
+async def api(sandbox: Started) -> AsyncIterator[kube_client.Client]:
+    async with cluster.api_client(sandbox.record.kubeconfig) as found:
+        yield found
 
 
 async def _run(node: vm.VmNode, script: str) -> agent.ExecResult:
     return await node.exec(["/bin/sh", "-c", script], timeout=300)
 
 
-async def test_the_node_boots_debians_signed_kernel_under_secure_boot(
-    node: vm.VmNode, key: firmware.SigningKey
+async def _node_object(api: kube_client.Client) -> dict[str, Any]:
+    found: dict[str, Any] = await api.request("GET", resources.NODES.path(name=NODE))
+    return found
+
+
+def _ready(node: dict[str, Any]) -> str:
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    return next((c["status"] for c in conditions if c.get("type") == "Ready"), "Unknown")
+
+
+def test_up_says_what_the_vm_node_runs_and_where_the_signing_key_is(
+    sandbox: Started, image: images.NodeImage
 ) -> None:
+    output = " ".join(sandbox.up_output.split())
+    assert "0 node(s) and 1 VM node(s) Ready" in output
+    assert (
+        f"VM node {NODE} ({addressing.node_address(0)}): kernel {image.kernels.default}, "
+        "Secure Boot on, accelerator tcg"
+    ) in output
+    key = sandbox.key
+    assert f"Module signing key: {key.key}, certificate {key.certificate}" in output
+    assert key.key.read_text().startswith("-----BEGIN PRIVATE KEY-----")
+    assert key.key.stat().st_mode & 0o777 == 0o600
+    assert key.certificate.read_text().startswith("-----BEGIN CERTIFICATE-----")
+
+
+async def test_the_node_boots_debians_signed_kernel_under_secure_boot(sandbox: Started) -> None:
+    node = sandbox.node
     status = await node.status()
     assert status.secure_boot
     assert "[integrity]" in status.lockdown
@@ -127,36 +178,57 @@ async def test_the_node_boots_debians_signed_kernel_under_secure_boot(
     assert "Secure boot enabled" in console
     assert f"Linux version {status.kernel}" in console
     # The firmware gave the kernel the sandbox key, through shim's MokListRT.
-    assert f"Loaded X.509 cert '{key.subject()}" in console
+    assert f"Loaded X.509 cert '{sandbox.key.subject()}" in console
 
 
-async def test_exec_runs_as_root_with_output_and_exit_code(node: vm.VmNode) -> None:
-    result = await _run(node, "id -u; hostname; echo to-stderr >&2; exit 3")
-    assert result.exit_code == 3
-    assert result.stdout.decode().split() == ["0", "vm-0"]
-    assert result.stderr == b"to-stderr\n"
-
-
-async def test_the_guests_one_nic_is_the_tap_in_the_nodes_namespace(
-    node: vm.VmNode, holder: namespaces.Holder
+async def test_the_node_is_ready_on_the_kernel_its_guest_runs(
+    sandbox: Started, api: kube_client.Client
 ) -> None:
+    status = await sandbox.node.status()
+    found = await _node_object(api)
+    info = found["status"]["nodeInfo"]
+    assert _ready(found) == "True"
+    assert info["kernelVersion"] == status.kernel
+    # The kubelet's own view of this very boot of the guest.
+    assert info["bootID"] == status.boot_id
+    assert info["containerRuntimeVersion"].startswith("containerd://")
+    assert found["metadata"]["labels"][vmkind.LABEL] == "true"
+    addresses = {a["type"]: a["address"] for a in found["status"]["addresses"]}
+    assert addresses["InternalIP"] == str(addressing.node_address(0))
+
+
+def test_node_exec_runs_as_root_in_the_nodes_os_with_output_and_exit_code(
+    sandbox: Started,
+) -> None:
+    done = _kmm(
+        "sandbox", "node", "exec", "--dir", str(sandbox.directory), NODE, "--",
+        "sh", "-c", "id -u; hostname; uname -r; echo to-stderr >&2; exit 3",
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    uid, hostname, kernel = done.stdout.split()
+    assert (uid, hostname) == ("0", NODE)
+    # The guest's kernel, not this host's.
+    assert kernel == sandbox.node.saved_kernel() != os.uname().release
+    assert done.stderr == "to-stderr\n"
+
+
+async def test_the_guests_one_nic_is_the_tap_on_the_sandboxs_fabric(sandbox: Started) -> None:
+    node = sandbox.node
     async with qemu.monitor(node.machine.qmp_socket) as monitor:
         network = await monitor.human("info network")
     assert "type=user" not in network
     assert network.count("type=tap") == 1
     assert f"ifname={node.machine.tap}" in network
-    # The tap's end in the namespace answers the guest on the guest's subnet.
-    namespaces.run_in(
-        holder, ["ip", "addr", "add", f"{NAMESPACE_ADDRESS}/24", "dev", node.machine.tap]
-    )
-    result = await _run(node, f"ping -c 1 -W 10 {NAMESPACE_ADDRESS}")
-    assert result.exit_code == 0, result.output
+    # The guest holds the node's address and reaches the fabric's gateway.
     addresses = (await _run(node, "ip -o -4 addr show")).stdout.decode()
-    assert f"{ADDRESS}/24" in addresses
-    # Nothing of it in the host's namespace: no tap, no address of the guest's.
+    assert f"{addressing.node_address(0)}/24" in addresses
+    result = await _run(node, f"ping -c 1 -W 10 {addressing.GATEWAY}")
+    assert result.exit_code == 0, result.output
+    # Nothing of it in the host's namespace: no tap, no address of the sandbox's.
     host = _host_addresses()
     assert node.machine.tap not in host
-    assert NAMESPACE_ADDRESS not in host
+    assert str(addressing.GATEWAY) not in host
+    assert str(addressing.node_address(0)) not in host
 
 
 def _host_addresses() -> str:
@@ -164,6 +236,77 @@ def _host_addresses() -> str:
     return subprocess.run(
         ["ip", "-o", "addr", "show"], capture_output=True, text=True, check=True
     ).stdout
+
+
+def _pod(name: str, script: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "nodeName": NODE,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": WORKLOAD,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", script + "; echo KMM-TEST done; exec sleep 3600"],
+                }
+            ],
+        },
+    }
+
+
+async def _log_when_done(api: kube_client.Client, name: str, *, timeout: float = 300) -> str:
+    path = resources.PODS.path(namespace=NAMESPACE, name=name)
+    async with asyncio.timeout(timeout):
+        while True:
+            pod = await api.request("GET", path)
+            if (pod.get("status") or {}).get("phase") == "Running":
+                # Through the API server, which asks the guest's kubelet
+                # through the relay's CONNECT proxy on the fabric.
+                text = await api.request("GET", path + "/log")
+                if "KMM-TEST done" in (text or ""):
+                    return str(text)
+            await asyncio.sleep(0.5)
+
+
+async def test_a_pod_from_the_sandbox_registry_runs_in_a_real_container_on_the_node(
+    sandbox: Started, api: kube_client.Client
+) -> None:
+    name = f"vm-hello-{uuid.uuid4().hex[:6]}"
+    script = "echo KMM-TEST kernel $(uname -r); echo KMM-TEST address $(hostname -i)"
+    await api.request("POST", resources.PODS.path(namespace=NAMESPACE), body=_pod(name, script))
+    try:
+        log = await _log_when_done(api, name)
+        pod = await api.request("GET", resources.PODS.path(namespace=NAMESPACE, name=name))
+    finally:
+        with contextlib.suppress(kube_errors.NotFound):
+            await api.request("DELETE", resources.PODS.path(namespace=NAMESPACE, name=name))
+    status = await sandbox.node.status()
+    # A container on the guest's kernel, with an address of the node's pod subnet.
+    assert f"KMM-TEST kernel {status.kernel}" in log
+    assert pod["status"]["podIP"] in {str(a) for a in addressing.pod_subnet(0).hosts()}
+    # The image came from the sandbox registry into the guest's containerd.
+    listed = await _run(sandbox.node, "ctr --namespace k8s.io images ls -q")
+    assert WORKLOAD in listed.stdout.decode().split()
+
+
+def test_status_shows_the_vm_nodes_kernel_secure_boot_and_accelerator(sandbox: Started) -> None:
+    done = _kmm("sandbox", "status", "--dir", str(sandbox.directory))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "VM nodes" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if NODE in line and "tcg" in line)
+    cells = [cell.strip() for cell in row.strip("│ ").split("│")]
+    assert cells == [
+        NODE,
+        sandbox.node.saved_kernel(),
+        "on",
+        "tcg",
+        str(addressing.node_address(0)),
+        "True",
+    ]
 
 
 def _sign(kernel: str, key: firmware.SigningKey, target: Path) -> None:
@@ -209,21 +352,63 @@ async def _load_and_unload(
 
 
 async def test_a_module_signed_with_the_sandbox_key_loads_an_unsigned_one_is_refused(
-    node: vm.VmNode, key: firmware.SigningKey, tmp_path: Path
+    sandbox: Started, tmp_path: Path
 ) -> None:
-    await _load_and_unload(node, key, tmp_path, "first-boot")
+    await _load_and_unload(sandbox.node, sandbox.key, tmp_path, "first-boot")
 
 
-async def test_a_reboot_onto_the_other_kernel_line(
-    node: vm.VmNode, key: firmware.SigningKey, tmp_path: Path
-) -> None:
-    before = await node.status()
-    other = node.image.kernels.other(before.kernel)
-    after = await node.reboot(kernel=other, timeout=REBOOT_TIMEOUT)
-    assert after.kernel == other != before.kernel
+async def _reboot(sandbox: Started, api: kube_client.Client, kernel: str) -> None:
+    """``kmm sandbox node reboot --kernel``, and the Node as it then is."""
+    before = await sandbox.node.status()
+    done = await asyncio.to_thread(
+        _kmm,
+        "sandbox", "node", "reboot", "--dir", str(sandbox.directory), NODE,
+        "--kernel", kernel, "--timeout", str(REBOOT_TIMEOUT),
+        timeout=REBOOT_TIMEOUT + 60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{NODE} Ready on kernel {kernel} after" in " ".join(done.stdout.split())
+    after = await sandbox.node.status()
+    assert after.kernel == kernel
     assert after.boot_id != before.boot_id
     assert after.secure_boot
     assert "[integrity]" in after.lockdown
-    assert node.saved_kernel() == other
+    assert sandbox.node.saved_kernel() == kernel
+    found = await _node_object(api)
+    assert _ready(found) == "True"
+    assert found["status"]["nodeInfo"]["kernelVersion"] == kernel
+    assert found["status"]["nodeInfo"]["bootID"] == after.boot_id
+
+
+async def test_node_reboot_onto_the_other_kernel_line(
+    sandbox: Started, api: kube_client.Client, tmp_path: Path
+) -> None:
+    before = await sandbox.node.status()
+    other = sandbox.node.image.kernels.other(before.kernel)
+    await _reboot(sandbox, api, other)
     # The sandbox key is trusted on this kernel too (its module built for it).
-    await _load_and_unload(node, key, tmp_path, "after-reboot")
+    await _load_and_unload(sandbox.node, sandbox.key, tmp_path, "after-reboot")
+
+
+async def test_node_reboot_back_onto_the_first_kernel(
+    sandbox: Started, api: kube_client.Client, image: images.NodeImage
+) -> None:
+    # The node ends where it started (a node shared by tests leaves as it came).
+    await _reboot(sandbox, api, image.kernels.default)
+
+
+def test_down_stops_qemu_and_removes_the_nodes_tap_and_disks(sandbox: Started) -> None:
+    # Last: the module's sandbox goes (the fixture's own down then finds nothing to do).
+    node = sandbox.node
+    holder = next(p for p in sandbox.record.launched if p.name == f"node/{NODE}")
+    namespace = os.readlink(f"/proc/{holder.pid}/ns/net")
+    done = _kmm("sandbox", "down", "--dir", str(sandbox.directory))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"vm/{NODE}" in done.stdout
+    assert not node.alive()
+    # The tap lived in the node's namespace, which is gone.
+    assert namespace not in namespacing.namespace_ids("net")
+    for disk in (node.machine.root, node.machine.esp, node.machine.variables):
+        assert not disk.exists()
+    # Its console stays with the logs.
+    assert node.machine.serial_log.is_file()

@@ -16,7 +16,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 import churnbaseline
 
 from kmm.api import modules
-from kmm.sandbox import nodes
+from kmm.sandbox.kwoknodes import nodes
 
 NS = "churn"
 KERNEL = "6.8.0-45-generic"

@@ -10,9 +10,11 @@ from pathlib import Path
 
 TESTS = Path(__file__).parents[1]
 # How a module starts them: a sandbox with kubelet nodes (directly or through
-# containersandbox.started), or the fabric's or a node's namespaces.
+# containersandbox.started), the fabric's or a node's namespaces, or VM nodes
+# (`kmm sandbox up --vm-nodes`: kubelets in guests on the fabric).
 STARTS = re.compile(
-    r"kubelet_nodes=|containersandbox\.started\(|fabric\.create\(|namespaces\.start_holder\("
+    r"kubelet_nodes=|containersandbox\.started\(|fabric\.create\("
+    r"|namespaces\.start_holder\(|\"--vm-nodes\""
 )
 
 

@@ -14,20 +14,21 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TimeElapsedColumn
 from rich.table import Table
 
-from kmm.cli import paths
+from kmm.cli import paths, sandboxnodes
 from kmm.oci import errors as oci_errors
 from kmm.sandbox import (
     building,
     cluster,
     components,
     errors,
-    fakemodules,
+    nodekinds,
     processes,
     pushing,
     restarting,
     state,
 )
 from kmm.sandbox import registry as sandbox_registry
+from kmm.sandbox.containernodes import fakemodules
 
 app = typer.Typer(
     help="Run a local Kubernetes control plane with fake nodes.", no_args_is_help=True
@@ -83,6 +84,7 @@ def _progress() -> Progress:
 
 
 def register(parent: typer.Typer) -> None:
+    app.add_typer(sandboxnodes.app, name="node")
     parent.add_typer(app, name="sandbox")
 
 
@@ -190,6 +192,36 @@ def up(
             show_default=False,
         ),
     ] = None,
+    vm_nodes: Annotated[
+        int,
+        typer.Option(
+            help="Nodes that are qemu guests booting Debian's signed kernels (OVMF, shim, "
+            "grub), each with its own kubelet, containerd, runc, CNI and kube-proxy: where "
+            "kernel modules are real (`make vm-image` builds their image once; root)."
+        ),
+    ] = 0,
+    secure_boot: Annotated[
+        bool,
+        typer.Option(
+            help="VM nodes boot under Secure Boot with the sandbox's signing key trusted "
+            "(DIR/secure-boot/signing.key, signing.crt): unsigned modules are refused."
+        ),
+    ] = True,
+    node_kernel: Annotated[
+        str | None,
+        typer.Option(
+            metavar="VERSION",
+            help="The kernel VM nodes boot first (one of the node image's; default its first).",
+            show_default=False,
+        ),
+    ] = None,
+    accel: Annotated[
+        str,
+        typer.Option(
+            help="What runs VM nodes: kvm, tcg (qemu's emulation), or auto: KVM where a probe "
+            "boot of the node image under it reaches userspace (the verdict is cached), else TCG.",
+        ),
+    ] = "auto",
 ) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and KWOK with fake nodes."""
     target = directory or paths.sandbox_dir()
@@ -215,6 +247,10 @@ def up(
         registry=registry,
         registry_auth=parsed_auth,
         fake_modules=fake_modules,
+        vm_nodes=vm_nodes,
+        secure_boot=secure_boot,
+        node_kernel=node_kernel or "",
+        accel=accel,
     )
     started = time.monotonic()
     with _progress() as progress:
@@ -224,10 +260,14 @@ def up(
             raise _fail(err) from err
     elapsed = time.monotonic() - started
     kubelets = f" and {len(record.kubelet_nodes)} kubelet node(s)" if record.kubelet_nodes else ""
+    vms = f" and {len(record.vm_nodes)} VM node(s)" if record.vm_nodes else ""
     _console.print(
         f"Sandbox up in {elapsed:.1f} s: API server {record.server}, "
-        f"{len(record.node_names)} node(s){kubelets} Ready."
+        f"{len(record.node_names)} node(s){kubelets}{vms} Ready."
     )
+    if record.vm_nodes:
+        for line in sandboxnodes.vm_lines(record):
+            _console.print(line, soft_wrap=True)
     # soft_wrap: these lines are meant to be copied into a shell whole.
     _console.print(f"Use it with:  export KUBECONFIG={record.kubeconfig}", soft_wrap=True)
     _console.print(_kubectl_hint(), soft_wrap=True)
@@ -328,8 +368,25 @@ def start(component: ComponentArgument, directory: DirOption = None) -> None:
 
 @app.command()
 def restart(component: ComponentArgument, directory: DirOption = None) -> None:
-    """Stop one component and start it again with its data (its log continues)."""
+    """Stop one component and start it again with its data (its log continues).
+    A node's name restarts the node its kind's way: a kubelet node's kubelet,
+    a container node's containerd, kubelet and kube-proxy, a VM node's OS
+    (a reboot); it returns once the node is Ready again."""
     target = directory or paths.sandbox_dir()
+    try:
+        record = cluster.status(target)
+    except (errors.SandboxError, ValueError) as err:
+        raise _fail(err) from err
+    if any(component in kind.names for kind in cluster.kinds(record)):
+        started = time.monotonic()
+        try:
+            asyncio.run(restarting.restart_node(target, component))
+        except (errors.SandboxError, ValueError) as err:
+            raise _fail(err) from err
+        _console.print(
+            f"Restarted node {component}; Ready after {time.monotonic() - started:.1f} s"
+        )
+        return
     _run_start(restarting.restart, target, component, "Restarted")
 
 
@@ -390,14 +447,37 @@ def status(directory: DirOption = None) -> None:
     for row in node_rows:
         nodes_table.add_row(*row)
     _console.print(nodes_table)
-    if record.container_nodes:
-        ready = {row[0]: row[1] for row in node_rows}
-        containers = Table(title="container nodes")
-        for column in ("name", "runtime", "node IP", "Ready"):
-            containers.add_column(column)
-        for name, runtime, address in cluster.container_node_table(record):
-            containers.add_row(name, runtime, address, ready.get(name, "Unknown"))
-        _console.print(containers)
+    ready = {row[0]: row[1] for row in node_rows}
+    for kind in cluster.kinds(record):
+        title = _NODE_TABLES.get(kind.kind)
+        if title is None:
+            continue
+        described = asyncio.run(kind.status())
+        if described:
+            _console.print(_node_kind_table(title, described, ready))
+
+
+# The kinds of node ``status`` shows a table of, beside the nodes table.
+_NODE_TABLES = {"containerd": "container nodes", "vm": "VM nodes"}
+
+
+def _node_kind_table(
+    title: str, described: list[nodekinds.NodeInfo], ready: dict[str, str]
+) -> Table:
+    """One kind's nodes: name, what the kind says of each, node IP, Ready."""
+    table = Table(title=title)
+    columns = [column for column, _ in described[0].details]
+    for column in ("name", *columns, "node IP", "Ready"):
+        table.add_column(column)
+    for node in described:
+        values = dict(node.details)
+        table.add_row(
+            node.name,
+            *(values.get(column, "") for column in columns),
+            node.address,
+            ready.get(node.name, "Unknown"),
+        )
+    return table
 
 
 def _registry_line(record: state.SandboxState) -> str:

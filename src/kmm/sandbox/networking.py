@@ -10,7 +10,9 @@ launches the relay (``relay``) that joins them to the host's loopback:
   namespace (what kubelet kubeconfigs name);
 - each kubelet's port and healthz port are published on the host's
   127.0.0.1 under the same numbers, so node records, health URLs and
-  callers on the host are as they were;
+  callers on the host are as they were (a VM node's are its guest's, dialled
+  at the node IP from the fabric: inside a guest 127.0.0.1 is the guest's
+  own, and its kubeconfigs name GATEWAY:P);
 - the API server reaches kubelets through its egress selector
   (``apiserver_flags``): selection ``cluster``, HTTPConnect over the relay's
   unix socket, dialled from the fabric namespace, limited to
@@ -30,23 +32,48 @@ from pathlib import Path
 from kmm.sandbox import (
     addressing,
     fabric,
-    kubeletnodes,
     namespaces,
     ports,
     processes,
     relay,
 )
 
-__all__ = ["Network", "apiserver_flags", "egress_selector", "relay_config", "start"]
+__all__ = [
+    "Attachment",
+    "Network",
+    "apiserver_flags",
+    "egress_selector",
+    "relay_config",
+    "start",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Attachment:
+    """One node's namespaces on the fabric: its name, its index there (its
+    node IP is ``addressing.node_address(index)``), the ports of its loopback
+    published on the host's under the same numbers (its kubelet's, healthz
+    ...), and what makes its mounts in a private mount namespace of its own
+    (None: a network namespace only).
+
+    With ``tap`` the node is a VM's: its namespace is a wire to the fabric
+    for the guest on that tap (``fabric.attach_bridged``), which holds the
+    node IP itself; its published ports are the guest's, on the node IP."""
+
+    name: str
+    index: int
+    published: tuple[int, ...] = ()
+    mount: Callable[[namespaces.Holder], None] | None = None
+    tap: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class Network:
-    """What ``start`` made: the fabric, each node's holder (by node index),
+    """What ``start`` made: the fabric, each node's holder (by node name),
     the relay process and where its files are."""
 
     fab: fabric.Fabric
-    holders: tuple[namespaces.Holder, ...]
+    holders: dict[str, namespaces.Holder]
     relay: processes.Process
     egress_socket: Path
     egress_config: Path
@@ -54,21 +81,19 @@ class Network:
 
 def relay_config(
     fab: fabric.Fabric,
-    nodes: list[tuple[kubeletnodes.KubeletNode, namespaces.Holder]],
+    nodes: Sequence[tuple[Attachment, namespaces.Holder]],
     *,
     api_port: int,
     health_port: int,
     egress_socket: Path,
     extra: Sequence[relay.Forwarder] = (),
-    published: Callable[[kubeletnodes.KubeletNode], Sequence[int]] = lambda node: (),
     registry_port: int = 0,
 ) -> relay.Config:
     """The relay's forwarders and CONNECT proxy (see the module docstring);
     ``extra`` forwarders are added as they are (e.g. a registry on the gateway);
-    ``published`` names more of a node's loopback ports to publish on the
-    host's (a container node's kube-proxy health port); ``registry_port``, when
-    not 0, is the host loopback port of the sandbox registry, served on
-    GATEWAY:REGISTRY_PORT in the fabric (how nodes and pods pull from it)."""
+    ``registry_port``, when not 0, is the host loopback port of the sandbox
+    registry, served on GATEWAY:REGISTRY_PORT in the fabric (how nodes and
+    pods pull from it)."""
     api = relay.Endpoint(None, ports.HOST, api_port)
     forwarders = [
         *extra,
@@ -90,6 +115,18 @@ def relay_config(
         ),
     ]
     for node, holder in nodes:
+        if node.tap:
+            # A guest's 127.0.0.1 is its own: it names the gateway (above),
+            # and its ports are dialled at its address on the fabric.
+            guest = str(addressing.node_address(node.index))
+            forwarders += [
+                relay.Forwarder(
+                    listen=relay.Endpoint(None, ports.HOST, port),
+                    target=relay.Endpoint(fab.holder.net_path, guest, port),
+                )
+                for port in node.published
+            ]
+            continue
         forwarders.append(
             relay.Forwarder(
                 listen=relay.Endpoint(holder.net_path, "127.0.0.1", api_port), target=api
@@ -100,7 +137,7 @@ def relay_config(
                 listen=relay.Endpoint(None, ports.HOST, port),
                 target=relay.Endpoint(holder.net_path, "127.0.0.1", port),
             )
-            for port in (node.port, node.healthz_port, *published(node))
+            for port in node.published
         ]
     return relay.Config(
         health_port=health_port,
@@ -138,40 +175,39 @@ def egress_selector(path: Path, socket: Path) -> Path:
 def start(
     launcher: namespaces.Launcher,
     directory: Path,
-    nodes: list[kubeletnodes.KubeletNode],
+    nodes: Sequence[Attachment],
     *,
     api_port: int,
     health_port: int,
     extra: Sequence[relay.Forwarder] = (),
-    mount: Callable[
-        [kubeletnodes.KubeletNode, namespaces.Holder], None
-    ] = kubeletnodes.mount_node_paths,
-    published: Callable[[kubeletnodes.KubeletNode], Sequence[int]] = lambda node: (),
     registry_port: int = 0,
 ) -> Network:
     """Make the fabric and the nodes' namespaces, then launch the relay
-    (the caller waits for its health: ``Network.relay.health_url``).
-    ``mount`` makes a node's mounts in its holder's mount namespace (a
-    container node has more than ``kubeletnodes``'); ``published``: see
+    (the caller waits for its health: ``Network.relay.health_url``); see
     ``relay_config``."""
     fab = fabric.create(launcher, directory)
-    holders = []
-    for index, node in enumerate(nodes):
-        holder = namespaces.start_holder(launcher, f"node/{node.name}", mount=True)
-        fabric.attach(fab, holder, index)
-        mount(node, holder)
-        holders.append(holder)
+    holders: dict[str, namespaces.Holder] = {}
+    for node in nodes:
+        holder = namespaces.start_holder(
+            launcher, f"node/{node.name}", mount=node.mount is not None
+        )
+        if node.tap:
+            fabric.attach_bridged(fab, holder, node.index, tap=node.tap)
+        else:
+            fabric.attach(fab, holder, node.index)
+        if node.mount is not None:
+            node.mount(holder)
+        holders[node.name] = holder
     relay_dir = directory / "relay"
     relay_dir.mkdir(parents=True, exist_ok=True)
     egress_socket = relay_dir / "egress.sock"
     config = relay_config(
         fab,
-        list(zip(nodes, holders, strict=True)),
+        [(node, holders[node.name]) for node in nodes],
         api_port=api_port,
         health_port=health_port,
         egress_socket=egress_socket,
         extra=extra,
-        published=published,
         registry_port=registry_port,
     )
     process = launcher.launch(
@@ -181,7 +217,7 @@ def start(
     )
     return Network(
         fab=fab,
-        holders=tuple(holders),
+        holders=holders,
         relay=process,
         egress_socket=egress_socket,
         egress_config=egress_selector(relay_dir / "egress-selector.json", egress_socket),

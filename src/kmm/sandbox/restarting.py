@@ -15,16 +15,26 @@ Names are those ``kmm sandbox status`` shows (``kube-apiserver``,
 ``kubelet/<node>`` ...); ``controller-manager`` and ``scheduler`` are
 accepted for ``kube-controller-manager`` and ``kube-scheduler``. The record
 on disk is rewritten on every start, so ``down`` always stops the live
-process and never a pid that has gone.
+process and never a pid that has gone. ``restart`` also takes a node's name
+(``kmm-kubelet-0``): its kind restarts it its own way (``nodekinds``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from kmm.sandbox import cluster, errors, health, processes, state
+from kmm.sandbox import cluster, controlplane, errors, launching, processes, state
 
-__all__ = ["ALIASES", "kill", "restart", "running", "start", "stop", "stop_async"]
+__all__ = [
+    "ALIASES",
+    "kill",
+    "restart",
+    "restart_node",
+    "running",
+    "start",
+    "stop",
+    "stop_async",
+]
 
 ALIASES = {
     "controller-manager": "kube-controller-manager",
@@ -34,12 +44,7 @@ ALIASES = {
 
 
 def _find(record: state.SandboxState, component: str) -> int:
-    name = ALIASES.get(component, component)
-    for index, process in enumerate(record.launched):
-        if process.name == name:
-            return index
-    names = ", ".join(p.name for p in record.launched)
-    raise errors.NotRunning(f"the sandbox in {record.directory} has no {component}; it has {names}")
+    return launching.find(record, ALIASES.get(component, component))
 
 
 def running(directory: Path, component: str) -> bool:
@@ -85,21 +90,23 @@ async def start(directory: Path, component: str, *, timeout: float = 180.0) -> p
     record = cluster.status(directory)
     index = _find(record, component)
     process = record.launched[index]
-    if process.alive():
-        raise errors.SandboxInUse(
-            f"{process.name} is already running (pid {process.pid}); "
-            f"stop it first, or use `kmm sandbox restart {component}`"
-        )
-    again = processes.launch(
-        process.name, list(process.argv), log=process.log, health_url=process.health_url
+    return await launching.relaunch(
+        record, index, timeout=timeout, access=controlplane.health_access(record, process)
     )
-    record.launched[index] = again
-    state.save(record)
-    await health.wait_healthy(again, timeout=timeout, access=cluster.health_access(record, again))
-    return again
 
 
 async def restart(directory: Path, component: str, *, timeout: float = 180.0) -> processes.Process:
     """``stop`` then ``start``: the component comes back on its data."""
     await stop_async(directory, component)
     return await start(directory, component, timeout=timeout)
+
+
+async def restart_node(directory: Path, name: str, *, timeout: float = 180.0) -> None:
+    """Restart node ``name`` its kind's way (a kubelet's restart, a guest's
+    reboot ...); return once it is Ready again."""
+    record = cluster.status(directory)
+    for kind in cluster.kinds(record):
+        if name in kind.names:
+            await kind.restart(name, timeout=timeout)
+            return
+    raise errors.NotRunning(f"the sandbox in {record.directory} has no node {name}")

@@ -44,16 +44,17 @@ class SandboxState:
     launched: list[processes.Process]
     node_names: list[str]
     versions: dict[str, str]
-    # Nodes served by real kubelets, and the host sysctls they change,
-    # as found before the first one started (``down`` writes them back).
+    # Nodes served by real kubelets on the host (the host sysctls they
+    # change are ``hostsysctls``').
     kubelet_nodes: list[str] = dataclasses.field(default_factory=list)
-    sysctls: dict[str, str] = dataclasses.field(default_factory=dict)
     # Which kubelet nodes run containerd (``--runtime containerd``), and the
     # cgroup every container of theirs lives under (``kmm-sandbox-<id>``,
     # in every hierarchy; ``down`` removes it).
     container_nodes: list[str] = dataclasses.field(default_factory=list)
     cgroup_parent: str = ""
     registry: RegistryRecord | None = None
+    # VM nodes (``vmnodes``): qemu guests, each under ``vms/<i>``.
+    vm_nodes: list[str] = dataclasses.field(default_factory=list)
 
     def alive(self) -> list[processes.Process]:
         return [process for process in self.launched if process.alive()]
@@ -67,10 +68,10 @@ def save(state: SandboxState) -> None:
         "versions": state.versions,
         "nodes": state.node_names,
         "kubeletNodes": state.kubelet_nodes,
-        "sysctls": state.sysctls,
         "containerNodes": state.container_nodes,
         "cgroupParent": state.cgroup_parent,
         "registry": _registry_document(state.registry),
+        "vmNodes": state.vm_nodes,
         "processes": [
             {
                 "name": process.name,
@@ -110,10 +111,10 @@ def load(directory: Path) -> SandboxState | None:
         versions=dict(document["versions"]),
         node_names=list(document["nodes"]),
         kubelet_nodes=list(document.get("kubeletNodes") or ()),
-        sysctls=dict(document.get("sysctls") or {}),
         container_nodes=list(document.get("containerNodes") or ()),
         cgroup_parent=str(document.get("cgroupParent") or ""),
         registry=_registry_record(document.get("registry")),
+        vm_nodes=list(document.get("vmNodes") or ()),
         launched=[
             processes.Process(
                 name=entry["name"],

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kmm.sandbox import addressing, cluster, containernodes, errors, kubeletnodes
+from kmm.sandbox import addressing, cluster, errors, hostsysctls
+from kmm.sandbox.containernodes import cgroups, configs
+from kmm.sandbox.containernodes import nodes as containernodes
+from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
 
 
 def _node(tmp_path: Path, index: int = 1) -> containernodes.ContainerNode:
@@ -35,7 +38,7 @@ def test_containerd_is_told_the_pinned_runc_the_local_pause_image_and_the_nodes_
     tmp_path: Path,
 ) -> None:
     node = _node(tmp_path)
-    config = tomllib.loads(containernodes.containerd_config(node, runc=Path("/pinned/runc")))
+    config = tomllib.loads(configs.containerd_config(node, runc=Path("/pinned/runc")))
     assert config["version"] == 3
     assert config["grpc"]["address"] == str(node.containerd_socket)
     images = config["plugins"]["io.containerd.cri.v1.images"]
@@ -55,7 +58,7 @@ def test_containerd_is_told_the_pinned_runc_the_local_pause_image_and_the_nodes_
 def test_registry_hosts_trust_the_sandbox_ca_and_send_every_other_host_nowhere(
     tmp_path: Path,
 ) -> None:
-    files = containernodes.hosts_files(ca_cert=tmp_path / "ca.crt")
+    files = configs.hosts_files(ca_cert=tmp_path / "ca.crt")
     registry = f"{addressing.GATEWAY}:{addressing.REGISTRY_PORT}"
     assert set(files) == {registry, "_default"}
     sandbox = tomllib.loads(files[registry])
@@ -67,7 +70,7 @@ def test_registry_hosts_trust_the_sandbox_ca_and_send_every_other_host_nowhere(
 
 
 def test_pods_get_the_nodes_subnet_and_routes_to_the_sandbox_only(tmp_path: Path) -> None:
-    config = containernodes.cni_config(_node(tmp_path, index=3))
+    config = configs.cni_config(_node(tmp_path, index=3))
     bridge = config["plugins"][0]
     assert bridge["type"] == "bridge"
     assert bridge["ipMasq"] is False
@@ -80,7 +83,7 @@ def test_pods_get_the_nodes_subnet_and_routes_to_the_sandbox_only(tmp_path: Path
 
 def test_kube_proxy_leaves_host_conntrack_limits_alone(tmp_path: Path) -> None:
     node = _node(tmp_path)
-    config = containernodes.kube_proxy_config(node, kubeconfig=tmp_path / "kubeconfig")
+    config = configs.kube_proxy_config(node, kubeconfig=tmp_path / "kubeconfig")
     assert config["mode"] == "iptables"
     assert config["clusterCIDR"] == str(addressing.POD_NETWORK)
     assert config["conntrack"]["maxPerCore"] == 0
@@ -95,7 +98,7 @@ def test_kube_proxy_leaves_host_conntrack_limits_alone(tmp_path: Path) -> None:
 def test_the_kubelet_runs_on_containerd_under_the_sandboxs_cgroup(tmp_path: Path) -> None:
     node = _node(tmp_path)
     node.make_dirs()
-    config = containernodes.kubelet_config(node, ca_cert=tmp_path / "ca.crt")
+    config = configs.kubelet_config(node, ca_cert=tmp_path / "ca.crt")
     assert config["containerRuntimeEndpoint"] == f"unix://{node.containerd_socket}"
     assert config["cgroupDriver"] == "cgroupfs"
     assert config["cgroupRoot"] == node.cgroup_root
@@ -159,7 +162,7 @@ def fake_shims(tmp_path: Path) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
 def test_kill_shims_kills_the_shims_of_one_containerd_only(
     tmp_path: Path, fake_shims: dict[str, subprocess.Popen[bytes]]
 ) -> None:
-    killed = containernodes.kill_shims(tmp_path / "ours")
+    killed = cgroups.kill_shims(tmp_path / "ours")
     assert killed == [fake_shims["ours"].pid]
     # Gone already when it returns (a zombie until this parent reaps it):
     # down's promise that no shim outlives it.
@@ -208,17 +211,18 @@ def test_down_writes_the_sysctls_back_even_when_the_cgroups_would_not_go(
         launched=[],
         node_names=[],
         versions={},
-        sysctls={"kernel/panic": "0"},
+        kubelet_nodes=["kmm-kubelet-0"],
+        container_nodes=["kmm-kubelet-0"],
         cgroup_parent="kmm-sandbox-test",
     )
     cluster.state.save(record)
-    restored: list[dict[str, str]] = []
-    monkeypatch.setattr(kubeletnodes, "restore_sysctls", restored.append)
+    released: list[Path] = []
+    monkeypatch.setattr(hostsysctls, "release", released.append)
 
     def stuck(parent: str) -> list[Path]:
         return [Path("/sys/fs/cgroup/pids") / parent.lstrip("/")]
 
-    monkeypatch.setattr(containernodes, "remove_cgroups", stuck)
+    monkeypatch.setattr(cgroups, "remove_cgroups", stuck)
     with pytest.raises(errors.SandboxError, match="could not remove the sandbox's cgroups"):
         cluster.down(tmp_path)
-    assert restored == [{"kernel/panic": "0"}]
+    assert released == [tmp_path]

@@ -144,3 +144,30 @@ def test_nsenter_asks_a_mount_namespace_only_of_a_holder_that_has_one() -> None:
         namespaces.nsenter(holder, mount=True)
     with_mount = namespaces.Holder(pid=4242, mount=True)
     assert namespaces.nsenter(with_mount, mount=True)[1:] == ["--target=4242", "--net", "--mount"]
+
+
+def test_a_vm_nodes_namespace_is_a_wire_for_its_guest_and_the_others_route_to_it(
+    launcher: namespacing.Launcher,
+) -> None:
+    before = namespacing.host_network()
+    fab = fabric.create(launcher, launcher.directory)
+    guest = namespaces.start_holder(launcher, "node/vm")
+    fabric.attach_bridged(fab, guest, 1, tap="kmmtap0")
+    # A node attached after it routes to the guest's pods via its address.
+    later = namespaces.start_holder(launcher, "node/later", mount=True)
+    fabric.attach(fab, later, 2)
+
+    links = _in(guest, "ip", "-o", "link", "show")
+    for link in (fabric.NODE_INTERFACE, "kmmtap0"):
+        assert f"master {fabric.NODE_BRIDGE}" in _in(guest, "ip", "-o", "link", "show", link)
+    assert "tun" in _in(guest, "ip", "-d", "-o", "link", "show", "kmmtap0")
+    assert fabric.NODE_BRIDGE in links
+    # The guest holds the address; its namespace holds none and no route.
+    assert "inet " not in _in(guest, "ip", "-o", "-4", "addr", "show", "scope", "global")
+    assert _in(guest, "ip", "-4", "route", "show").strip() == ""
+    vm_pods = f"{addressing.pod_subnet(1)} via {addressing.node_address(1)}"
+    assert vm_pods in _in(later, "ip", "-4", "route", "show")
+    assert vm_pods in _in(fab.holder, "ip", "-4", "route", "show")
+    with pytest.raises(ValueError, match="attached to the fabric already"):
+        fabric.attach_bridged(fab, guest, 1, tap="kmmtap0")
+    assert namespacing.host_network() == before

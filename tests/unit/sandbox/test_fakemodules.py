@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kmm.sandbox import containernodes, fakemodules, kubeletnodes
+from kmm.sandbox.containernodes import fakemodules
+from kmm.sandbox.containernodes import nodes as containernodes
+from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
 
 
 @pytest.mark.parametrize(

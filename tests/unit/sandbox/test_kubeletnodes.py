@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kmm.sandbox import cluster, errors, kubeletnodes, namespaces
+from kmm.sandbox import cluster, errors, namespaces
+from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
 
 
 def _node(tmp_path: Path) -> kubeletnodes.KubeletNode:
@@ -81,18 +82,6 @@ def test_node_record_round_trips(tmp_path: Path) -> None:
     node.make_dirs()
     kubeletnodes.save(node)
     assert kubeletnodes.load(node.directory) == node
-
-
-def test_sysctls_are_written_back_only_where_they_changed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(kubeletnodes, "_PROC_SYS", tmp_path)
-    for name, value in (("vm/overcommit_memory", "1"), ("kernel/panic", "10")):
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(value + "\n")
-    kubeletnodes.restore_sysctls({"vm/overcommit_memory": "0", "kernel/panic": "10"})
-    assert (tmp_path / "vm/overcommit_memory").read_text() == "0"
-    assert (tmp_path / "kernel/panic").read_text() == "10\n"  # untouched
 
 
 async def test_kubelet_nodes_refuse_a_cluster_without_the_resource_api(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kmm.sandbox import addressing, fabric, kubeletnodes, namespaces, networking, relay
+from kmm.sandbox import addressing, fabric, namespaces, networking, relay
 
 
 def test_the_relay_serves_the_api_server_to_nodes_and_kubelets_to_the_host(
@@ -14,12 +14,8 @@ def test_the_relay_serves_the_api_server_to_nodes_and_kubelets_to_the_host(
     fab = fabric.Fabric(holder=namespaces.Holder(pid=10), directory=tmp_path)
     nodes = [
         (
-            kubeletnodes.KubeletNode(
-                name=f"kmm-kubelet-{i}",
-                directory=tmp_path / str(i),
-                port=20000 + i,
-                healthz_port=21000 + i,
-                cri_http_port=22000 + i,
+            networking.Attachment(
+                name=f"kmm-kubelet-{i}", index=i, published=(20000 + i, 21000 + i)
             ),
             namespaces.Holder(pid=100 + i, mount=True),
         )
@@ -78,3 +74,35 @@ def test_the_egress_selector_sends_cluster_traffic_to_the_relays_socket(tmp_path
             },
         }
     ]
+
+
+def test_a_vm_nodes_ports_are_its_guests_on_the_fabric_and_its_namespace_serves_nothing(
+    tmp_path: Path,
+) -> None:
+    fab = fabric.Fabric(holder=namespaces.Holder(pid=10), directory=tmp_path)
+    guest = networking.Attachment(
+        name="kmm-vm-0", index=3, published=(30000, 30001, 30002), tap="kmmtap0"
+    )
+    config = networking.relay_config(
+        fab,
+        [(guest, namespaces.Holder(pid=103))],
+        api_port=6443,
+        health_port=7000,
+        egress_socket=tmp_path / "egress.sock",
+    )
+    pairs = {
+        (f.listen.netns, f.listen.host, f.listen.port): (
+            f.target.netns,
+            f.target.host,
+            f.target.port,
+        )
+        for f in config.forwarders
+    }
+    address = str(addressing.node_address(3))
+    assert pairs == {
+        # The guest's kubeconfigs name the API server on the gateway.
+        ("/proc/10/ns/net", "10.253.0.1", 6443): (None, "127.0.0.1", 6443),
+        (None, "127.0.0.1", 30000): ("/proc/10/ns/net", address, 30000),
+        (None, "127.0.0.1", 30001): ("/proc/10/ns/net", address, 30001),
+        (None, "127.0.0.1", 30002): ("/proc/10/ns/net", address, 30002),
+    }

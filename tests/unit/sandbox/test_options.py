@@ -60,8 +60,24 @@ def test_an_inflight_limit_turns_priority_and_fairness_off() -> None:
             },
             "--fake-module: a module is named twice",
         ),
+        ({"vm_nodes": -1}, "--vm-nodes must be 0 or more"),
+        ({"vm_nodes": 1, "accel": "hvf"}, "--accel must be one of auto, kvm, tcg"),
+        ({"node_kernel": "6.1.0-57-amd64"}, "--node-kernel needs --vm-nodes"),
+        ({"secure_boot": False}, "--no-secure-boot needs --vm-nodes"),
+        ({"accel": "tcg"}, "--accel tcg needs --vm-nodes"),
+        ({"vm_nodes": 200, "kubelet_nodes": 41}, "together must be 240 or fewer"),
+        (
+            {"vm_nodes": 1, "runtime_config": ("resource.k8s.io/v1=false",)},
+            r"--vm-nodes needs resource\.k8s\.io served",
+        ),
     ],
 )
 def test_out_of_range_options_are_refused_by_flag(fields: dict[str, object], flag: str) -> None:
     with pytest.raises(ValueError, match=flag):
         _options(**fields).check()
+
+
+def test_vm_nodes_want_the_registry_their_pods_pull_from() -> None:
+    assert _options(vm_nodes=1).wants_registry
+    assert not _options(vm_nodes=1, registry=False).wants_registry
+    _options(vm_nodes=2, kubelet_nodes=1, runtime="containerd", accel="tcg").check()

@@ -11,7 +11,9 @@ directory ``<cache>/vm/node-<key>/``:
   initrd holding just what mounts a virtio disk (``guest/initramfs-hook``);
   plus the sandbox's pinned kubelet, kube-proxy, containerd, runc and CNI
   plugins, copied from the binary cache (baked in rather than shared over
-  9p: one copy per image, nothing of the host's mounted into a guest).
+  9p: one copy per image, nothing of the host's mounted into a guest), and
+  their systemd units (``guest/kmm-*.service``), which start only on a node
+  whose ESP carries a Kubernetes node's files (``kubernetes``).
   Never written once made: each node boots a copy-on-write overlay of it;
 - ``shimx64.efi``, ``grubx64.efi``: Debian's signed shim and grub, from the
   same archive as the guest (packages ``shim-signed`` and
@@ -53,6 +55,7 @@ __all__ = [
     "NodeImage",
     "build",
     "find",
+    "guest_dir",
     "image_key",
     "mmdebstrap_argv",
 ]
@@ -101,13 +104,26 @@ _ENABLED: Final = (
     ("kmm-node-setup.service", "sysinit.target"),
     ("systemd-networkd.service", "multi-user.target"),
     ("systemd-networkd.socket", "sockets.target"),
+    # Started only on a node the sandbox made a Kubernetes node (each unit's
+    # condition: ``kubernetes``' files on its ESP).
+    ("kmm-containerd.service", "multi-user.target"),
+    ("kmm-kubelet.service", "multi-user.target"),
+    ("kmm-kube-proxy.service", "multi-user.target"),
 )
+# The node's own units, and the scripts they run (in /usr/local/lib/kmm).
+_UNITS: Final = (
+    "kmm-node-setup.service",
+    "kmm-containerd.service",
+    "kmm-kubelet.service",
+    "kmm-kube-proxy.service",
+)
+_SCRIPTS: Final = ("node-setup", "node-prepare")
 _BOOT_FILES: Final = {
     # package -> (path of the signed binary in it, name in the image directory)
     "shim-signed": ("usr/lib/shim/shimx64.efi.signed", "shimx64.efi"),
     "grub-efi-amd64-signed": ("usr/lib/grub/x86_64-efi-signed/grubx64.efi.signed", "grubx64.efi"),
 }
-_GUEST_FILES: Final = ("initramfs-hook", "node-setup", "kmm-node-setup.service")
+_GUEST_FILES: Final = ("initramfs-hook", *_SCRIPTS, *_UNITS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +147,8 @@ class NodeImage:
         return self.directory / "grubx64.efi"
 
 
-def _guest_dir() -> Path:
+def guest_dir() -> Path:
+    """The files the image puts in the guest (``guest/``)."""
     return Path(str(resources.files("kmm.sandbox.vmnodes").joinpath("guest")))
 
 
@@ -182,7 +199,7 @@ def mmdebstrap_argv(chosen: kernels.KernelList, tree: Path, guest: Path) -> list
 def image_key(chosen: kernels.KernelList, guest: Path | None = None) -> str:
     """The digest naming an image made from ``chosen`` with today's recipe,
     guest files and pinned binaries."""
-    guest = guest or _guest_dir()
+    guest = guest or guest_dir()
     digest = hashlib.sha256(_RECIPE.encode())
     digest.update(chosen.key.encode())
     digest.update("\0".join(mmdebstrap_argv(chosen, Path("/tree"), Path("/guest"))).encode())
@@ -233,10 +250,12 @@ def _customize(tree: Path, guest: Path, binaries: Mapping[str, Path], root_uuid:
             (directory / name).chmod(0o755)
     lib = tree / "usr/local/lib/kmm"
     lib.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(guest / "node-setup", lib / "node-setup")
-    (lib / "node-setup").chmod(0o755)
+    for script in _SCRIPTS:
+        shutil.copyfile(guest / script, lib / script)
+        (lib / script).chmod(0o755)
     systemd = tree / "etc/systemd/system"
-    shutil.copyfile(guest / "kmm-node-setup.service", systemd / "kmm-node-setup.service")
+    for unit in _UNITS:
+        shutil.copyfile(guest / unit, systemd / unit)
     for unit, target in _ENABLED:
         wants = systemd / f"{target}.wants"
         wants.mkdir(exist_ok=True)
@@ -272,7 +291,7 @@ def build(
     target.parent.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     root_uuid = str(uuid.UUID(hashlib.sha256(key.encode()).hexdigest()[:32]))
-    guest = _guest_dir()
+    guest = guest_dir()
     staging = Path(tempfile.mkdtemp(prefix=f".node-{key}-", dir=target.parent))
     try:
         tree = staging / "tree"

@@ -35,6 +35,7 @@ from kmm.sandbox import errors, namespaces, processes
 from kmm.sandbox.vmnodes import accel, agent, esp, firmware, images, kernels, machines, qemu
 
 __all__ = [
+    "SOCKET_PATH_MAX",
     "Launcher",
     "NodeSpec",
     "Status",
@@ -46,7 +47,9 @@ __all__ = [
 
 _RECORD: Final = "node.json"
 # sockaddr_un's sun_path holds 108 bytes with its terminating NUL.
-_SOCKET_PATH_MAX: Final = 107
+SOCKET_PATH_MAX: Final = 107
+# systemd's state once its boot finished (``degraded``: a unit failed).
+_BOOTED: Final = ("running", "degraded")
 _SECURE_BOOT_VARIABLE: Final = (
     "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 )
@@ -123,27 +126,52 @@ class VmNode:
         """qemu's resident memory (guest RAM it touched, its own, TCG's code cache)."""
         return self.process.rss_bytes()
 
+    async def wait_agent(self, *, timeout: float = 600.0) -> None:
+        """Return once the guest agent answers (early in the guest's boot);
+        SandboxError with the serial console's last lines otherwise."""
+        try:
+            await agent.wait(self.machine.agent_socket, timeout=timeout, alive=self.alive)
+        except agent.AgentUnavailable as err:
+            qemu_state = "running" if self.alive() else "exited"
+            raise errors.SandboxError(
+                f"VM node {self.name}'s guest agent did not answer within {timeout:.0f} s "
+                f"(qemu {qemu_state}); its console ({self.machine.serial_log}) ends:\n"
+                + processes.log_tail(self.machine.serial_log)
+            ) from err
+
     async def wait_ready(self, *, timeout: float = 600.0) -> str:
         """Return once the guest agent answers and the OS finished booting
         (systemd's state: ``running``, or ``degraded`` when a unit failed);
         SandboxError with the serial console's last lines when that does not
-        happen in ``timeout`` seconds or qemu exits."""
+        happen in ``timeout`` seconds or qemu exits.
+
+        systemd is asked once a second in a session of its own, not with
+        ``--wait`` in one: the agent's socket takes one client at a time, and
+        others (``kmm sandbox node exec``) may reach the node meanwhile."""
         deadline = time.monotonic() + timeout
         try:
             await agent.wait(self.machine.agent_socket, timeout=timeout, alive=self.alive)
             # The agent starts early; the node's address and routes come later.
-            booted = await self.exec(
-                ["systemctl", "is-system-running", "--wait"],
-                timeout=max(1.0, deadline - time.monotonic()),
-            )
+            while True:
+                try:
+                    found = await self.exec(["systemctl", "is-system-running"], timeout=60)
+                except agent.AgentUnavailable:
+                    if not self.alive():
+                        raise
+                else:
+                    state = found.stdout.decode().strip()
+                    if state in _BOOTED:
+                        return state
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                await asyncio.sleep(1.0)
         except (agent.AgentUnavailable, TimeoutError) as err:
-            state = "running" if self.alive() else "exited"
+            qemu_state = "running" if self.alive() else "exited"
             raise errors.SandboxError(
-                f"VM node {self.name} is not exec-ready after {timeout:.0f} s (qemu {state}); "
-                f"its console ({self.machine.serial_log}) ends:\n"
+                f"VM node {self.name} is not exec-ready after {timeout:.0f} s "
+                f"(qemu {qemu_state}); its console ({self.machine.serial_log}) ends:\n"
                 + processes.log_tail(self.machine.serial_log)
             ) from err
-        return booted.stdout.decode().strip()
 
     async def exec(self, argv: Sequence[str], *, timeout: float = 300.0) -> agent.ExecResult:
         """Run ``argv`` as root in the node's OS (not in a container)."""
@@ -296,10 +324,10 @@ async def start(
     ``wait_ready`` waits for its OS."""
     image.kernels.require(spec.kernel)
     longest = spec.directory / "qmp.sock"
-    if len(str(longest).encode()) > _SOCKET_PATH_MAX:
+    if len(str(longest).encode()) > SOCKET_PATH_MAX:
         raise errors.SandboxError(
             f"VM node directory {spec.directory} is too long for its control sockets "
-            f"({_SOCKET_PATH_MAX} bytes at most for {longest})"
+            f"({SOCKET_PATH_MAX} bytes at most for {longest})"
         )
     chosen = await accel.choose(
         spec.accel, cache_dir=cache_dir, image=image, secure_boot=spec.secure_boot

@@ -30,8 +30,9 @@ it, and how that is prevented (each cost time when first tried):
   the relay's CONNECT proxy. Its kubeconfig's ``https://127.0.0.1:P`` is the
   relay in its own namespace, forwarding to the API server;
 - iptables utility chains are off (nothing runs that would need them);
-- the six sysctls the kubelet sets (``SYSCTLS``) are read before the first
-  kubelet starts and written back by ``kmm sandbox down``.
+- the six sysctls the kubelet sets are the host's: ``hostsysctls`` records
+  them before the first kubelet starts, and ``kmm sandbox down`` writes
+  them back once no other sandbox's kubelets hold them.
 
 The kubelet authenticates as ``system:node:<name>`` (group ``system:nodes``),
 so the Node authorizer and NodeRestriction judge it as in a real cluster,
@@ -53,7 +54,6 @@ from kmm.sandbox import errors, namespaces, pki
 
 __all__ = [
     "NODE_PREFIX",
-    "SYSCTLS",
     "KubeletNode",
     "check_directory",
     "cri_argv",
@@ -61,23 +61,11 @@ __all__ = [
     "kubelet_argv",
     "load",
     "mount_node_paths",
-    "read_sysctls",
-    "restore_sysctls",
     "save",
     "write_config",
 ]
 
 NODE_PREFIX: Final = "kmm-kubelet-"
-# Every one the kubelet's container manager sets (setupKernelTunables).
-SYSCTLS: Final = (
-    "vm/overcommit_memory",
-    "vm/panic_on_oom",
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "kernel/keys/root_maxkeys",
-    "kernel/keys/root_maxbytes",
-)
-_PROC_SYS = Path("/proc/sys")
 # Host paths the kubelet uses whatever its flags say; covered in its namespace.
 _COVERED: Final = (Path("/var/lib"), Path("/var/log"))
 
@@ -186,20 +174,6 @@ def check_directory(directory: Path) -> None:
                 f"a sandbox with kubelet nodes may not live under {covered} "
                 f"(the kubelet runs with a private {covered}): {directory}"
             )
-
-
-def read_sysctls() -> dict[str, str]:
-    return {name: (_PROC_SYS / name).read_text().strip() for name in SYSCTLS}
-
-
-def restore_sysctls(values: dict[str, str]) -> None:
-    """Write back what ``read_sysctls`` found (best effort per key)."""
-    for name, value in values.items():
-        try:
-            if (_PROC_SYS / name).read_text().strip() != value:
-                (_PROC_SYS / name).write_text(value)
-        except OSError:
-            continue
 
 
 def write_config(node: KubeletNode, *, ca_cert: Path) -> Path:

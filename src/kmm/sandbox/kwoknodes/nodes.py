@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from kmm.kube import client, objects, resources
+from kmm.sandbox import nodekinds
 
 __all__ = ["FAKE_NODE_ANNOTATION", "create", "node_body", "spread", "wait_ready"]
 
@@ -77,31 +77,8 @@ async def create(
     )
 
 
-def _is_schedulable_ready(node: Mapping[str, Any]) -> bool:
-    conditions = (node.get("status") or {}).get("conditions") or ()
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    # The node lifecycle controller taints a new node not-ready until it sees
-    # Ready; waiting for the taint to go makes the sandbox usable at once.
-    taints = (node.get("spec") or {}).get("taints") or ()
-    return ready and not any(
-        str(t.get("key", "")).startswith("node.kubernetes.io/") for t in taints
-    )
-
-
 async def wait_ready(
     api: client.Client, names: Sequence[str], *, timeout: float, label_selector: str = "type=kwok"
 ) -> None:
-    """Return when every named node is Ready and untainted; TimeoutError otherwise."""
-    wanted = set(names)
-
-    async def poll() -> None:
-        while True:
-            listing = await api.request(
-                "GET", resources.NODES.path(), query={"labelSelector": label_selector}
-            )
-            ready = {objects.name(n) for n in listing["items"] if _is_schedulable_ready(n)}
-            if wanted <= ready:
-                return
-            await asyncio.sleep(0.25)
-
-    await asyncio.wait_for(poll(), timeout)
+    """Return when every named KWOK node is Ready and untainted; TimeoutError otherwise."""
+    await nodekinds.wait_ready(api, names, timeout=timeout, label_selector=label_selector)
