@@ -65,7 +65,7 @@ from kmm.kube import client as kube_client
 from kmm.kube import kubeconfigs, resources
 from kmm.oci import archive
 from kmm.operator import wiring
-from kmm.operator.build import pods
+from kmm.operator.build import podparts, pods
 from kmm.operator.build import settings as build_settings
 from kmm.sandbox import cluster, pki, registry
 
@@ -327,7 +327,7 @@ def host_build(
     root, image_env = builder_root(work)
     storage = work / "storage"
     storage.mkdir()
-    inputs = pods.PodParams(
+    inputs = podparts.PodParams(
         module=NAME,
         namespace=NAMESPACE,
         kernel=kernel,

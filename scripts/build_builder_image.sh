@@ -2,7 +2,8 @@
 # kmm's builder image as an OCI archive, build/kmm-builder-image.tar (`make
 # image`; docs/build-and-sign.md "The builder image"): what build and sign pods run
 # (kmm.operator.build.pods), tagged inside the archive with
-# pods.DEFAULT_BUILDER_IMAGE, the operator's --builder-image default.
+# kmm.operator.build.settings.DEFAULT_BUILDER_IMAGE, the operator's
+# --builder-image default.
 #   - Debian trixie (buildah 1.39 reads Dockerfile heredocs; bookworm's 1.28
 #     does not), made by mmdebstrap: buildah, netavark (buildah 1.39 will not
 #     start without it), kmod, openssl, ca-certificates and the kernel's
@@ -23,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 umask 022
 OUT=${OUT:-build/kmm-builder-image.tar}
-IMAGE=${IMAGE:-$(.venv/bin/python -c 'from kmm.operator.build import pods; print(pods.DEFAULT_BUILDER_IMAGE)')}
+IMAGE=${IMAGE:-$(.venv/bin/python -c 'from kmm.operator.build import settings; print(settings.DEFAULT_BUILDER_IMAGE)')}
 CACHE=${KMM_CACHE_DIR:-$HOME/.cache/kmm}/image
 FILES=scripts/builder_image
 HOOK=scripts/debian_kbuild.sh

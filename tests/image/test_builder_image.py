@@ -20,7 +20,7 @@ from pathlib import Path
 
 import imagearchives
 
-from kmm.operator.build import pods
+from kmm.operator.build import podparts, settings
 
 BUILDER = imagearchives.BUILD / "kmm-builder-image.tar"
 IMAGES = imagearchives.BUILD / "images"
@@ -31,14 +31,14 @@ _TRAILER = b"~Module signature appended~\n"
 def test_the_builder_image_has_what_build_and_sign_pods_run(tmp_path: Path) -> None:
     archive = imagearchives.required(BUILDER, target="image")
     image = imagearchives.open_image(archive, tmp_path / "layout")
-    assert image.reference == pods.DEFAULT_BUILDER_IMAGE
+    assert image.reference == settings.DEFAULT_BUILDER_IMAGE
     assert "BUILDAH_ISOLATION=chroot" in image.config["config"]["Env"]
     rootfs = imagearchives.unpack(image, tmp_path / "rootfs")
     registries = tomllib.loads((rootfs / "etc/containers/registries.conf").read_text())
     assert registries["unqualified-search-registries"] == []
     storage = tomllib.loads((rootfs / "etc/containers/storage.conf").read_text())
     assert storage["storage"]["driver"] == "overlay"
-    assert storage["storage"]["graphroot"].startswith(pods.STORAGE + "/")
+    assert storage["storage"]["graphroot"].startswith(podparts.STORAGE + "/")
     # buildah 1.39 refuses to start without netavark.
     assert (rootfs / "usr/lib/podman/netavark").is_file()
     for program in ("usr/bin/buildah", "usr/bin/openssl", "usr/sbin/modinfo", "usr/bin/sh"):

@@ -71,7 +71,7 @@ from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
 from kmm.oci import configs, references
-from kmm.operator.build import images, inputs, pods
+from kmm.operator.build import images, inputs, podnames
 from kmm.operator.build import settings as build_settings
 from kmm.sandbox import cluster, pki, registry, testing
 
@@ -557,7 +557,7 @@ async def test_a_failed_build_is_kept_until_its_configmap_is_fixed(
     async with _operator(sandbox) as running:
         failed = await _until(api, name, _state(sandbox.kernel, "BuildFailed"), "BuildFailed")
         degraded = _condition(failed, "Degraded")
-        pod = pods.pod_name(name, "build", sandbox.kernel)
+        pod = podnames.pod_name(name, "build", sandbox.kernel)
         assert degraded["status"] == "True"
         assert degraded["reason"] == "BuildFailed"
         assert pod in degraded["message"]
@@ -681,7 +681,7 @@ async def test_a_wrong_signing_key_fails_the_sign_until_the_secret_is_fixed(
             failed = await _until(api, name, _state(sandbox.kernel, "SignFailed"), "SignFailed")
             degraded = _condition(failed, "Degraded")
             assert degraded["reason"] == "SignFailed"
-            assert pods.pod_name(name, "sign", sandbox.kernel) in degraded["message"]
+            assert podnames.pod_name(name, "sign", sandbox.kernel) in degraded["message"]
             assert not await _exists(sandbox, final)  # never an unsigned image there
             await _reconciles(running, 5)
             reasons = await _events(api, name)
@@ -780,7 +780,7 @@ async def test_only_the_signed_image_ever_carried_the_final_name(
                 "the build pod shown Unschedulable", bound=180,
             )  # fmt: skip
             assert _condition(stuck, "Degraded")["reason"] == "Unschedulable"
-            assert pods.pod_name(name, "build", sandbox.kernel) in _condition(stuck, "Degraded")["message"]  # fmt: skip
+            assert podnames.pod_name(name, "build", sandbox.kernel) in _condition(stuck, "Degraded")["message"]  # fmt: skip
             sign = {
                 "keySecret": {"name": f"{name}-key"},
                 "certSecret": {"name": f"{name}-cert"},

@@ -31,7 +31,7 @@ import pytest
 
 from kmm.api import kernels
 from kmm.kube import resources
-from kmm.operator.build import images, pods
+from kmm.operator.build import images, podnames, podparts, pods
 from kmm.sandbox import cluster, pki, registry
 
 IMAGES = Path("build/images")
@@ -146,7 +146,7 @@ async def _build_and_sign(
             "controller": True,
             "blockOwnerDeletion": True,
         }
-        inputs = pods.PodParams(
+        inputs = podparts.PodParams(
             module=MODULE,
             namespace=NAMESPACE,
             kernel=kernel,
@@ -173,7 +173,7 @@ async def _build_and_sign(
         await api.request(
             "POST", resources.PODS.path(namespace=NAMESPACE), body=pods.build_pod(inputs, build)
         )
-        built = await support.finished(api, NAMESPACE, pods.pod_name(MODULE, "build", kernel))
+        built = await support.finished(api, NAMESPACE, podnames.pod_name(MODULE, "build", kernel))
         sign = kernels.SignTarget(
             unsigned_image=None,
             unsigned_image_registry_tls=None,
@@ -201,12 +201,12 @@ async def _build_and_sign(
                 dir_name="/opt",
             )
             await api.request("POST", resources.PODS.path(namespace=NAMESPACE), body=body)
-        signed = await support.finished(api, NAMESPACE, pods.pod_name(MODULE, "sign", kernel))
+        signed = await support.finished(api, NAMESPACE, podnames.pod_name(MODULE, "sign", kernel))
         failed = {}
         async with registry.client(record) as looked:
             for module in failing:
                 pod = await support.finished(
-                    api, NAMESPACE, pods.pod_name(module, "sign", kernel), "Failed"
+                    api, NAMESPACE, podnames.pod_name(module, "sign", kernel), "Failed"
                 )
                 name, _, tag = final.replace(MODULE, module).partition("/")[2].rpartition(":")
                 failed[module] = pod, await looked.exists(name, tag) is not None

@@ -1,4 +1,4 @@
-"""The operator's in-flight memory (``writing.Pending``) stays empty on a long-lived leader.
+"""The operator's in-flight memory (``inflight.Pending``) stays empty on a long-lived leader.
 
 The operator runs in process on a ``kube.client.Client`` that holds back the
 reply to each of its writes of a DaemonSet, Module or Node until the

@@ -32,7 +32,7 @@ from kmm.kube import errors as kube_errors
 from kmm.kube import resources
 from kmm.oci import mediatypes
 from kmm.operator import failures, writing
-from kmm.operator.build import pods
+from kmm.operator.build import podnames
 from kmm.sandbox import cluster, testing
 
 manifests = support.manifests
@@ -442,7 +442,7 @@ async def test_a_refused_preflight_pod_is_its_modules_verdict_and_the_other_goes
 
                 await testing.eventually(judged, "a verdict for each Module")
                 refused = verdicts[refusing]
-                name = pods.preflight_pod_name(validation, "built")
+                name = podnames.preflight_pod_name(validation, "built")
                 assert refused["statusReason"].startswith(
                     f"{preflight.REASON_BUILD_FAILED}: the API server refused pod "
                     f"{refusing}/{name}: 403 Forbidden: "
@@ -453,7 +453,7 @@ async def test_a_refused_preflight_pod_is_its_modules_verdict_and_the_other_goes
                     open_, label_selector=f"{labels.PREFLIGHT}={validation}"
                 )
                 assert [p.metadata.name for p in made.items] == [
-                    pods.preflight_pod_name(validation, "built")
+                    podnames.preflight_pod_name(validation, "built")
                 ]
             finally:
                 await admin.request("DELETE", _PREFLIGHTS.path(name=validation))

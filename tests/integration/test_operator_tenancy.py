@@ -32,7 +32,7 @@ from aiohttp import test_utils, web
 from kubernetes_asyncio import client
 
 from kmm.api import kernels, labels, modules
-from kmm.operator.build import pods as build_pods
+from kmm.operator.build import podnames
 from kmm.sandbox import testing
 
 manifests = support.manifests
@@ -208,7 +208,7 @@ async def test_a_planted_build_pod_elsewhere_does_not_hold_the_build(
     select = f"kmm-test/{namespace}"
     chosen = sandbox.node_names[:1]
     kernel = kernels.node_kernel(sandbox.kernels[0])
-    pod_name = build_pods.pod_name(name, "build", kernel)
+    pod_name = podnames.pod_name(name, "build", kernel)
     core = client.CoreV1Api(api_client)
     await core.create_namespaced_config_map(
         namespace,

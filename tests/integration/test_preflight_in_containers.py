@@ -53,7 +53,7 @@ from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
 from kmm.operator import writing
-from kmm.operator.build import images, pods
+from kmm.operator.build import images, podnames
 from kmm.operator.build import settings as build_settings
 from kmm.sandbox import cluster, registry, testing
 
@@ -250,7 +250,7 @@ async def test_three_modules_a_build_that_pushes_nothing_then_one_that_pushes(
     for body in [*bodies, no_loader]:
         await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
     validation = f"pfv-{suffix}"
-    pod = pods.preflight_pod_name(validation, make)
+    pod = podnames.preflight_pod_name(validation, make)
     async with _operator(sandbox) as running:
         try:
             since = _registry_log(sandbox).stat().st_size
@@ -357,7 +357,7 @@ async def test_a_failing_dockerfile_fails_naming_the_pod_until_the_configmap_is_
     await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
     await api.request("POST", _PREFLIGHTS.path(), body=_validation(validation, sandbox.kernel))
     failing.update(name=name, validation=validation)
-    pod = pods.preflight_pod_name(validation, name)
+    pod = podnames.preflight_pod_name(validation, name)
     async with _operator(sandbox) as running:
         found = await _until(api, validation, _is(name, "Failure"), "Failure")
         verdict = _verdicts(found)[name]
@@ -394,7 +394,7 @@ async def test_modules_created_and_deleted_during_a_validation(
     late = f"late-{uuid.uuid4().hex[:5]}"
     async with _operator(sandbox):
         await _until(api, validation, _is(name, "Success"), "the previous verdict")
-        assert list(await _preflight_pods(api, validation)) == [pods.preflight_pod_name(validation, name)]  # fmt: skip
+        assert list(await _preflight_pods(api, validation)) == [podnames.preflight_pod_name(validation, name)]  # fmt: skip
         body = _module(late, [{"literal": OTHER_KERNEL, "containerImage": f"{sandbox.host}/ci/{late}:x"}])  # fmt: skip
         await api.request("POST", _MODULES.path(namespace=NAMESPACE), body=body)
         added = await _until(api, validation, _is(late, "Failure"), "the new Module added")
@@ -433,7 +433,7 @@ async def test_deleting_the_validation_removes_its_pods(
     try:
         async with _operator(sandbox):
             await _until(api, validation, _is(name, "Failure"), "its pod failed")
-        pod = pods.preflight_pod_name(validation, name)
+        pod = podnames.preflight_pod_name(validation, name)
         assert list(await _preflight_pods(api, validation)) == [pod]
         await _delete_validation(api, validation)
 
@@ -479,7 +479,7 @@ async def test_the_deployed_rbac_is_enough(sandbox: built.Sandbox, api: kube_cli
     ):
         try:
             found = await _until(api, validation, _is(name, "Failure"), "its pod failed")
-            assert _verdicts(found)[name]["pod"] == pods.preflight_pod_name(validation, name)
+            assert _verdicts(found)[name]["pod"] == podnames.preflight_pod_name(validation, name)
             assert list(await _preflight_pods(api, validation)) == [_verdicts(found)[name]["pod"]]
         finally:
             await _delete_validation(api, validation)

@@ -1,4 +1,4 @@
-"""Preflight pods (kmm.operator.build.pods.preflight_pod) run on a container node.
+"""Preflight pods (kmm.operator.build.preflightpods.preflight_pod) run on a container node.
 
 One sandbox for the module: one container node and the registry with
 credentials, set up as test_build_pods_in_containers does (builder, kbuild
@@ -39,7 +39,7 @@ import pytest
 
 from kmm.api import kernels
 from kmm.kube import resources
-from kmm.operator.build import images, pods
+from kmm.operator.build import images, podparts, preflightpods
 from kmm.sandbox import cluster, pki, registry
 
 IMAGES = Path("build/images")
@@ -170,7 +170,7 @@ async def _preflight(
             "controller": True,
             "blockOwnerDeletion": True,
         }
-        inputs = pods.PodParams(
+        inputs = podparts.PodParams(
             module=MODULE,
             namespace=NAMESPACE,
             kernel=setup.kernel,
@@ -201,8 +201,8 @@ async def _preflight(
             files_to_sign=(f"/opt/lib/modules/{setup.kernel}/kmm_ci_a*.ko",),
         )
 
-        async def create(validation: str, inputs: pods.PodParams, dockerfile: str) -> str:
-            body = pods.preflight_pod(
+        async def create(validation: str, inputs: podparts.PodParams, dockerfile: str) -> str:
+            body = preflightpods.preflight_pod(
                 inputs,
                 validation=validation,
                 owner=owner,
@@ -267,7 +267,7 @@ def test_without_push_the_registry_receives_no_write(run: Run) -> None:
 
 def test_without_push_the_build_kept_its_image_and_the_sign_signed_it(run: Run) -> None:
     built = _summary(run.quiet, "initContainerStatuses", "build")
-    assert built["image"] == pods.LOCAL_UNSIGNED_IMAGE
+    assert built["image"] == preflightpods.LOCAL_UNSIGNED_IMAGE
     assert built["pushed"] is False
     assert "digest" not in built
     assert built["imageId"].startswith("sha256:")
@@ -317,7 +317,7 @@ def test_with_push_the_sign_container_says_the_registrys_digest(run: Run) -> Non
         "unmatched": [],
     }
     built = _summary(run.pushed, "initContainerStatuses", "build")
-    assert (built["image"], built["pushed"]) == (pods.LOCAL_UNSIGNED_IMAGE, False)
+    assert (built["image"], built["pushed"]) == (preflightpods.LOCAL_UNSIGNED_IMAGE, False)
 
 
 def test_the_pushed_image_carries_a_signature_modinfo_and_openssl_accept(run: Run) -> None:

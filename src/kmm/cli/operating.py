@@ -23,7 +23,7 @@ from kmm.cli import clients
 from kmm.kube import client
 from kmm.oci import trust
 from kmm.operator import jsonlogs, running, wiring
-from kmm.operator.build import asking, pods
+from kmm.operator.build import asking
 from kmm.operator.build import settings as build_settings
 from kmm.runtime import leaderelection, manager
 
@@ -113,7 +113,7 @@ def operator(
     ] = None,
     builder_image: Annotated[
         str, typer.Option(help="The image build and sign pods run (buildah, sign-file).")
-    ] = pods.DEFAULT_BUILDER_IMAGE,
+    ] = build_settings.DEFAULT_BUILDER_IMAGE,
     build_pod_retention: Annotated[
         float,
         typer.Option(help="Seconds a succeeded build or sign pod is kept before deletion.", min=0),

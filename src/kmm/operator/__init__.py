@@ -47,8 +47,9 @@ Shared, pure (no I/O, table-tested):
 
 Shared, with I/O:
 
-- ``writing``: every API write, and ``Pending`` (writes the cache has not
-  shown yet, so a lagging cache causes no repeat);
+- ``writing``: every API write; ``inflight``: ``Pending``, the writes the
+  cache has not shown yet (so a lagging cache causes no repeat);
+  ``reading``: the GETs made on demand, outside the informers;
 - ``podadmission``: whether admission lets in the pods of a Module's
   DaemonSets (a dry run of the template of one whose pods stay missing);
 - ``reconciler``: the Module reconciler asking the concerns' planners;

@@ -19,7 +19,6 @@ from pathlib import Path
 from kmm.aio import httpserving, tasks
 from kmm.kube import client
 from kmm.operator import metrics, wiring
-from kmm.operator.build import pods
 from kmm.operator.build import settings as build_settings
 
 __all__ = ["Settings", "run"]
@@ -44,7 +43,7 @@ class Settings:
     registry_endpoints: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # Build and sign pods: the builder image, how long a succeeded pod is
     # kept, how often a failed one's inputs are looked at.
-    builder_image: str = pods.DEFAULT_BUILDER_IMAGE
+    builder_image: str = build_settings.DEFAULT_BUILDER_IMAGE
     build_pod_retention: float = 0.0
     build_input_poll: float = build_settings.DEFAULT_POLL
 

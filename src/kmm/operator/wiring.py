@@ -2,7 +2,7 @@
 
 ``Operator`` wires the caches (``caches``) to the controller through
 ``runtime.handlers`` (each event mapped back to the Modules it concerns),
-hands the same events to ``writing.Pending`` (the cache caught up with a
+hands the same events to ``inflight.Pending`` (the cache caught up with a
 write), and puts everything under one ``runtime.manager.Manager``: informers
 on every replica, the controller only on the leader. ``running`` adds the
 HTTP endpoints and the process lifecycle around it.
@@ -47,7 +47,7 @@ from typing import Any
 from kmm.aio import backoff
 from kmm.api import modules, preflight
 from kmm.kube import client, errors, listwatch, resources
-from kmm.operator import caches, nodekernels, podadmission, reconciler, writing
+from kmm.operator import caches, inflight, nodekernels, podadmission, reading, reconciler, writing
 from kmm.operator.build import asking, existence
 from kmm.operator.build import concern as build_concern
 from kmm.operator.build import settings as build_settings
@@ -169,7 +169,7 @@ class Operator:
         registry_ca_files: tuple[Path, ...] = (),
         registry_endpoints: Mapping[str, str] | None = None,
     ) -> None:
-        self.pending = writing.Pending()
+        self.pending = inflight.Pending()
         self.writer = writing.Writer(api, pending=self.pending)
         self.modules = informers.Informer(
             "modules",
@@ -241,7 +241,7 @@ class Operator:
         configured = build or build_settings.Settings(
             registry_ca=build_settings.registry_ca_bundle(registry_ca_files)
         )
-        reader = writing.ApiReader(api)
+        reader = reading.ApiReader(api)
         self.build = build_concern.BuildConcern(self.checker, reader, configured)
         self.reconciler = reconciler.ModuleReconciler(
             self.caches,
@@ -271,7 +271,7 @@ class Operator:
         requeueing(self.modules, handlers.enqueue_object(enqueue))
         self.pending.follow(self.daemonsets)
         requeueing(self.daemonsets, handlers.enqueue_mapped(enqueue, owner))
-        self.pending.follow(self.pods, writing.POD_PREFIX)
+        self.pending.follow(self.pods, inflight.POD_PREFIX)
         requeueing(self.pods, handlers.enqueue_mapped(enqueue, owner))
         self.pending.follow(self.nodes)
         requeueing(
@@ -280,7 +280,7 @@ class Operator:
                 enqueue, lambda node: caches.modules_of_node(node, modules_store)
             ),
         )
-        self.pending.follow(self.device_classes, writing.CLASS_PREFIX)
+        self.pending.follow(self.device_classes, inflight.CLASS_PREFIX)
         requeueing(
             self.device_classes,
             handlers.enqueue_mapped(
@@ -337,7 +337,7 @@ class Operator:
                 for name in validations_store.list_keys():
                     validate(name)
 
-        self.pending.follow(self.validations, writing.PREFLIGHT_PREFIX)
+        self.pending.follow(self.validations, inflight.PREFLIGHT_PREFIX)
         requeueing(self.validations, handlers.enqueue_object(validate))
         requeueing(
             self.modules,

@@ -1,4 +1,5 @@
-"""Every API write the operator makes, in one place, with in-flight memory.
+"""Every API write the operator makes, in one place, each skipped while the
+same write is in flight.
 
 Writes go as raw JSON (no model parsing): server-side apply of DaemonSets
 (field manager ``kmm``; a create and an update are one idempotent call, so a
@@ -9,24 +10,12 @@ nor another object that took its name), Event creates, and pods created in
 a dry run (``podadmission``: nothing stored, nothing pending).
 DeviceClasses are created with a plain create (a name someone else took
 must fail, not be taken over) and updated by server-side apply once they
-are known to be the Module's; their ``Pending`` keys are ``class_key(name)``,
-apart from Nodes' (both are cluster-scoped names).
+are known to be the Module's.
 
-The informer cache lags a write by one watch event. A reconcile that runs in
-that gap would see the old object and send the same write again. ``Pending``
-remembers, per object, the writes whose result the cache does not show yet;
-the same write is skipped until it does.
-
-``Pending`` holds an entry only while an event is still to come that clears
-it, so a leader that runs for weeks holds no more entries than it has writes
-whose events are on their way: a write that changed nothing (a delete or
-patch answered 404, a delete whose uid no longer matches) leaves
-none, and events that arrive while a write is on the wire (``Pending.sending``)
-count against its result, so a DELETED event that beats the DELETE's own
-reply leaves nothing behind either. A create whose object the cache never
-showed (made and deleted while the watch was broken, the gap closed by a
-relist) gets no event at all: the relist clears it (``Pending.relisted``),
-or it would skip the same create for ever.
+Before a write, ``Writer`` asks ``inflight.Pending`` whether the same write
+is still on its way to the cache, and tells it what each write returned
+(its key spaces: ``inflight.pod_key``, ``class_key``, ``preflight_key``).
+Reads outside the informers are ``reading``'s.
 
 Every write carries the ``fence`` the wiring gives (the leader elector's
 ``holds``): a replica whose lease may have run out sends nothing more, not
@@ -35,31 +24,15 @@ even a retry of a throttled write (``kube.errors.Fenced``).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final
 
 from kmm.api import modules, preflight
 from kmm.kube import client, errors, objects, resources
-from kmm.runtime import informers, stores
+from kmm.operator import inflight
 
-__all__ = [
-    "CLASS_PREFIX",
-    "FIELD_MANAGER",
-    "MODULES",
-    "POD_PREFIX",
-    "PREFLIGHTS",
-    "PREFLIGHT_PREFIX",
-    "ApiReader",
-    "Pending",
-    "Writer",
-    "class_key",
-    "pod_key",
-    "preflight_key",
-]
+__all__ = ["FIELD_MANAGER", "MODULES", "PREFLIGHTS", "Writer"]
 
 FIELD_MANAGER: Final = "kmm"
 
@@ -70,174 +43,6 @@ MODULES: Final = resources.Resource(modules.GROUP, modules.VERSION, modules.PLUR
 PREFLIGHTS: Final = resources.Resource(
     preflight.GROUP, preflight.VERSION, preflight.PLURAL, namespaced=False
 )
-
-
-class Pending:
-    """Writes sent whose result the cache does not show yet, per object key.
-
-    An entry lives until the cache shows the object at (or past) the
-    resourceVersion our write returned. Only then: an unrelated update that
-    landed just before ours (a node heartbeat) must not make us repeat the
-    write. resourceVersions are opaque in the API contract; etcd's are
-    increasing integers, which this compares, and anything else counts as
-    caught up (at worst one repeated write).
-
-    A write is sent inside ``sending(key)``: the events of ``key`` seen
-    while it is on the wire are remembered (``_Flight``) and ``sent`` checks
-    its result against them, since the cache may show a write before its
-    reply comes back and no later event would then clear its entry.
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[str, dict[str, tuple[str, str | None]]] = {}
-        self._flights: dict[str, _Flight] = {}
-        # Per key prefix, the resourceVersion of its informer's last list.
-        self._listed: dict[str, str] = {}
-
-    def follow(self, informer: informers.Informer, prefix: str = "") -> None:
-        """Keep the entries of ``informer``'s objects (keys: ``prefix`` and
-        the store key) true to its cache: each event clears what it shows;
-        with a ``prefix`` (a key space of the informer's own), each relist
-        clears what it shows too (``relisted``)."""
-        version = objects.resource_version
-        informer.add_handler(
-            informers.FuncHandler(
-                add=lambda obj: self.seen(prefix + stores.key_of(obj), version(obj)),
-                update=lambda _old, new: self.seen(prefix + stores.key_of(new), version(new)),
-                delete=lambda obj: self.seen(prefix + stores.key_of(obj), None),
-            )
-        )
-        if prefix:
-            informer.add_relist_hook(lambda listed: self.relisted(prefix, listed))
-
-    def relisted(self, prefix: str, version: str) -> None:
-        """The informer of the keys under ``prefix`` listed them afresh at
-        ``version``: its cache shows every write of theirs whose result is
-        not newer, or the object gone since. Their entries go, a create's
-        included whose object the cache never showed (made and deleted in
-        the watch gap this list closes: no event will ever clear it). A
-        delete waits for its object to be seen gone, as before."""
-        self._listed[prefix] = version
-        for key in [k for k in self._entries if k.startswith(prefix)]:
-            self._clear(key, version)
-
-    def _clear(self, key: str, version: str | None) -> None:
-        parts = self._entries.get(key)
-        if parts is None:
-            return
-        for part, (_, result) in list(parts.items()):
-            if _caught_up(version, result):
-                del parts[part]
-        if not parts:
-            del self._entries[key]
-
-    def _listed_past(self, key: str, result: str) -> bool:
-        """Whether a list of ``key``'s informer already reflects ``result``."""
-        return any(
-            key.startswith(prefix) and _caught_up(listed, result)
-            for prefix, listed in self._listed.items()
-        )
-
-    def seen(self, key: str, version: str | None) -> None:
-        """The cache shows ``key`` at ``version`` (None: deleted)."""
-        flight = self._flights.get(key)
-        if flight is not None:
-            flight.saw(version)
-        self._clear(key, version)
-
-    @contextlib.contextmanager
-    def sending(self, key: str) -> Iterator[None]:
-        """Around one write of ``key``, its ``sent`` included."""
-        flight = self._flights.setdefault(key, _Flight())
-        flight.writes += 1
-        try:
-            yield
-        finally:
-            flight.writes -= 1
-            if not flight.writes:
-                del self._flights[key]
-
-    def sent(self, key: str, part: str, body: object, result: str | None) -> None:
-        """``part`` of ``key`` was written as ``body``; the cache shows it at
-        ``result`` (None: the write changed nothing, so nothing is in flight)."""
-        flight = self._flights.get(key)
-        if (
-            result is None
-            or (flight is not None and flight.shows(result))
-            or self._listed_past(key, result)
-        ):
-            self._forget(key, part)
-            return
-        self._entries.setdefault(key, {})[part] = (_digest(body), result)
-
-    def in_flight(self, key: str, part: str, version: str | None, body: object) -> bool:
-        entry = self._entries.get(key, {}).get(part)
-        return entry is not None and entry[0] == _digest(body) and not _caught_up(version, entry[1])
-
-    def __len__(self) -> int:
-        return sum(len(parts) for parts in self._entries.values())
-
-    def _forget(self, key: str, part: str) -> None:
-        parts = self._entries.get(key)
-        if parts is not None:
-            parts.pop(part, None)
-            if not parts:
-                del self._entries[key]
-
-
-@dataclasses.dataclass
-class _Flight:
-    """What the cache showed of one key while writes of it were on the wire:
-    the newest version, and whether the object was deleted. Any event seen
-    before a write was sent is older than the write's result (etcd orders
-    them), so writes of one key overlapping in time can share one; a
-    deletion seen before one of them was sent costs at worst that write
-    repeated once."""
-
-    writes: int = 0
-    newest: str | None = None
-    gone: bool = False
-
-    def saw(self, version: str | None) -> None:
-        if version is None:
-            self.gone = True
-        elif self.newest is None or _caught_up(version, self.newest):
-            self.newest = version
-
-    def shows(self, result: str) -> bool:
-        return self.gone or (self.newest is not None and _caught_up(self.newest, result))
-
-
-def _caught_up(version: str | None, result: str | None) -> bool:
-    if version is None or result is None:
-        return True
-    try:
-        return int(version) >= int(result)
-    except ValueError:
-        return True
-
-
-# Key spaces of their own (``Pending.follow``): pods apart from DaemonSets,
-# DeviceClasses and PreflightValidations apart from Nodes.
-POD_PREFIX: Final = "pod:"
-CLASS_PREFIX: Final = "deviceclass:"
-PREFLIGHT_PREFIX: Final = "preflightvalidation:"
-
-
-def class_key(name: str) -> str:
-    """The ``Pending`` key of a DeviceClass."""
-    return CLASS_PREFIX + name
-
-
-def preflight_key(name: str) -> str:
-    """The ``Pending`` key of a PreflightValidation, apart from Nodes' (both
-    are cluster-scoped names)."""
-    return PREFLIGHT_PREFIX + name
-
-
-def pod_key(key: str) -> str:
-    """The ``Pending`` key of a pod (``<ns>/<name>``), apart from DaemonSets'."""
-    return POD_PREFIX + key
 
 
 # Seconds a pod that did not end gets to stop: the builder's shell ignores
@@ -285,10 +90,6 @@ def _timeless(body: object) -> object:
     return body
 
 
-def _digest(body: object) -> str:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"))
-
-
 class Writer:
     """The operator's writes; ``pending`` is shared with the informer handlers."""
 
@@ -296,11 +97,11 @@ class Writer:
         self,
         api: client.Client,
         *,
-        pending: Pending | None = None,
+        pending: inflight.Pending | None = None,
         fence: Callable[[], bool] | None = None,
     ) -> None:
         self.api = api
-        self.pending = pending if pending is not None else Pending()
+        self.pending = pending if pending is not None else inflight.Pending()
         self.fence = fence
 
     async def apply_daemonset(self, desired: RawObject, observed: RawObject | None) -> bool:
@@ -351,7 +152,7 @@ class Writer:
         """Create; True when created, False when skipped (in flight) or when the
         name exists already (the cache will show whose it is). Raises
         ``errors.Invalid`` when the API server refuses the class."""
-        key = class_key(desired["metadata"]["name"])
+        key = inflight.class_key(desired["metadata"]["name"])
         if self.pending.in_flight(key, "create", _ABSENT, desired):
             return False
         with self.pending.sending(key):
@@ -367,7 +168,7 @@ class Writer:
     async def apply_device_class(self, desired: RawObject, observed: RawObject) -> bool:
         """Server-side apply of one of the Module's classes; False when in flight."""
         name = desired["metadata"]["name"]
-        key = class_key(name)
+        key = inflight.class_key(name)
         if self.pending.in_flight(key, "apply", objects.resource_version(observed), desired):
             return False
         with self.pending.sending(key):
@@ -384,7 +185,7 @@ class Writer:
 
     async def delete_device_class(self, name: str, observed: RawObject) -> bool:
         """Delete, guarded by the observed uid (never someone's class of the same name)."""
-        key = class_key(name)
+        key = inflight.class_key(name)
         part = _deleting(observed)
         body = _delete_options(observed)
         if self.pending.in_flight(key, part, objects.resource_version(observed), None):
@@ -406,7 +207,7 @@ class Writer:
         """Create a build or sign pod; True when created, False when skipped
         (in flight) or when the name is taken (the cache will show it)."""
         metadata = desired["metadata"]
-        key = pod_key(f"{metadata['namespace']}/{metadata['name']}")
+        key = inflight.pod_key(f"{metadata['namespace']}/{metadata['name']}")
         if self.pending.in_flight(key, "create", _ABSENT, desired):
             return False
         with self.pending.sending(key):
@@ -444,7 +245,7 @@ class Writer:
         only once the kubelet stopped its containers."""
         metadata = observed["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
-        key = pod_key(f"{namespace}/{name}")
+        key = inflight.pod_key(f"{namespace}/{name}")
         part = _deleting(observed)
         grace = 0 if _ended(observed) else _RUNNING_POD_GRACE
         body = _delete_options(observed, gracePeriodSeconds=grace)
@@ -487,7 +288,7 @@ class Writer:
         """Merge-patch a PreflightValidation's status subresource; False when
         skipped as already in flight (transition times apart, as for Modules)."""
         name = found["metadata"]["name"]
-        key = preflight_key(name)
+        key = inflight.preflight_key(name)
         same = _timeless(patch)
         if self.pending.in_flight(key, "status", objects.resource_version(found), same):
             return False
@@ -552,27 +353,3 @@ class Writer:
             )
         except errors.ApiError as err:
             _log.warning("event not written: %s", err)
-
-
-_READABLE: Final = {
-    "ConfigMap": resources.Resource("", "v1", "configmaps"),
-    "Secret": resources.Resource("", "v1", "secrets"),
-    "DaemonSet": resources.DAEMONSETS,
-}
-
-
-class ApiReader:
-    """GETs of the ConfigMaps and Secrets build and sign pods read, on
-    demand (no informer: the operator never lists Secrets), and of a
-    DaemonSet whose pod template is tried (``podadmission``: the cache
-    keeps no templates)."""
-
-    def __init__(self, api: client.Client) -> None:
-        self.api = api
-
-    async def get(self, kind: str, namespace: str, name: str) -> RawObject | None:
-        try:
-            found: RawObject = await self.api.request("GET", _READABLE[kind].path(namespace, name))
-        except errors.NotFound:
-            return None
-        return found

@@ -11,7 +11,7 @@ import pytest
 from kmm.aio import clocks
 from kmm.api import conditions, labels
 from kmm.kube import errors
-from kmm.operator import caches, failures, reconciler, views, writing
+from kmm.operator import caches, failures, inflight, reconciler, views
 from kmm.operator.build import asking, existence
 from kmm.operator.build import concern as build_concern
 from kmm.operator.loader import planner as loader_planner
@@ -26,7 +26,7 @@ class RecordingWriter:
     def __init__(self, cached: reconciler.Caches) -> None:
         self.cached = cached
         self.calls: list[tuple[str, Any]] = []
-        self.pending = writing.Pending()
+        self.pending = inflight.Pending()
 
     async def apply_daemonset(self, desired: dict, observed: dict | None) -> bool:
         name = desired["metadata"]["name"]
@@ -256,7 +256,7 @@ async def test_labels_of_a_vanished_module_are_removed(world: Any) -> None:
 
 
 def test_pending_skips_a_repeat_until_the_cache_shows_the_result() -> None:
-    pending = writing.Pending()
+    pending = inflight.Pending()
     pending.sent("n1", "labels", {"a": ""}, "7")
     assert pending.in_flight("n1", "labels", "5", {"a": ""})
     assert not pending.in_flight("n1", "labels", "5", {"a": None})

@@ -17,7 +17,7 @@ from test_operator_reconciler import RecordingWriter
 from kmm.api import conditions, kernels, labels
 from kmm.kube import errors
 from kmm.operator import caches, podadmission, reconciler
-from kmm.operator.build import concern, existence, pods
+from kmm.operator.build import concern, existence, podnames
 from kmm.operator.loader import builders as loader_builders
 from kmm.runtime import stores
 
@@ -218,7 +218,7 @@ async def test_a_refused_build_pod_is_its_kernels_and_the_other_kernels_loader_g
     error: errors.ApiError,
 ) -> None:
     cached = _caches()
-    build_pod = pods.pod_name("m", "build", K68)
+    build_pod = podnames.pod_name("m", "build", K68)
     writer = Refusing(cached, lambda kind, name: error if kind == "Pod" else None)
     rec = reconciler.ModuleReconciler(
         cached,

@@ -1,7 +1,7 @@
 """The operator's writes on the wire: what each sends, and no repeat while in flight.
 
 Against a scripted HTTP server (``scripted``) answering as the API server
-would; the in-flight memory (``writing.Pending``) is what is under test.
+would; the in-flight memory (``inflight.Pending``) is what is under test.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from scripted import Server
 
 from kmm.kube import client, errors, listwatch, resources
-from kmm.operator import caches, reconciler, writing
+from kmm.operator import caches, inflight, reconciler, writing
 from kmm.runtime import informers, stores
 
 
@@ -253,7 +253,7 @@ class _EventBeforeReply(client.Client):
     ``pending`` the object's event: the cache shows each write before its
     reply does (the race a loaded API server makes)."""
 
-    pending: writing.Pending
+    pending: inflight.Pending
     events: list[tuple[str, str | None]]
 
     async def send(self, method: str, path: str, **options: Unpack[client.Options]) -> client.Reply:
@@ -276,7 +276,7 @@ async def test_events_that_beat_the_reply_leave_nothing_in_flight() -> None:
                 (201, {"metadata": {"resourceVersion": "7"}}),
                 (200, {"metadata": {"resourceVersion": "12"}}),
             )
-            api.events = [("ns/ds", None), (writing.class_key("dc"), None)]
+            api.events = [("ns/ds", None), (inflight.class_key("dc"), None)]
             api.events += [("ns/ds", "7"), ("n1", "12")]
             ds = {"metadata": {"name": "ds", "namespace": "ns", "uid": "u1"}}
             assert await write.delete_daemonset(ds)
@@ -301,7 +301,7 @@ async def test_a_create_the_cache_never_showed_does_not_block_the_same_create_af
     pods_informer = informers.Informer(
         "pods", listwatch.ApiListWatch(write.api, resources.PODS), projection=caches.project_pod
     )
-    write.pending.follow(pods_informer, writing.POD_PREFIX)
+    write.pending.follow(pods_informer, inflight.POD_PREFIX)
     pods_informer.replace([], "5")  # the first list
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "m-build-k", "namespace": "ns"}}
     server.script(

@@ -5,7 +5,12 @@ missing from the registry, kmm builds it with buildah in a pod from the
 Module's Dockerfile and/or signs its modules with the kernel's ``sign-file``
 in another, pushing only a signed image under the final name.
 
-- :mod:`.pods`: the build, sign and preflight pods, pure builders (no I/O);
+- :mod:`.pods`: a Module's build and sign pods, pure builders (no I/O);
+- :mod:`.preflightpods`: the preflight pod, a validation's build and sign
+  in one pod (pure);
+- :mod:`.podparts`: the builder container and the pod around it, shared by
+  both (pure);
+- :mod:`.podnames`: what build, sign and preflight pods are called;
 - :mod:`.scripts`: the shell scripts those pods run, and what they report;
 - :mod:`.images`: a kernel's final and unsigned images, how their
   existence is asked, and what their labels say made them (an image that
@@ -34,6 +39,6 @@ in another, pushing only a signed image under the final name.
   comparison of an image's labels, pull verdicts, deletes).
 Nothing here writes to the API server; the one registry write is the
 delete of an intermediate image kmm pushed (``existence.Checker.remove``). ``kmm.operator.preflight`` reuses
-``pods``, ``images``, ``inputs``, ``hashing``, ``podstatus``, ``desired.params``
-and ``settings``; never the planner.
+``preflightpods``, ``podnames``, ``images``, ``inputs``, ``hashing``,
+``podstatus``, ``desired.params`` and ``settings``; never the planner.
 """

@@ -18,13 +18,13 @@ from typing import Any, Final
 
 from kmm.api import buildsign, kernels, modules
 from kmm.operator import objects, podspecs
-from kmm.operator.build import hashing, images, inputs, pods, settings
+from kmm.operator.build import hashing, images, inputs, podparts, pods, settings
 
 __all__ = ["module_pod", "params", "wanted"]
 
 RawObject = dict[str, Any]
-_BUILD: Final[tuple[pods.PodRole]] = ("build",)
-_SIGN: Final[tuple[pods.PodRole]] = ("sign",)
+_BUILD: Final[tuple[podparts.PodRole]] = ("build",)
+_SIGN: Final[tuple[podparts.PodRole]] = ("sign",)
 
 
 def params(
@@ -36,13 +36,13 @@ def params(
     owner: Mapping[str, Any],
     pull_tls: buildsign.RegistryTLS | None,
     push: bool = True,
-) -> pods.PodParams:
+) -> podparts.PodParams:
     """The parameters of a pod pushing ``image`` for ``target``: where it
     may run (``build.selector``, a sign pod of a Module that builds going
     where its build does; the Module's tolerations), its credentials and
     CA, its TLS."""
     secret = module.spec.image_repo_secret
-    return pods.PodParams(
+    return podparts.PodParams(
         module=module.metadata.name,
         namespace=module.metadata.namespace or "",
         kernel=target.kernel,
@@ -79,7 +79,7 @@ def wanted(
         picked = inputs.of_pod(found, module, target, _BUILD)
         if picked.missing:
             return None
-        shared = pods.PodParams(
+        shared = podparts.PodParams(
             module=module.metadata.name,
             namespace=module.metadata.namespace or "",
             kernel=target.kernel,
@@ -90,7 +90,7 @@ def wanted(
         secrets = {s: found.versions.get(f"Secret/{s}", "") for s in target.build.secrets}
         build_hash = hashing.image_build_hash(
             dockerfile=picked.dockerfile,
-            build_args=pods.build_args(shared, target.build),
+            build_args=podparts.build_args(shared, target.build),
             secrets=secrets,
         )
     sign = target.sign
@@ -112,7 +112,7 @@ def wanted(
 def module_pod(
     module: modules.Module,
     target: kernels.Target,
-    role: pods.PodRole,
+    role: podparts.PodRole,
     found: inputs.Snapshot,
     config: settings.Settings,
 ) -> tuple[RawObject | None, list[str]]:

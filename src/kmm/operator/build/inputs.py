@@ -24,13 +24,13 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Final, Literal, Protocol
 
 from kmm.api import kernels, modules
-from kmm.operator.build import pods
+from kmm.operator.build import podparts
 
 __all__ = ["BOTH", "Picked", "Reader", "Snapshot", "fingerprint", "of_pod", "read", "wanted"]
 
 RawObject = dict[str, Any]
 Kind = Literal["ConfigMap", "Secret"]
-BOTH: Final[tuple[pods.PodRole, pods.PodRole]] = ("build", "sign")
+BOTH: Final[tuple[podparts.PodRole, podparts.PodRole]] = ("build", "sign")
 # The key of a sign's certificate in its Secret (KMM's).
 CERT_KEY: Final = "cert"
 _PEM = re.compile(rb"-----BEGIN CERTIFICATE-----(.*?)-----END CERTIFICATE-----", re.DOTALL)
@@ -65,7 +65,7 @@ class Picked:
 
 
 def wanted(
-    module: modules.Module, target: kernels.Target, roles: Collection[pods.PodRole] = BOTH
+    module: modules.Module, target: kernels.Target, roles: Collection[podparts.PodRole] = BOTH
 ) -> list[str]:
     """``Kind/name`` of every ConfigMap and Secret a pod doing ``roles`` for
     ``target`` reads, each once, in a stable order (a role the target does
@@ -86,7 +86,7 @@ def of_pod(
     found: Snapshot,
     module: modules.Module,
     target: kernels.Target,
-    roles: Collection[pods.PodRole] = BOTH,
+    roles: Collection[podparts.PodRole] = BOTH,
 ) -> Picked:
     """What a pod doing ``roles`` for ``target`` depends on, from ``found``."""
     namespace = module.metadata.namespace or ""
@@ -101,7 +101,9 @@ def of_pod(
         if config_map in found.dockerfiles:
             dockerfile = found.dockerfiles[config_map]
         else:
-            missing.append(f"ConfigMap {namespace}/{config_map} has no key {pods.DOCKERFILE_KEY!r}")
+            missing.append(
+                f"ConfigMap {namespace}/{config_map} has no key {podparts.DOCKERFILE_KEY!r}"
+            )
     return Picked(versions, dockerfile, missing)
 
 
@@ -142,7 +144,7 @@ async def read(reader: Reader, namespace: str, names: Iterable[str]) -> Snapshot
         if obj is None:
             continue
         versions[each] = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        text = (obj.get("data") or {}).get(pods.DOCKERFILE_KEY)
+        text = (obj.get("data") or {}).get(podparts.DOCKERFILE_KEY)
         if kind == "ConfigMap" and isinstance(text, str):
             dockerfiles[name] = text
         if kind == "Secret" and (found := _certificate(obj)) is not None:

@@ -74,7 +74,8 @@ from kmm.operator.build import (
     hashing,
     images,
     inputs,
-    pods,
+    podnames,
+    podparts,
     podstatus,
     pulling,
     settings,
@@ -174,7 +175,7 @@ def concerned(targets: Mapping[str, kernels.Target]) -> dict[str, kernels.Target
     return {k: t for k, t in sorted(targets.items()) if t.build is not None or t.sign is not None}
 
 
-def _pod_named(view: views.ModuleView, role: pods.PodRole, name: str) -> RawObject | None:
+def _pod_named(view: views.ModuleView, role: podparts.PodRole, name: str) -> RawObject | None:
     return next((p for p in view.pods.get(role, ()) if podstatus.name(p) == name), None)
 
 
@@ -186,7 +187,7 @@ def pushed_by_succeeded(
     found: set[str] = set()
     for kernel, target in concerned(targets).items():
         for role in steps.ROLES:
-            pod = _pod_named(view, role, pods.pod_name(view.name, role, kernel))
+            pod = _pod_named(view, role, podnames.pod_name(view.name, role, kernel))
             if pod is None or not podstatus.succeeded(pod) or podstatus.uid(pod) in noticed:
                 continue
             found.add(images.pushed_by(target, role))
@@ -226,10 +227,10 @@ class _Kernel:
             self.out.events.append(event)
         self.out.noticed.add(key)
 
-    def observed(self, role: pods.PodRole) -> RawObject | None:
-        return _pod_named(self.view, role, pods.pod_name(self.view.name, role, self.kernel))
+    def observed(self, role: podparts.PodRole) -> RawObject | None:
+        return _pod_named(self.view, role, podnames.pod_name(self.view.name, role, self.kernel))
 
-    def finish_succeeded(self, role: pods.PodRole, pod: RawObject) -> None:
+    def finish_succeeded(self, role: podparts.PodRole, pod: RawObject) -> None:
         """Events once, then the delete once ``retention`` has passed."""
         name, uid = podstatus.name(pod), podstatus.uid(pod)
         reason = "BuildSucceeded" if role == "build" else "SignSucceeded"
@@ -262,10 +263,10 @@ class _Kernel:
         else:
             self.out.requeue(left)
 
-    def run_pod(self, role: pods.PodRole) -> None:
+    def run_pod(self, role: podparts.PodRole) -> None:
         """The kernel needs the pod of ``role`` to succeed: make it, wait for
         it, replace it when its inputs changed, or show its failure."""
-        name = pods.pod_name(self.view.name, role, self.kernel)
+        name = podnames.pod_name(self.view.name, role, self.kernel)
         observed = self.observed(role)
         busy: modules.ImageState = "Building" if role == "build" else "Signing"
         failed_state: modules.ImageState = "BuildFailed" if role == "build" else "SignFailed"
@@ -317,7 +318,7 @@ class _Kernel:
         )
         self.image(busy, pod=name)
 
-    def replace(self, role: pods.PodRole, observed: RawObject, wanted: RawObject) -> None:
+    def replace(self, role: podparts.PodRole, observed: RawObject, wanted: RawObject) -> None:
         """Delete ``observed``, made from inputs that changed, whatever its
         phase (as KMM does): a pod still running would push an image of the
         old inputs (a build-only pod, ``sign`` added since, the unsigned
@@ -334,7 +335,7 @@ class _Kernel:
         self.tell(f"{podstatus.uid(observed)}:replaced", Event("Normal", reason, message))
 
     def in_progress(
-        self, role: pods.PodRole, observed: RawObject, busy: modules.ImageState
+        self, role: podparts.PodRole, observed: RawObject, busy: modules.ImageState
     ) -> None:
         """A pod on its way, or stuck before it could start (shown, with the
         kubelet's or the scheduler's reason, until it starts or is replaced).
@@ -429,7 +430,7 @@ class _Kernel:
             self.out.requeue(self.config.poll)
         self.image("Checking", pod=found.pod, message=found.message)
 
-    def finish_stale(self, role: pods.PodRole) -> None:
+    def finish_stale(self, role: podparts.PodRole) -> None:
         """A terminated pod of ``role`` no longer needed for this kernel."""
         pod = self.observed(role)
         if pod is None or podstatus.deleting(pod):
@@ -462,7 +463,7 @@ def plan(
     wanted = concerned(targets)
     names: set[str] = set()
     for kernel, target in wanted.items():
-        names.update(pods.pod_name(view.name, role, kernel) for role in steps.ROLES)
+        names.update(podnames.pod_name(view.name, role, kernel) for role in steps.ROLES)
         why = list((outdated or {}).get(kernel, ()))
         one = _Kernel(view, kernel, target, facts[kernel], found, settings, noticed, now, out, why, judged)  # fmt: skip
         one.plan()

@@ -4,16 +4,16 @@
 ``$KMM_IMAGE``; ``SIGN`` takes ``$KMM_UNSIGNED_IMAGE``, signs every file its
 arguments (``filesToSign`` globs) match and commits ``$KMM_IMAGE``. Both run
 under ``/bin/sh -c SCRIPT kmm-<role> ARGS...`` in the builder image
-(scripts/build_builder_image.sh); ``pods`` renders the containers, mounts and
-environment they read.
+(scripts/build_builder_image.sh); ``podparts`` renders the containers, mounts
+and environment they read.
 
-Environment, besides what ``pods`` mounts:
+Environment, besides what ``podparts`` mounts:
 
 - ``KMM_PUSH`` (default ``true``): ``false`` keeps the image in the pod's
   buildah storage (an emptyDir shared by a pod's containers) and pushes
   nothing, so no registry receives a write; preflight pods use it.
 - ``KMM_REGISTRY_CA_FILE`` (optional): a PEM bundle appended to the
-  system's CAs before anything is pulled or pushed (``pods`` mounts it).
+  system's CAs before anything is pulled or pushed (``podparts`` mounts it).
 - ``KMM_UNSIGNED_LOCAL`` (sign, default ``false``): ``true`` reads
   ``$KMM_UNSIGNED_IMAGE`` from that storage (``buildah from --pull=never``),
   where a preflight pod's build init container left it, instead of pulling.

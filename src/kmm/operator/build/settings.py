@@ -2,10 +2,12 @@
 concern and the preflight reconciler.
 
 The registry CA bundle (``--registry-ca``) travels to build, sign and
-preflight pods in a pod annotation (``pods``), and Kubernetes limits a
+preflight pods in a pod annotation (``podparts``), and Kubernetes limits a
 pod's annotations to 256 KiB in all: a bundle over ``MAX_REGISTRY_CA``
 (which leaves room for the pods' other annotations) is refused when the
 settings are made, naming the limit, rather than every pod at its create.
+``DEFAULT_BUILDER_IMAGE`` is the image those pods run unless
+``--builder-image`` names another.
 """
 
 from __future__ import annotations
@@ -15,9 +17,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
-from kmm.operator.build import pods
+__all__ = [
+    "DEFAULT_BUILDER_IMAGE",
+    "DEFAULT_POLL",
+    "MAX_REGISTRY_CA",
+    "Settings",
+    "registry_ca_bundle",
+]
 
-__all__ = ["DEFAULT_POLL", "MAX_REGISTRY_CA", "Settings", "registry_ca_bundle"]
+# The image `make image` tags build/kmm-builder-image.tar with: the operator's
+# --builder-image default (and the chart's builder.image), beside kmm's own
+# image (kmm.api.installation.IMAGE).
+DEFAULT_BUILDER_IMAGE: Final = "ghcr.io/kmm/kmm-builder:0.1.0"
 
 DEFAULT_POLL: Final = 10.0
 # Bytes of PEM a pod annotation may carry: 256 KiB (the API server's limit on
@@ -47,7 +58,7 @@ def registry_ca_bundle(files: Iterable[Path]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    builder_image: str = pods.DEFAULT_BUILDER_IMAGE
+    builder_image: str = DEFAULT_BUILDER_IMAGE
     registry_ca: str = ""  # PEM bundle handed to the pods
     retention: float = 0.0  # seconds a succeeded pod is kept
     poll: float = DEFAULT_POLL  # seconds between looks at a pod's inputs

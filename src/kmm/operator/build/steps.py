@@ -42,11 +42,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 from kmm.api import kernels
-from kmm.operator.build import existence, images, pods, podstatus, scripts
+from kmm.operator.build import existence, images, podparts, podstatus, scripts
 
 __all__ = ["ROLES", "Step", "next_step"]
 
-ROLES: Final[tuple[pods.PodRole, pods.PodRole]] = ("build", "sign")
+ROLES: Final[tuple[podparts.PodRole, podparts.PodRole]] = ("build", "sign")
 
 Kind = Literal["exists", "asking", "blocked", "checking", "awaiting", "run"]
 
@@ -54,10 +54,10 @@ Kind = Literal["exists", "asking", "blocked", "checking", "awaiting", "run"]
 @dataclasses.dataclass(frozen=True)
 class Step:
     kind: Kind
-    role: pods.PodRole | None = None  # run
+    role: podparts.PodRole | None = None  # run
     fact: existence.Fact | None = None  # asking, blocked
     image: str | None = None  # asking, blocked, awaiting
-    finish: tuple[pods.PodRole, ...] = ()
+    finish: tuple[podparts.PodRole, ...] = ()
 
 
 def _answerless(fact: existence.Fact, image: str) -> Step | None:
@@ -80,7 +80,7 @@ def _stale_sign(pod: Mapping[str, Any] | None) -> bool:
 def next_step(
     target: kernels.Target,
     facts: images.Facts,
-    observed: Mapping[pods.PodRole, Mapping[str, Any] | None],
+    observed: Mapping[podparts.PodRole, Mapping[str, Any] | None],
     *,
     outdated: Sequence[str] = (),
     wanted: images.Wanted | None = None,

@@ -19,7 +19,7 @@ per Module, whether an image exists for it, or can be built and signed:
   inputs, pod creates and deletes and the status write (status
   subresource), each only when something changed.
 
-A preflight pod (``build.pods.preflight_pod``) builds and/or signs in one
+A preflight pod (``build.preflightpods.preflight_pod``) builds and/or signs in one
 pod and pushes nothing unless ``pushBuiltImage`` is true, then only the
 final image under the Module's name. It lives in the Module's namespace,
 owned by the validation: deleting the validation deletes its pods (the

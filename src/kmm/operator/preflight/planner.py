@@ -37,7 +37,7 @@ from typing import Any
 from kmm.api import kernels, labels, preflight
 from kmm.operator import caches
 from kmm.operator.build import desired as build_desired
-from kmm.operator.build import existence, hashing, images, pods, podstatus
+from kmm.operator.build import existence, hashing, images, podnames, podstatus, preflightpods
 from kmm.operator.build import inputs as build_inputs
 from kmm.operator.build import settings as build_settings
 from kmm.operator.preflight import verdicts
@@ -104,7 +104,7 @@ def desired(
         push=found.spec.push_built_image,
     )  # fmt: skip
     loader = module.spec.module_loader
-    pod = pods.preflight_pod(
+    pod = preflightpods.preflight_pod(
         params,
         validation=found.metadata.name,
         owner=owner,
@@ -173,7 +173,7 @@ def _ours(
 
 def _pod_of(found: preflight.PreflightValidation, subject: verdicts.Subject) -> str:
     """``<namespace>/<name>`` of the Module's preflight pod."""
-    return f"{subject.namespace}/{pods.preflight_pod_name(found.metadata.name, subject.name)}"
+    return f"{subject.namespace}/{podnames.preflight_pod_name(found.metadata.name, subject.name)}"
 
 
 def asks_registry(
@@ -274,7 +274,7 @@ def _judge(
     target = subject.target
     assert target is not None
     if pod is not None and _kept(found, subject, pod, inputs, settings):
-        name = pods.preflight_pod_name(found.metadata.name, subject.name)
+        name = podnames.preflight_pod_name(found.metadata.name, subject.name)
         return _outcome(found, subject, pod, name, target.image, settings, out), True
     return _registry(found, subject, pod, blocked=blocked, facts=facts, inputs=inputs, settings=settings, out=out), False  # fmt: skip
 
@@ -295,7 +295,7 @@ def _registry(
     target = subject.target
     assert target is not None
     image = target.image
-    name = pods.preflight_pod_name(found.metadata.name, subject.name)
+    name = podnames.preflight_pod_name(found.metadata.name, subject.name)
     final = facts.final if facts is not None else None
     if final is None:
         return verdicts.in_progress(image=image)

@@ -16,7 +16,16 @@ import operator_fixtures as fixtures
 import test_build_planner as cases
 
 from kmm.api import labels
-from kmm.operator.build import concern, desired, existence, images, inputs, planner, pods, podstatus
+from kmm.operator.build import (
+    concern,
+    desired,
+    existence,
+    images,
+    inputs,
+    planner,
+    podnames,
+    podstatus,
+)
 from kmm.operator.build import settings as build_settings
 from kmm.operator.loader import planner as loader_planner
 
@@ -144,7 +153,7 @@ async def test_a_succeeded_pod_has_its_image_asked_again_once() -> None:
     again = await _plan(build, raw, [done])  # the cache still shows it a moment
     assert again.events == []
     assert checker.asked[cases.IMAGE1] == 2
-    assert pods.pod_name("m", "build", cases.K1) == done["metadata"]["name"]
+    assert podnames.pod_name("m", "build", cases.K1) == done["metadata"]["name"]
 
 
 async def test_an_awaited_unsigned_image_is_asked_again_every_poll_until_it_exists() -> None:

@@ -14,7 +14,7 @@ from kmm import cli
 from kmm.cli import operating
 from kmm.kube import counting
 from kmm.operator import metrics
-from kmm.operator.build import pods, settings
+from kmm.operator.build import settings as build_settings
 from kmm.sandbox import pki
 
 
@@ -75,7 +75,7 @@ def test_the_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     result, seen = _run(tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output
     (settings,) = seen
-    assert settings.builder_image == pods.DEFAULT_BUILDER_IMAGE
+    assert settings.builder_image == build_settings.DEFAULT_BUILDER_IMAGE
     assert (settings.build_pod_retention, settings.build_input_poll) == (0.0, 10.0)
     assert settings.registry_endpoints == {}
 
@@ -113,11 +113,11 @@ def test_a_registry_ca_too_large_for_a_pod_annotation_is_refused_naming_the_flag
     assert result.exit_code == 0, result.output
     # The same certificate many times: a valid bundle, over the limit.
     large = tmp_path / "large.crt"
-    large.write_bytes(ca_pem * (settings.MAX_REGISTRY_CA // len(ca_pem) + 1))
+    large.write_bytes(ca_pem * (build_settings.MAX_REGISTRY_CA // len(ca_pem) + 1))
     result, seen = _run(tmp_path, monkeypatch, "--registry-ca", str(large))
     assert seen == []
     assert result.exit_code == 2
     assert "--registry-ca" in result.output
     assert "pod annotation" in " ".join(result.output.split())
     with pytest.raises(ValueError, match="at most 245760 bytes"):
-        settings.Settings(registry_ca=large.read_text())
+        build_settings.Settings(registry_ca=large.read_text())

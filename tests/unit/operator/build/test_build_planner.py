@@ -12,7 +12,7 @@ import operator_fixtures as fixtures
 import pytest
 
 from kmm.operator import views
-from kmm.operator.build import existence, hashing, images, planner, pods
+from kmm.operator.build import existence, hashing, images, planner, podnames
 from kmm.operator.build import inputs as build_inputs
 from kmm.operator.build import settings as build_settings
 from kmm.operator.loader import planner as loader_planner
@@ -137,7 +137,7 @@ def test_a_missing_image_without_sign_gets_one_build_pod_pushing_the_final_image
     facts = {K1: images.Facts(MISSING), K2: images.Facts(EXISTS)}
     found = _plan(_view(_raw(sign=False)), facts)
     (creation,) = found.create
-    assert creation.pod["metadata"]["name"] == pods.pod_name("m", "build", K1)
+    assert creation.pod["metadata"]["name"] == podnames.pod_name("m", "build", K1)
     assert _env(creation.pod, "KMM_IMAGE") == IMAGE1
     assert hashing.of_pod(creation.pod)
     assert creation.event.reason == "BuildCreated"
@@ -379,9 +379,11 @@ def test_build_and_sign_pods_go_where_the_mappings_build_selector_says() -> None
     facts = {K1: images.Facts(MISSING, MISSING), K2: images.Facts(MISSING, EXISTS)}
     found = _plan(_view(raw), facts)
     by_name = {c.pod["metadata"]["name"]: c.pod for c in found.create}
-    assert by_name[pods.pod_name("m", "build", K1)]["spec"]["nodeSelector"] == {"pool": "builders"}
+    assert by_name[podnames.pod_name("m", "build", K1)]["spec"]["nodeSelector"] == {
+        "pool": "builders"
+    }
     # The sign pod of a Module that builds goes where its build does.
-    signing = by_name[pods.pod_name("m", "sign", K2)]
+    signing = by_name[podnames.pod_name("m", "sign", K2)]
     assert signing["spec"]["nodeSelector"] == {"pool": "container-level"}
     # Without a selector a pod names no node; a Module without tolerations
     # gives it none (in the sandbox: container nodes only, KWOK's carry a taint).

@@ -10,7 +10,7 @@ import pytest
 
 from kmm.api import buildsign, formats, kernels, labels, modules
 from kmm.operator import caches
-from kmm.operator.build import hashing, pods, scripts
+from kmm.operator.build import hashing, podnames, podparts, pods, preflightpods, scripts
 
 _OWNER = {
     "apiVersion": modules.API_VERSION,
@@ -45,8 +45,8 @@ def _sign(**changes: Any) -> kernels.SignTarget:
     return dataclasses.replace(base, **changes)
 
 
-def _params(**changes: Any) -> pods.PodParams:
-    base = pods.PodParams(
+def _params(**changes: Any) -> podparts.PodParams:
+    base = podparts.PodParams(
         module="m",
         namespace="ns",
         kernel=_KERNEL,
@@ -89,9 +89,9 @@ def _mounts(pod: dict[str, Any]) -> dict[str, str]:
     ],
 )
 def test_pod_name_is_kmms_when_the_kernel_is_dns_safe(
-    module: str, role: pods.PodRole, kernel: str, expected: str
+    module: str, role: podparts.PodRole, kernel: str, expected: str
 ) -> None:
-    assert pods.pod_name(module, role, kernel) == expected
+    assert podnames.pod_name(module, role, kernel) == expected
 
 
 @pytest.mark.parametrize(
@@ -104,17 +104,17 @@ def test_pod_name_is_kmms_when_the_kernel_is_dns_safe(
     ],
 )
 def test_pod_name_changed_or_long_kernels_end_in_a_digest(kernel: str, alike: str) -> None:
-    name = pods.pod_name("a-module", "build", kernel)
+    name = podnames.pod_name("a-module", "build", kernel)
     assert len(name) <= 63
     assert formats.dns_subdomain_error(name) is None, name
     assert name.startswith("a-module-build-")
     # Kernels that read alike as (cut) DNS names keep distinct pods.
-    assert name != pods.pod_name("a-module", "build", alike)
-    assert name != pods.pod_name("a-module", "sign", kernel)
+    assert name != podnames.pod_name("a-module", "build", alike)
+    assert name != podnames.pod_name("a-module", "sign", kernel)
 
 
 def test_pod_name_of_a_long_module_stays_a_dns_name() -> None:
-    name = pods.pod_name("m" * 60, "sign", "6.8.0-45-generic")
+    name = podnames.pod_name("m" * 60, "sign", "6.8.0-45-generic")
     assert len(name) == 63
     assert formats.dns_subdomain_error(name) is None
 
@@ -128,7 +128,7 @@ def test_pods_carry_kmms_labels_owner_and_restart_policy(role: str, kind: str) -
         else pods.sign_pod(params, _sign(), unsigned_image="reg.io/u:1", dir_name="/opt")
     )
     metadata = pod["metadata"]
-    assert metadata["name"] == pods.pod_name("m", role, _KERNEL)  # type: ignore[arg-type]
+    assert metadata["name"] == podnames.pod_name("m", role, _KERNEL)  # type: ignore[arg-type]
     assert metadata["namespace"] == "ns"
     assert metadata["labels"] == {
         labels.MODULE_NAME: "m",
@@ -149,7 +149,7 @@ def test_pods_carry_kmms_labels_owner_and_restart_policy(role: str, kind: str) -
     }
     assert "privileged" not in container["securityContext"]
     assert _volumes(pod)["storage"] == {"name": "storage", "emptyDir": {}}
-    assert _mounts(pod)[pods.STORAGE] == "storage"
+    assert _mounts(pod)[podparts.STORAGE] == "storage"
     assert _env(pod)["KMM_IMAGE"] == "reg.io/m:k"
     assert "nodeSelector" not in pod["spec"]
     assert "imagePullSecrets" not in pod["spec"]
@@ -179,10 +179,10 @@ def test_build_pod_mounts_the_dockerfile_host_modules_and_each_secret() -> None:
         "items": [{"key": "alt", "path": "Dockerfile"}],
     }
     assert volumes["host-modules"]["hostPath"]["path"] == "/lib/modules"
-    assert mounts[pods.HOST_MODULES] == "host-modules"
+    assert mounts[podparts.HOST_MODULES] == "host-modules"
     for secret in ("build-secret", "other"):
         path = f"/run/secrets/{secret}"
-        assert pods.secret_path(secret) == path
+        assert podparts.secret_path(secret) == path
         assert volumes[mounts[path]]["secret"] == {"secretName": secret}
         # The same path inside RUN steps.
         assert f"--volume={path}:{path}:ro" in _args(pod)
@@ -246,11 +246,11 @@ def bundle(size: int) -> str:
     return text[:size]
 
 
-def _all_pods(params: pods.PodParams) -> list[dict[str, Any]]:
+def _all_pods(params: podparts.PodParams) -> list[dict[str, Any]]:
     return [
         pods.build_pod(params, _build()),
         pods.sign_pod(params, _sign(), unsigned_image="reg.io/u:1", dir_name="/opt"),
-        pods.preflight_pod(
+        preflightpods.preflight_pod(
             params, validation="v", owner=_OWNER, build=_build(), sign=_sign(), dir_name="/opt"
         ),
     ]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kmm.api import buildsign, formats, kernels, labels, modules, preflight
-from kmm.operator.build import images, pods, scripts
+from kmm.operator.build import images, podnames, podparts, pods, preflightpods, scripts
 
 _MODULE_OWNER = {
     "apiVersion": modules.API_VERSION,
@@ -53,8 +53,8 @@ def _sign(**changes: Any) -> kernels.SignTarget:
     return dataclasses.replace(base, **changes)
 
 
-def _params(**changes: Any) -> pods.PodParams:
-    base = pods.PodParams(
+def _params(**changes: Any) -> podparts.PodParams:
+    base = podparts.PodParams(
         module="m",
         namespace="ns",
         kernel=_KERNEL,
@@ -73,7 +73,7 @@ def _pod(
     unsigned_image: str | None = None,
     **changes: Any,
 ) -> dict[str, Any]:
-    return pods.preflight_pod(
+    return preflightpods.preflight_pod(
         _params(**changes),
         validation="pfv",
         owner=_OWNER,
@@ -115,12 +115,12 @@ def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_the_name_is_the_validation_then_the_module_then_a_digest() -> None:
-    assert re.fullmatch(r"preflight-x7k2q-kmm-ci-[0-9a-f]{10}", pods.preflight_pod_name("preflight-x7k2q", "kmm-ci"))  # fmt: skip
+    assert re.fullmatch(r"preflight-x7k2q-kmm-ci-[0-9a-f]{10}", podnames.preflight_pod_name("preflight-x7k2q", "kmm-ci"))  # fmt: skip
 
 
 def test_pairs_that_join_into_the_same_text_keep_distinct_names() -> None:
     # Two validations' pods for Modules of one namespace: "a-b-c" either way.
-    assert pods.preflight_pod_name("a", "b-c") != pods.preflight_pod_name("a-b", "c")
+    assert podnames.preflight_pod_name("a", "b-c") != podnames.preflight_pod_name("a-b", "c")
 
 
 @pytest.mark.parametrize(
@@ -133,19 +133,19 @@ def test_pairs_that_join_into_the_same_text_keep_distinct_names() -> None:
     ],
 )
 def test_a_long_or_dotted_name_is_cut_and_ends_in_a_digest(validation: str, module: str) -> None:
-    name = pods.preflight_pod_name(validation, module)
+    name = podnames.preflight_pod_name(validation, module)
     assert len(name) <= 63
     assert "." not in name
     assert formats.dns_subdomain_error(name) is None, name
     # Distinct pairs keep distinct names, also when they read alike once cut.
-    assert name != pods.preflight_pod_name(validation, module + "x")
-    assert name != pods.preflight_pod_name(validation + "x", module)
+    assert name != podnames.preflight_pod_name(validation, module + "x")
+    assert name != podnames.preflight_pod_name(validation + "x", module)
     assert name.startswith(validation.replace(".", "-")[:20])
 
 
 def test_pod_name_uses_the_name_of_the_module_from_its_params() -> None:
     pod = _pod(build=_build(), module="other")
-    assert pod["metadata"]["name"] == pods.preflight_pod_name("pfv", "other")
+    assert pod["metadata"]["name"] == podnames.preflight_pod_name("pfv", "other")
 
 
 # Metadata
@@ -160,7 +160,7 @@ def test_labels_owner_and_restart_policy(
 ) -> None:
     pod = _pod(build=build, sign=sign)
     metadata = pod["metadata"]
-    assert metadata["name"] == pods.preflight_pod_name("pfv", "m")
+    assert metadata["name"] == podnames.preflight_pod_name("pfv", "m")
     assert metadata["namespace"] == "ns"
     assert metadata["labels"] == {
         labels.MODULE_NAME: "m",
@@ -170,8 +170,8 @@ def test_labels_owner_and_restart_policy(
         labels.TARGET_KERNEL: labels.kernel_value(_KERNEL),
         labels.PREFLIGHT: "pfv",
     }
-    assert pods.PREFLIGHT_ROLE == "preflight"
-    assert pods.PREFLIGHT_RESOURCE_TYPE == "PreflightImage"
+    assert preflightpods.PREFLIGHT_ROLE == "preflight"
+    assert preflightpods.PREFLIGHT_RESOURCE_TYPE == "PreflightImage"
     # The validation owns it, not the Module of the params.
     assert metadata["ownerReferences"] == [_OWNER]
     assert "annotations" not in metadata
@@ -184,7 +184,7 @@ def test_labels_owner_and_restart_policy(
             "capabilities": {"add": ["SYS_ADMIN"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         }
-        assert _mounts(container)[pods.STORAGE] == "storage"
+        assert _mounts(container)[podparts.STORAGE] == "storage"
         # Every mount has its volume.
         assert set(_mounts(container).values()) <= set(_volumes(pod))
     assert _volumes(pod)["storage"] == {"name": "storage", "emptyDir": {}}
@@ -192,7 +192,7 @@ def test_labels_owner_and_restart_policy(
 
 def test_a_long_validation_name_is_a_valid_label_value() -> None:
     validation = "preflight-" + "x" * 100
-    pod = pods.preflight_pod(
+    pod = preflightpods.preflight_pod(
         _params(), validation=validation, owner=_OWNER, build=_build(), sign=None, dir_name="/opt"
     )
     value = pod["metadata"]["labels"][labels.PREFLIGHT]
@@ -275,16 +275,16 @@ def test_build_and_sign_build_locally_then_sign_that_and_push_the_final_image_on
     assert (_script(build), _script(sign)) == (scripts.BUILD, scripts.SIGN)
     built = _env(build)
     # The build's image stays in the pod whatever the validation asks.
-    assert built["KMM_IMAGE"] == pods.LOCAL_UNSIGNED_IMAGE
+    assert built["KMM_IMAGE"] == preflightpods.LOCAL_UNSIGNED_IMAGE
     assert built["KMM_PUSH"] == "false"
-    assert pods.LOCAL_UNSIGNED_IMAGE.startswith("localhost/")
+    assert preflightpods.LOCAL_UNSIGNED_IMAGE.startswith("localhost/")
     signed = _env(sign)
-    assert signed["KMM_UNSIGNED_IMAGE"] == pods.LOCAL_UNSIGNED_IMAGE
+    assert signed["KMM_UNSIGNED_IMAGE"] == preflightpods.LOCAL_UNSIGNED_IMAGE
     assert signed["KMM_UNSIGNED_LOCAL"] == "true"
     assert signed["KMM_IMAGE"] == _FINAL
     assert signed.get("KMM_PUSH", "true") == ("true" if push else "false")
     # Both containers share the buildah storage: the one emptyDir.
-    assert _mounts(build)[pods.STORAGE] == _mounts(sign)[pods.STORAGE] == "storage"
+    assert _mounts(build)[podparts.STORAGE] == _mounts(sign)[podparts.STORAGE] == "storage"
     assert "/run/kmm/dockerfile" in _mounts(build)
     assert "/run/kmm/dockerfile" not in _mounts(sign)
     assert "/run/kmm/signing/key" in _mounts(sign)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kmm.api import labels, preflight
-from kmm.operator.build import existence, hashing, images, pods
+from kmm.operator.build import existence, hashing, images, podnames
 from kmm.operator.build import inputs as build_inputs
 from kmm.operator.build import settings as build_settings
 from kmm.operator.preflight import planner, status, verdicts
@@ -199,7 +199,7 @@ def test_the_registry_answer_decides(
     assert verdict.image == IMAGE
     if build and final is MISSING:
         (pod,) = plan.create
-        assert pod["metadata"]["name"] == pods.preflight_pod_name("pfv", "m") == verdict.pod
+        assert pod["metadata"]["name"] == podnames.preflight_pod_name("pfv", "m") == verdict.pod
         assert pod["metadata"]["namespace"] == "ns"
         assert pod["metadata"]["labels"][labels.PREFLIGHT] == "pfv"
         assert pod["metadata"]["ownerReferences"] == [planner.owner_reference(found)]
@@ -294,7 +294,7 @@ def test_a_succeeded_pod_is_the_verdict_without_the_registry() -> None:
         "Done",
         f"{preflight.REASON_BUILT}; the image was not pushed (pushBuiltImage is false)",
         image=IMAGE,
-        pod=pods.preflight_pod_name("pfv", "m"),
+        pod=podnames.preflight_pod_name("pfv", "m"),
     )
     assert (plan.create, plan.delete, plan.pushed) == ([], [], {})
 
@@ -322,7 +322,7 @@ def test_a_failed_pod_is_a_failure_naming_it_and_is_kept(message: str, init_mess
     raw = module_raw(build=True, sign=True)
     failed = observed(wanted_pod(found, raw), "Failed", message=message, init_message=init_message, exit_code=2)  # fmt: skip
     plan = run(found, [raw], pods_=[failed])
-    name = pods.preflight_pod_name("pfv", "m")
+    name = podnames.preflight_pod_name("pfv", "m")
     verdict = plan.verdicts["ns/m"]
     assert verdict.status == "Failure"
     assert verdict.reason == f"{preflight.REASON_BUILD_FAILED}: pod ns/{name} failed: {tail}"
@@ -336,7 +336,7 @@ def test_a_running_pod_is_in_progress_and_kept() -> None:
     raw = module_raw(build=True)
     plan = run(found, [raw], pods_=[observed(wanted_pod(found, raw), "Running")])
     verdict = plan.verdicts["ns/m"]
-    assert (verdict.status, verdict.stage, verdict.pod) == ("InProgress", "Image", pods.preflight_pod_name("pfv", "m"))  # fmt: skip
+    assert (verdict.status, verdict.stage, verdict.pod) == ("InProgress", "Image", podnames.preflight_pod_name("pfv", "m"))  # fmt: skip
     assert (plan.create, plan.delete) == ([], [])
 
 
@@ -445,8 +445,8 @@ def test_modules_of_one_name_in_two_namespaces_have_a_pod_each() -> None:
     raws = [module_raw("m", "a", build=True), module_raw("m", "b", build=True)]
     plan = run(found, raws, facts={"a/m": images.Facts(MISSING), "b/m": images.Facts(MISSING)})  # fmt: skip
     assert sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in plan.create) == [
-        ("a", pods.preflight_pod_name("pfv", "m")),
-        ("b", pods.preflight_pod_name("pfv", "m")),
+        ("a", podnames.preflight_pod_name("pfv", "m")),
+        ("b", podnames.preflight_pod_name("pfv", "m")),
     ]
     kept = [observed(p, "Running", uid=p["metadata"]["namespace"]) for p in plan.create]
     again = run(found, raws, pods_=kept)

@@ -17,7 +17,7 @@ import test_preflight_planner as cases
 from kmm.api import labels, preflight
 from kmm.kube import errors
 from kmm.operator import caches
-from kmm.operator.build import existence, pods
+from kmm.operator.build import existence, podnames
 from kmm.operator.preflight import reconciler
 from kmm.runtime import stores
 
@@ -180,7 +180,7 @@ async def test_a_build_runs_once_then_its_pod_is_the_verdict() -> None:
     world.modules.put(cases.module_raw(build=True))
     world.validations.put(cases.validation_raw())
     await world.reconcile()
-    name = pods.preflight_pod_name("pfv", "m")
+    name = podnames.preflight_pod_name("pfv", "m")
     made = [("status", "pfv"), ("create", name), ("status", "pfv")]
     assert world.writer.calls == made  # InProgress while checking, then with its pod
     first = world.status()["ns/m"]
@@ -219,12 +219,12 @@ async def test_a_failed_build_is_kept_until_an_input_changes() -> None:
     world.reader.versions["ConfigMap/dockerfile"] = "2"  # the Dockerfile fixed
     await world.reconcile()
     assert world.writer.calls[-2:] == [
-        ("delete", pods.preflight_pod_name("pfv", "m")),
+        ("delete", podnames.preflight_pod_name("pfv", "m")),
         ("status", "pfv"),
     ]
     await world.reconcile()
     assert world.writer.calls[-2:] == [
-        ("create", pods.preflight_pod_name("pfv", "m")),
+        ("create", podnames.preflight_pod_name("pfv", "m")),
         ("status", "pfv"),
     ]
     assert world.status()["ns/m"]["verificationStatus"] == "InProgress"
@@ -241,7 +241,7 @@ async def test_a_deleted_module_leaves_the_status_with_its_pod_and_a_new_one_joi
     world.modules.put(cases.module_raw("new"))
     await world.reconcile()
     assert set(world.status()) == {"ns/new"}
-    assert ("delete", pods.preflight_pod_name("pfv", "gone")) in world.writer.calls
+    assert ("delete", podnames.preflight_pod_name("pfv", "gone")) in world.writer.calls
     assert world.pods.objects() == []
 
 
@@ -388,7 +388,7 @@ async def test_a_refused_pod_is_its_modules_verdict_and_the_others_go_ahead(
     verdicts = world.status()
     refused = verdicts["other/builds"]
     assert refused["verificationStatus"] == "Failure"
-    name = pods.preflight_pod_name("pfv", "builds")
+    name = podnames.preflight_pod_name("pfv", "builds")
     assert refused["statusReason"] == (
         f"{preflight.REASON_BUILD_FAILED}: the API server refused pod other/{name}: "
         f"403 Forbidden: {refusal.message}"
@@ -400,7 +400,7 @@ async def test_a_refused_pod_is_its_modules_verdict_and_the_others_go_ahead(
     assert verdicts["ns/m"]["verificationStatus"] == "InProgress"
     assert world.writer.calls == [
         ("status", "pfv"),
-        ("create", pods.preflight_pod_name("pfv", "m")),
+        ("create", podnames.preflight_pod_name("pfv", "m")),
         ("refused", name),
         ("status", "pfv"),
     ]
@@ -425,7 +425,7 @@ async def test_a_transient_failure_of_a_create_ends_the_reconcile_unwritten() ->
         await world.reconcile()
     # The first round's verdict (InProgress while the registry was asked)
     # is all that was written: the round whose create failed wrote nothing.
-    name = pods.preflight_pod_name("pfv", "m")
+    name = podnames.preflight_pod_name("pfv", "m")
     assert world.writer.calls == [("status", "pfv"), ("refused", name)]
 
 
