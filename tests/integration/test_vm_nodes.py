@@ -49,6 +49,7 @@ from kmm.sandbox import addressing, cluster, state
 from kmm.sandbox.vmnodes import agent, firmware, images, kernels, qemu
 from kmm.sandbox.vmnodes import kind as vmkind
 from kmm.sandbox.vmnodes import nodes as vm
+from kmm.sandbox.vmnodes import planning as vmplanning
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ROOT / "build" / "vm" / "modules"
@@ -81,7 +82,7 @@ class Started:
 
     @property
     def key(self) -> firmware.SigningKey:
-        return vmkind.signing_key_path(self.directory)
+        return vmplanning.signing_key_path(self.directory)
 
 
 def _kmm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

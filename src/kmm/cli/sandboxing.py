@@ -1,47 +1,38 @@
-"""``kmm sandbox``: bring a local control plane up, take it down, show it."""
+"""``kmm sandbox``: bring a local control plane up, take it down, show it.
+
+This module is the command group: it registers every ``kmm sandbox``
+command, in the order help lists them, and holds those that make or end a
+sandbox as a whole: ``up`` (its flags become ``cluster.Options``), ``build``
+(the pinned binaries into the cache, with a progress bar per Go tool),
+``down`` and ``push`` (an image into the sandbox registry). The others live
+in modules of their own: ``sandboxcomponents`` (``stop``, ``start``,
+``restart``), ``sandboxstatus`` (``status``), ``sandboxnodes`` (``node exec``,
+``node reboot``); ``sandboxcommon`` holds what they all share.
+
+Limits: flags to calls and results to lines only; the sandbox itself is
+``kmm.sandbox``'s.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import sysconfig
 import time
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TimeElapsedColumn
-from rich.table import Table
 
-from kmm.cli import paths, sandboxnodes
+from kmm.cli import paths, sandboxcommon, sandboxcomponents, sandboxnodes, sandboxstatus
 from kmm.oci import errors as oci_errors
-from kmm.sandbox import (
-    building,
-    cluster,
-    components,
-    errors,
-    nodekinds,
-    processes,
-    pushing,
-    restarting,
-    state,
-)
+from kmm.sandbox import building, cluster, components, errors, pushing
 from kmm.sandbox import registry as sandbox_registry
 from kmm.sandbox.containernodes import fakemodules
 
 app = typer.Typer(
     help="Run a local Kubernetes control plane with fake nodes.", no_args_is_help=True
 )
-_console = Console()
-_errors = Console(stderr=True)
-
-DirOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--dir", help="Sandbox directory (default: $KMM_SANDBOX_DIR or ~/.local/state/kmm/sandbox)."
-    ),
-]
 
 
 class _BuildBars:
@@ -78,7 +69,7 @@ def _progress() -> Progress:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=_errors,
+        console=sandboxcommon.error_console,
         transient=True,
     )
 
@@ -88,14 +79,8 @@ def register(parent: typer.Typer) -> None:
     parent.add_typer(app, name="sandbox")
 
 
-def _fail(err: Exception) -> typer.Exit:
-    _errors.print(f"[bold red]error:[/] {err}", highlight=False)
-    return typer.Exit(1)
-
-
-@app.command()
 def up(
-    directory: DirOption = None,
+    directory: sandboxcommon.DirOption = None,
     nodes: Annotated[int, typer.Option(help="Number of fake nodes.")] = 3,
     kernel: Annotated[
         list[str] | None,
@@ -229,7 +214,7 @@ def up(
         parsed_auth = sandbox_registry.parse_auth(registry_auth) if registry_auth else None
         fake_modules = tuple(fakemodules.parse(text) for text in fake_module or ())
     except ValueError as err:
-        raise _fail(err) from err
+        raise sandboxcommon.fail(err) from err
     options = cluster.Options(
         directory=target,
         cache_dir=paths.cache_dir(),
@@ -257,23 +242,27 @@ def up(
         try:
             record = asyncio.run(cluster.up(options, progress=_BuildBars(progress)))
         except (errors.SandboxError, ValueError) as err:
-            raise _fail(err) from err
+            raise sandboxcommon.fail(err) from err
     elapsed = time.monotonic() - started
     kubelets = f" and {len(record.kubelet_nodes)} kubelet node(s)" if record.kubelet_nodes else ""
     vms = f" and {len(record.vm_nodes)} VM node(s)" if record.vm_nodes else ""
-    _console.print(
+    sandboxcommon.console.print(
         f"Sandbox up in {elapsed:.1f} s: API server {record.server}, "
         f"{len(record.node_names)} node(s){kubelets}{vms} Ready."
     )
     if record.vm_nodes:
         for line in sandboxnodes.vm_lines(record):
-            _console.print(line, soft_wrap=True)
+            sandboxcommon.console.print(line, soft_wrap=True)
     # soft_wrap: these lines are meant to be copied into a shell whole.
-    _console.print(f"Use it with:  export KUBECONFIG={record.kubeconfig}", soft_wrap=True)
-    _console.print(_kubectl_hint(), soft_wrap=True)
+    sandboxcommon.console.print(
+        f"Use it with:  export KUBECONFIG={record.kubeconfig}", soft_wrap=True
+    )
+    sandboxcommon.console.print(_kubectl_hint(), soft_wrap=True)
     if record.registry is not None:
-        _console.print(_registry_line(record), soft_wrap=True)
-    _console.print(f"Stop it with: kmm sandbox down --dir {record.directory}", soft_wrap=True)
+        sandboxcommon.console.print(sandboxstatus.registry_line(record), soft_wrap=True)
+    sandboxcommon.console.print(
+        f"Stop it with: kmm sandbox down --dir {record.directory}", soft_wrap=True
+    )
 
 
 def _kubectl_hint() -> str:
@@ -287,7 +276,6 @@ def _kubectl_hint() -> str:
     )
 
 
-@app.command()
 def build(
     kubelet: Annotated[
         bool, typer.Option(help="Also the kubelet and fake runtime of --kubelet-nodes.")
@@ -320,186 +308,31 @@ def build(
                 building.ensure_built(paths.cache_dir(), tools, progress=_BuildBars(progress))
             )
         except errors.SandboxError as err:
-            raise _fail(err) from err
+            raise sandboxcommon.fail(err) from err
     for name, path in binaries.items():
-        _console.print(f"{name:<24} {path}", soft_wrap=True)
+        sandboxcommon.console.print(f"{name:<24} {path}", soft_wrap=True)
 
 
-@app.command()
-def down(directory: DirOption = None) -> None:
+def down(directory: sandboxcommon.DirOption = None) -> None:
     """Stop exactly the processes this sandbox started."""
     target = directory or paths.sandbox_dir()
     try:
         stopped = cluster.down(target)
     except errors.SandboxError as err:
-        raise _fail(err) from err
+        raise sandboxcommon.fail(err) from err
     names = (
         ", ".join(f"{process.name} ({process.pid})" for process in stopped) or "nothing was running"
     )
-    _console.print(f"Stopped: {names}")
+    sandboxcommon.console.print(f"Stopped: {names}")
 
 
-ComponentArgument = Annotated[
-    str,
-    typer.Argument(
-        help="As `status` names it: etcd, kube-apiserver, kube-controller-manager (or "
-        "controller-manager), kube-scheduler (or scheduler), kwok, kubelet/kmm-kubelet-0 ..."
-    ),
-]
-
-
-@app.command()
-def stop(component: ComponentArgument, directory: DirOption = None) -> None:
-    """Stop one component, keeping its data, port and log for `start`."""
-    target = directory or paths.sandbox_dir()
-    try:
-        was_running = restarting.stop(target, component)
-    except (errors.SandboxError, ValueError) as err:
-        raise _fail(err) from err
-    _console.print(f"Stopped {component}" if was_running else f"{component} was not running")
-
-
-@app.command()
-def start(component: ComponentArgument, directory: DirOption = None) -> None:
-    """Start a stopped component again on its data (its log continues)."""
-    target = directory or paths.sandbox_dir()
-    _run_start(restarting.start, target, component, "Started")
-
-
-@app.command()
-def restart(component: ComponentArgument, directory: DirOption = None) -> None:
-    """Stop one component and start it again with its data (its log continues).
-    A node's name restarts the node its kind's way: a kubelet node's kubelet,
-    a container node's containerd, kubelet and kube-proxy, a VM node's OS
-    (a reboot); it returns once the node is Ready again."""
-    target = directory or paths.sandbox_dir()
-    try:
-        record = cluster.status(target)
-    except (errors.SandboxError, ValueError) as err:
-        raise _fail(err) from err
-    if any(component in kind.names for kind in cluster.kinds(record)):
-        started = time.monotonic()
-        try:
-            asyncio.run(restarting.restart_node(target, component))
-        except (errors.SandboxError, ValueError) as err:
-            raise _fail(err) from err
-        _console.print(
-            f"Restarted node {component}; Ready after {time.monotonic() - started:.1f} s"
-        )
-        return
-    _run_start(restarting.restart, target, component, "Restarted")
-
-
-def _run_start(
-    how: Callable[[Path, str], Coroutine[Any, Any, processes.Process]],
-    target: Path,
-    component: str,
-    verb: str,
-) -> None:
-    started = time.monotonic()
-    try:
-        process = asyncio.run(how(target, component))
-    except (errors.SandboxError, ValueError) as err:
-        raise _fail(err) from err
-    _console.print(
-        f"{verb} {process.name} (pid {process.pid}); healthy after "
-        f"{time.monotonic() - started:.1f} s"
-    )
-
-
-@app.command()
-def status(directory: DirOption = None) -> None:
-    """Say what runs where: components, ports, memory, nodes."""
-    target = directory or paths.sandbox_dir()
-    try:
-        record = cluster.status(target)
-    except (errors.SandboxError, ValueError) as err:
-        raise _fail(err) from err
-    table = Table(title=f"kmm sandbox in {record.directory}")
-    for column in ("component", "pid", "state", "RSS MiB", "health endpoint", "log"):
-        table.add_column(column)
-    total_rss = 0
-    running = 0
-    for process in record.launched:
-        alive = process.alive()
-        rss = process.rss_bytes() if alive else 0
-        total_rss += rss
-        running += alive
-        table.add_row(
-            process.name,
-            str(process.pid),
-            "[green]running[/]" if alive else "[red]stopped[/]",
-            f"{rss / 2**20:.0f}" if alive else "-",
-            process.health_url,
-            str(process.log),
-        )
-    _console.print(table)
-    _console.print(f"API server {record.server}; control plane RSS {total_rss / 2**20:.0f} MiB")
-    _console.print(f"KUBECONFIG={record.kubeconfig}", soft_wrap=True)
-    if record.registry is not None:
-        _console.print(_registry_line(record), soft_wrap=True)
-    if running != len(record.launched) or not record.launched:
-        raise typer.Exit(0 if running == 0 and not record.launched else 1)
-    node_rows = asyncio.run(cluster.node_table(record.kubeconfig))
-    nodes_table = Table(title="nodes")
-    for column in ("name", "Ready", "kernel"):
-        nodes_table.add_column(column)
-    for row in node_rows:
-        nodes_table.add_row(*row)
-    _console.print(nodes_table)
-    ready = {row[0]: row[1] for row in node_rows}
-    for kind in cluster.kinds(record):
-        title = _NODE_TABLES.get(kind.kind)
-        if title is None:
-            continue
-        described = asyncio.run(kind.status())
-        if described:
-            _console.print(_node_kind_table(title, described, ready))
-
-
-# The kinds of node ``status`` shows a table of, beside the nodes table.
-_NODE_TABLES = {"containerd": "container nodes", "vm": "VM nodes"}
-
-
-def _node_kind_table(
-    title: str, described: list[nodekinds.NodeInfo], ready: dict[str, str]
-) -> Table:
-    """One kind's nodes: name, what the kind says of each, node IP, Ready."""
-    table = Table(title=title)
-    columns = [column for column, _ in described[0].details]
-    for column in ("name", *columns, "node IP", "Ready"):
-        table.add_column(column)
-    for node in described:
-        values = dict(node.details)
-        table.add_row(
-            node.name,
-            *(values.get(column, "") for column in columns),
-            node.address,
-            ready.get(node.name, "Unknown"),
-        )
-    return table
-
-
-def _registry_line(record: state.SandboxState) -> str:
-    registry = record.registry
-    assert registry is not None
-    credentials = (
-        f"credentials {registry.credentials}" if registry.credentials else "no authentication"
-    )
-    return (
-        f"Registry {registry.reference_host} (from the host: {registry.host}; "
-        f"CA {record.directory / 'pki' / 'ca.crt'}; {credentials})"
-    )
-
-
-@app.command()
 def push(
     archive: Annotated[
         Path,
         typer.Argument(help="An OCI archive (what `make image` and buildah's oci-archive: write)."),
     ],
     name_tag: Annotated[str, typer.Argument(metavar="NAME:TAG", help="Repository and tag.")],
-    directory: DirOption = None,
+    directory: sandboxcommon.DirOption = None,
 ) -> None:
     """Upload an OCI archive's image to the sandbox registry; the last line
     printed is its reference, as nodes and pods pull it."""
@@ -511,13 +344,29 @@ def push(
                 target,
                 archive,
                 name_tag,
-                progress=lambda line: _errors.print(
+                progress=lambda line: sandboxcommon.error_console.print(
                     line, highlight=False, markup=False, soft_wrap=True
                 ),
             )
         )
     except (errors.SandboxError, oci_errors.RegistryError, ValueError) as err:
-        raise _fail(err) from err
-    _errors.print(f"pushed in {time.monotonic() - started:.1f} s", highlight=False)
+        raise sandboxcommon.fail(err) from err
+    sandboxcommon.error_console.print(
+        f"pushed in {time.monotonic() - started:.1f} s", highlight=False
+    )
     # print(), not the console: the reference must be one line whatever the width.
     print(reference)
+
+
+# The group's commands, in the order its help lists them.
+for _command in (
+    up,
+    build,
+    down,
+    sandboxcomponents.stop,
+    sandboxcomponents.start,
+    sandboxcomponents.restart,
+    sandboxstatus.status,
+    push,
+):
+    app.command()(_command)

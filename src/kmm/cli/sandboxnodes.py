@@ -9,31 +9,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from kmm.cli import paths
+from kmm.cli import paths, sandboxcommon
 from kmm.sandbox import cluster, errors, state
 from kmm.sandbox.vmnodes import kind as vmkind
+from kmm.sandbox.vmnodes import planning as vmplanning
 
 app = typer.Typer(
     help="Reach a VM node's own OS: run a command in it as root, reboot it.",
     no_args_is_help=True,
 )
-_console = Console()
-_errors = Console(stderr=True)
-
-DirOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--dir", help="Sandbox directory (default: $KMM_SANDBOX_DIR or ~/.local/state/kmm/sandbox)."
-    ),
-]
 NodeArgument = Annotated[str, typer.Argument(metavar="NODE", help="A VM node, e.g. kmm-vm-0.")]
-
-
-def _fail(err: Exception) -> typer.Exit:
-    _errors.print(f"[bold red]error:[/] {err}", highlight=False)
-    return typer.Exit(1)
 
 
 def _vm_nodes(directory: Path, node: str) -> vmkind.VmNodes:
@@ -64,7 +50,7 @@ def exec_(
             metavar="COMMAND", help="What to run, after `--` (its options are its own)."
         ),
     ],
-    directory: DirOption = None,
+    directory: sandboxcommon.DirOption = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the command.")] = 300.0,
 ) -> None:
     """Run COMMAND as root in NODE's own OS (not in a container); print its
@@ -75,11 +61,11 @@ def exec_(
         nodes = _vm_nodes(target, node)
         result = asyncio.run(nodes.exec(node, command, timeout=timeout))
     except TimeoutError as err:
-        raise _fail(
+        raise sandboxcommon.fail(
             errors.SandboxError(f"{command[0]} did not end within {timeout:.0f} s on {node}")
         ) from err
     except (errors.SandboxError, ValueError) as err:
-        raise _fail(err) from err
+        raise sandboxcommon.fail(err) from err
     sys.stdout.buffer.write(result.stdout)
     sys.stdout.buffer.flush()
     sys.stderr.buffer.write(result.stderr)
@@ -91,7 +77,7 @@ def exec_(
 @app.command()
 def reboot(
     node: NodeArgument,
-    directory: DirOption = None,
+    directory: sandboxcommon.DirOption = None,
     kernel: Annotated[
         str | None,
         typer.Option(
@@ -112,8 +98,8 @@ def reboot(
         nodes = _vm_nodes(target, node)
         rebooted = asyncio.run(nodes.reboot(node, kernel=kernel, timeout=timeout))
     except (errors.SandboxError, ValueError) as err:
-        raise _fail(err) from err
-    _console.print(
+        raise sandboxcommon.fail(err) from err
+    sandboxcommon.console.print(
         f"{node} Ready on kernel {rebooted.kernel} after {time.monotonic() - started:.1f} s "
         f"(boot {rebooted.boot_id}; Secure Boot {'on' if rebooted.secure_boot else 'off'}, "
         f"lockdown {rebooted.lockdown}; {rebooted.accel})",
@@ -134,7 +120,7 @@ def vm_lines(record: state.SandboxState) -> list[str]:
             f"VM node {node.name} ({node.address}): kernel {details.get('kernel')}, "
             f"Secure Boot {details.get('Secure Boot')}, accelerator {details.get('accel')}"
         )
-    key = vmkind.signing_key_path(record.directory)
+    key = vmplanning.signing_key_path(record.directory)
     lines.append(f"Module signing key: {key.key}, certificate {key.certificate}")
     lines.append(
         f"Reach a node's OS: kmm sandbox node exec --dir {record.directory} "

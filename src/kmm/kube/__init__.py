@@ -15,6 +15,8 @@ keeps it so). Import modules, not names:
 - ``credentials``: tokens, token files, certificates, exec credential plugins;
 - ``client``: ``Client``: one ``request`` function and one ``watch`` stream,
   retries in one place, a request counter (``counting``);
+- ``connections``: the session a client sends over, TLS as the kubeconfig
+  says, the client certificate loaded without touching a disk;
 - ``errors``: the error tree, by what the caller can do;
 - ``resources``: request paths (``Resource``) and the resources kmm uses;
 - ``objects``: raw objects and the metadata read from each;

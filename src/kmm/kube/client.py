@@ -40,25 +40,21 @@
 
 The transport is aiohttp, chosen by ``bench/bench_transport.py`` (import
 memory, requests per second on the sandbox): one pooled keep-alive session
-per client, TLS and identity from the kubeconfig. Nothing else in kmm
-imports it (import-linter). Every open TLS connection costs a read buffer
-(asyncio's SSL protocol: 256 KiB, 32 KiB in the operator, which sets
-``kmm.aio.tlsbuffers``): bounding requests in flight bounds the pool to that
-many connections plus one per watch.
+per client (``connections``: TLS and client certificate from the
+kubeconfig; ``credentials``: the identity each request carries). Nothing
+else in kmm imports it (import-linter). Every open TLS connection costs a
+read buffer (asyncio's SSL protocol: 256 KiB, 32 KiB in the operator, which
+sets ``kmm.aio.tlsbuffers``): bounding requests in flight bounds the pool to
+that many connections plus one per watch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
-import os
 import re
-import ssl
-import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypedDict, Unpack
 
@@ -66,7 +62,7 @@ import aiohttp
 import multidict
 
 from kmm.aio import backoff, clocks
-from kmm.kube import counting, credentials, errors, kubeconfigs
+from kmm.kube import connections, counting, credentials, errors, kubeconfigs
 
 __all__ = [
     "APPLY_PATCH",
@@ -166,8 +162,7 @@ class Client:
         self._in_flight = asyncio.Semaphore(requests_in_flight)
         self._clock: clocks.Clock = clock or clocks.LoopClock()
         self._credentials = credentials.Credentials(access)
-        self._session: aiohttp.ClientSession | None = None
-        self._session_certificate: credentials.Certificate | None = None
+        self._connections = connections.Pool(access)
         self._headers: list[tuple[str, str]] = [("Accept", JSON), ("User-Agent", user_agent)]
         if access.impersonate:
             self._headers.append(("Impersonate-User", access.impersonate))
@@ -192,9 +187,7 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        await self._connections.close()
 
     # -- the two calls -----------------------------------------------------
 
@@ -214,7 +207,7 @@ class Client:
         try:  # _attempt handed over its slot with the response
             data = await response.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
-            await _drop(response)
+            await connections.drop(response)
             raise errors.Unavailable(
                 0, f"answer cut short: {err!r}", method=method, path=path
             ) from err
@@ -288,7 +281,7 @@ class Client:
             if read_to_end:
                 response.release()
             else:
-                await _drop(response)
+                await connections.drop(response)
 
     # -- sending, retrying -------------------------------------------------
 
@@ -347,7 +340,7 @@ class Client:
         watching: bool,
         fence: Callable[[], bool] | None,
     ) -> aiohttp.ClientResponse:
-        session = await self._ready_session()
+        session = await self._connections.session(await self._credentials.certificate())
         # Pairs, not a dict: Impersonate-Group repeats, one header per group.
         headers = multidict.CIMultiDict(self._headers)
         authorization = await self._credentials.authorization()
@@ -397,7 +390,7 @@ class Client:
                 answer = await response.read()
             except (aiohttp.ClientError, OSError, TimeoutError):
                 answer = b""
-                await _drop(response)
+                await connections.drop(response)
             finally:
                 response.release()  # a no-op once dropped
         finally:
@@ -406,105 +399,6 @@ class Client:
         raise errors.from_response(
             response.status, answer, method=method, path=path, headers=response.headers
         )
-
-    async def _ready_session(self) -> aiohttp.ClientSession:
-        certificate = await self._credentials.certificate()
-        if self._session is not None and certificate == self._session_certificate:
-            return self._session
-        # First use, or an exec plugin handed out a new certificate.
-        old, self._session = self._session, None
-        if old is not None:
-            await old.close()
-        # No pool limit: requests are bounded by the slots, watches hold one each.
-        connector = aiohttp.TCPConnector(ssl=self._ssl_context(certificate), limit=0)
-        self._session = aiohttp.ClientSession(connector=connector)
-        self._session_certificate = certificate
-        return self._session
-
-    def _ssl_context(self, certificate: credentials.Certificate | None) -> ssl.SSLContext | bool:
-        access = self.access
-        if not access.server.startswith("https:"):
-            return False
-        if access.insecure:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        elif access.ca_file is not None or access.ca_data is not None:
-            # The kubeconfig's CA alone, as kubectl trusts it: the system's
-            # roots would also let any public CA vouch for this API server.
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-            if access.ca_file is not None:
-                context.load_verify_locations(cafile=str(access.ca_file))
-            if access.ca_data is not None:
-                context.load_verify_locations(cadata=access.ca_data.decode())
-        else:
-            context = ssl.create_default_context()
-        if certificate is not None:
-            _load_certificate(context, certificate)
-        return context
-
-
-def _load_certificate(context: ssl.SSLContext, certificate: credentials.Certificate) -> None:
-    # ssl loads a client certificate from files only. On Linux they are
-    # memory files (memfd), opened through /proc/self/fd: nothing is written
-    # anywhere, so a container with a read-only root filesystem (the chart's,
-    # whose /tmp is not writable) loads it too, and the key never reaches a
-    # disk. Elsewhere, a private temporary directory, removed after the call.
-    try:
-        if hasattr(os, "memfd_create") and Path("/proc/self/fd").is_dir():
-            _load_from_memory(context, certificate)
-        else:
-            _load_from_directory(context, certificate)
-    except ssl.SSLError as err:
-        raise errors.ConfigError(f"unusable client certificate: {err}") from err
-
-
-def _load_from_memory(context: ssl.SSLContext, certificate: credentials.Certificate) -> None:
-    descriptors: list[int] = []
-    try:
-        for name, data in (("cert", certificate.cert), ("key", certificate.key)):
-            descriptor = os.memfd_create(f"kmm-tls-{name}", os.MFD_CLOEXEC)
-            descriptors.append(descriptor)
-            with open(descriptor, "wb", closefd=False) as stream:
-                stream.write(data)
-        cert, key = (f"/proc/self/fd/{descriptor}" for descriptor in descriptors)
-        context.load_cert_chain(cert, key)
-    finally:
-        for descriptor in descriptors:
-            os.close(descriptor)
-
-
-def _load_from_directory(context: ssl.SSLContext, certificate: credentials.Certificate) -> None:
-    with tempfile.TemporaryDirectory(prefix="kmm-tls-") as directory:
-        cert, key = Path(directory) / "cert.pem", Path(directory) / "key.pem"
-        for path, data in ((cert, certificate.cert), (key, certificate.key)):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as stream:
-                stream.write(data)
-        context.load_cert_chain(str(cert), str(key))
-
-
-async def _drop(response: aiohttp.ClientResponse) -> None:
-    """Close the connection of an answer not read to its end, its socket first.
-
-    ``release`` would close it the TLS way: send close_notify and keep the
-    socket open until the server's comes back (asyncio waits up to 30 s for
-    it). By then the connection is no longer the pool's, so ``close`` does
-    not end it either: its socket outlives the client, and once the event
-    loop is gone the garbage collector finds it unclosed (a ResourceWarning).
-    An abort closes the socket on the loop's next turn; this waits for it.
-    """
-    connection = response.connection
-    protocol = connection.protocol if connection is not None else None
-    # None once the connection is already lost: nothing left to wait for.
-    closed = protocol.closed if protocol is not None else None
-    if protocol is not None:
-        protocol.abort()
-    response.close()
-    if closed is not None:
-        # An error here is the one the connection was lost with: it is closed.
-        with contextlib.suppress(aiohttp.ClientError):
-            await closed
 
 
 def _event(line: bytes, path: str) -> dict[str, Any]:

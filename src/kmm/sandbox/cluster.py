@@ -54,6 +54,7 @@ from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
 from kmm.sandbox.kwoknodes import kind as kwokkind
 from kmm.sandbox.kwoknodes import nodes as kwoknodes
 from kmm.sandbox.vmnodes import kind as vmkind
+from kmm.sandbox.vmnodes import planning as vmplanning
 
 __all__ = [
     "DEFAULT_KERNELS",
@@ -100,22 +101,22 @@ def _check_directory(directory: Path, chosen: options.Options) -> None:
         if chosen.containers:
             containernodes.check_directory(directory, containernodes.overlay_roots())
     if chosen.vm_nodes:
-        vmkind.check_directory(directory)
+        vmplanning.check_directory(directory)
 
 
-def _vm_boot(directory: Path, chosen: options.Options) -> vmkind.Boot | None:
+def _vm_boot(directory: Path, chosen: options.Options) -> vmplanning.Boot | None:
     """How the VM nodes asked for boot, checked before anything starts (the
     image built, the kernel one of its own, qemu and the firmware there);
     None without VM nodes. The signing key is made later, in ``directory``."""
     if not chosen.vm_nodes:
         return None
-    image = vmkind.find_image(chosen.cache_dir)
-    return vmkind.Boot(
+    image = vmplanning.find_image(chosen.cache_dir)
+    return vmplanning.Boot(
         image=image,
-        kernel=vmkind.check_kernel(image, chosen.node_kernel),
+        kernel=vmplanning.check_kernel(image, chosen.node_kernel),
         secure_boot=chosen.secure_boot,
-        accel=vmkind.requested_accel(chosen.accel),
-        key=vmkind.signing_key_path(directory),
+        accel=vmplanning.requested_accel(chosen.accel),
+        key=vmplanning.signing_key_path(directory),
         pause_archive=chosen.pause_image,
     )
 
@@ -146,7 +147,7 @@ def _plan(
     node_plan: list[tuple[str, str]],
     free: list[int],
     pinned: Path | None,
-    boot: vmkind.Boot | None,
+    boot: vmplanning.Boot | None,
 ) -> list[nodekinds.NodeKind]:
     """Each kind of node ``chosen`` asks for, planned (KWOK's first: its
     nodes are Ready before any kubelet starts, as before kinds existed; VM
@@ -198,7 +199,7 @@ async def up(
     vm_names = vmkind.names(chosen.vm_nodes)
     credentials = pki.create(directory / "pki", tuple(_identities(chosen, kubelet_names, vm_names)))
     if boot is not None:
-        vmkind.signing_key(directory)
+        vmplanning.signing_key(directory)
 
     # One call, so that no two coincide: the nodes' host ports (and the
     # relay's health port) are bound by the relay before the API server starts.

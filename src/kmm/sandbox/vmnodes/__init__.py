@@ -19,11 +19,16 @@ Modules, one idea each:
 - ``agent``: the guest agent (exec as root, files, reboot);
 - ``nodes``: the handle the sandbox and tests use (start, exec, reboot,
   status, stop);
+- ``planning``: what a sandbox's VM nodes will be (how they boot, each
+  one's place and ports), checked before anything starts;
+- ``kind``: the sandbox's VM nodes behind the node interface
+  (``nodekinds``): booted, joined, rebooted, stopped;
 - ``toolkits``: per kernel, a root filesystem that builds modules for it
   (headers, kbuild, sign-file, its compiler).
 
 The network rule holds: qemu runs in the node's own network namespace (the
 sandbox's) with a tap as the guest's one NIC; user-mode networking is never
 configured, and nothing here adds an address to the host's namespace.
-Knows nothing of Kubernetes objects; reads no flags or environment.
+Only ``kind`` reads Kubernetes objects (its Nodes, from the API server);
+nothing here reads flags or environment.
 """

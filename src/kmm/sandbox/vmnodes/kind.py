@@ -2,7 +2,8 @@
 
 ``plan`` lays out VM node ``j`` (``kmm-vm-<j>``) in ``<sandbox>/vms/<j>/``
 with three host ports (its kubelet's, healthz, kube-proxy's health) and
-place ``kubelet nodes + j`` on the fabric. Its namespace (``attachments``)
+place ``kubelet nodes + j`` on the fabric (``planning``: that layout, and
+the ``Boot`` every node boots with, checked before anything starts). Its namespace (``attachments``)
 is the guest's wire to the fabric: a tap bridged with the node's fabric link
 (``fabric.attach_bridged``); its ports are published on the host's loopback
 from the guest's node IP. ``start`` boots every node at once (``nodes``:
@@ -30,9 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Final
 
 from kmm.kube import client, kubeconfigs, objects, resources
@@ -48,7 +47,7 @@ from kmm.sandbox import (
 )
 from kmm.sandbox.containernodes import nodes as containernodes
 from kmm.sandbox.kubeletnodes import nodes as kubeletnodes
-from kmm.sandbox.vmnodes import accel, agent, esp, firmware, images, kernels, kubernetes, qemu
+from kmm.sandbox.vmnodes import agent, esp, kubernetes, planning
 from kmm.sandbox.vmnodes import nodes as vm
 
 __all__ = [
@@ -56,20 +55,11 @@ __all__ = [
     "KIND",
     "LABEL",
     "NODE_PREFIX",
-    "Boot",
-    "PlannedNode",
     "VmNodes",
-    "check_directory",
-    "check_kernel",
-    "find_image",
     "identities",
     "names",
     "of",
     "plan",
-    "requested_accel",
-    "routes",
-    "signing_key",
-    "signing_key_path",
 ]
 
 KIND: Final = "vm"
@@ -78,7 +68,6 @@ NODE_PREFIX: Final = "kmm-vm-"
 LABEL: Final = "kmm.sandbox/vm"
 BOOT_TIMEOUT: Final = 600.0
 _TAP: Final = "kmmtap0"
-_RECORD: Final = "vmnode.json"
 # What a node has on disk that ``stop`` removes (``qemu.Machine`` names them).
 _DISKS: Final = ("root.qcow2", "esp.img", "OVMF_VARS.fd", "qmp.sock", "qga.sock")
 # The guest's own units, whose journal a failed start shows.
@@ -97,148 +86,15 @@ def identities(planned: Sequence[str]) -> list[pki.ClientIdentity]:
     ]
 
 
-def find_image(cache_dir: Path) -> images.NodeImage:
-    """The node image built for the recorded kernels; SandboxError saying
-    how to build it (no sandbox downloads anything)."""
-    chosen = kernels.load(cache_dir)
-    found = images.find(cache_dir, chosen) if chosen is not None else None
-    if found is None:
-        raise errors.SandboxError(
-            "VM nodes boot the VM node image, which is not built: run `make vm-image` "
-            "(as root; it downloads Debian's packages, a few minutes once)"
-        )
-    return found
-
-
-def signing_key(directory: Path) -> firmware.SigningKey:
-    """The sandbox's module signing key, ``<dir>/secure-boot/signing.{key,crt}``,
-    made now unless there."""
-    return firmware.signing_key(directory, common_name="kmm sandbox module signing key")
-
-
-def signing_key_path(directory: Path) -> firmware.SigningKey:
-    """Where ``signing_key`` keeps it (it may not be made yet)."""
-    return firmware.SigningKey(directory / "secure-boot")
-
-
-def check_kernel(image: images.NodeImage, kernel: str) -> str:
-    """The kernel nodes boot first: ``kernel``, or the image's default when
-    empty; ValueError naming ``--node-kernel`` when the image has no such one."""
-    if not kernel:
-        return image.kernels.default
-    if kernel not in image.kernels.versions:
-        raise ValueError(
-            f"--node-kernel {kernel!r} is not a kernel of the VM node image "
-            f"(it has {', '.join(image.kernels.versions)})"
-        )
-    return kernel
-
-
-def requested_accel(text: str) -> accel.Requested:
-    """``auto``, ``kvm`` or ``tcg``; ValueError naming ``--accel`` otherwise."""
-    if text == "auto":
-        return "auto"
-    if text == "kvm":
-        return "kvm"
-    if text == "tcg":
-        return "tcg"
-    raise ValueError(f"--accel must be one of auto, kvm, tcg, not {text!r}")
-
-
-# The longest control socket under a sandbox dir (``vm.start`` checks each).
-_LONGEST_SOCKET: Final = "vms/000/qmp.sock"
-
-
-def check_directory(directory: Path) -> None:
-    """Refuse a sandbox dir too deep for the VM nodes' control sockets, or
-    a host without qemu or the firmware, before anything starts."""
-    longest = len(str(directory / _LONGEST_SOCKET).encode())
-    if longest > vm.SOCKET_PATH_MAX:
-        raise errors.SandboxError(
-            f"a sandbox with VM nodes needs a shorter directory than {directory}: its "
-            f"nodes' control sockets would take {longest} characters, unix sockets allow "
-            f"{vm.SOCKET_PATH_MAX} (try --dir /tmp/kmm)"
-        )
-    qemu.binary()
-
-
-@dataclasses.dataclass(frozen=True)
-class Boot:
-    """How every VM node of a sandbox boots: the image, the kernel first
-    booted, Secure Boot on or off, the accelerator asked for, the key the
-    firmware trusts, the pause image archive, the guest's memory."""
-
-    image: images.NodeImage
-    kernel: str
-    secure_boot: bool
-    accel: accel.Requested
-    key: firmware.SigningKey
-    pause_archive: Path
-    memory_mib: int = 1024
-
-
-@dataclasses.dataclass(frozen=True)
-class PlannedNode:
-    """One VM node's name, place on the fabric, directory and host ports."""
-
-    name: str
-    index: int
-    directory: Path
-    port: int
-    healthz_port: int
-    proxy_healthz_port: int
-
-    @property
-    def address(self) -> str:
-        return str(addressing.node_address(self.index))
-
-    def save(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        document = {
-            "name": self.name,
-            "index": self.index,
-            "port": self.port,
-            "healthzPort": self.healthz_port,
-            "proxyHealthzPort": self.proxy_healthz_port,
-        }
-        (self.directory / _RECORD).write_text(json.dumps(document, indent=2) + "\n")
-
-    @classmethod
-    def load(cls, directory: Path) -> PlannedNode:
-        document = json.loads((directory / _RECORD).read_text())
-        return cls(
-            name=str(document["name"]),
-            index=int(document["index"]),
-            directory=directory,
-            port=int(document["port"]),
-            healthz_port=int(document["healthzPort"]),
-            proxy_healthz_port=int(document["proxyHealthzPort"]),
-        )
-
-
-def routes(index: int, indices: Sequence[int]) -> tuple[tuple[str, str], ...]:
-    """The guest's routes, as a container node's namespace has them: the
-    Service network on its link (kube-proxy's DNAT applies after routing),
-    every other node's pods via that node."""
-    return (
-        (str(addressing.SERVICE_NETWORK), ""),
-        *(
-            (str(addressing.pod_subnet(other)), str(addressing.node_address(other)))
-            for other in indices
-            if other != index
-        ),
-    )
-
-
 class VmNodes:
     """A sandbox's VM nodes (``nodekinds.NodeKind``)."""
 
     def __init__(
         self,
         record: state.SandboxState,
-        planned: Sequence[PlannedNode],
+        planned: Sequence[planning.PlannedNode],
         *,
-        boot: Boot | None = None,
+        boot: planning.Boot | None = None,
     ) -> None:
         self._record = record
         self._nodes = list(planned)
@@ -264,7 +120,7 @@ class VmNodes:
             for node in self._nodes
         ]
 
-    def _node(self, name: str) -> PlannedNode:
+    def _node(self, name: str) -> planning.PlannedNode:
         for node in self._nodes:
             if node.name == name:
                 return node
@@ -276,7 +132,7 @@ class VmNodes:
         process = self._record.launched[launching.find(self._record, f"vm/{name}")]
         return dataclasses.replace(found, process=process)
 
-    def _files(self, node: PlannedNode, starting: nodekinds.Starting) -> dict[str, bytes]:
+    def _files(self, node: planning.PlannedNode, starting: nodekinds.Starting) -> dict[str, bytes]:
         assert self._boot is not None
         credentials = starting.credentials
         kubelet = kubeletnodes.identity(node.name)
@@ -316,7 +172,7 @@ class VmNodes:
                 name=node.name,
                 mac=vm.mac_address(node.index),
                 address=f"{node.address}/{addressing.FABRIC.prefixlen}",
-                routes=routes(node.index, indices),
+                routes=planning.routes(node.index, indices),
                 files=self._files(node, starting),
             )
             spec = vm.NodeSpec(
@@ -476,7 +332,7 @@ def plan(
     record: state.SandboxState,
     free: Sequence[int],
     *,
-    boot: Boot,
+    boot: planning.Boot,
 ) -> VmNodes:
     """One node per name in ``record.vm_nodes``, each with three of the
     ``free`` host ports, placed on the fabric after the kubelet nodes."""
@@ -484,7 +340,7 @@ def plan(
     planned = []
     for position, name in enumerate(record.vm_nodes):
         port, healthz_port, proxy_port = free[3 * position : 3 * position + 3]
-        node = PlannedNode(
+        node = planning.PlannedNode(
             name=name,
             index=first + position,
             directory=record.directory / "vms" / str(position),
@@ -504,7 +360,7 @@ def of(record: state.SandboxState) -> VmNodes | None:
     found = []
     for position, _ in enumerate(record.vm_nodes):
         try:
-            found.append(PlannedNode.load(record.directory / "vms" / str(position)))
+            found.append(planning.PlannedNode.load(record.directory / "vms" / str(position)))
         except (OSError, ValueError, KeyError):
             continue
     return VmNodes(record, found)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from kmm.sandbox import addressing, errors, state
+from kmm.sandbox import addressing, state
 from kmm.sandbox.vmnodes import images, kernels
 from kmm.sandbox.vmnodes import kind as vmkind
 from kmm.sandbox.vmnodes import nodes as vm
+from kmm.sandbox.vmnodes import planning as vmplanning
 
 CHOSEN = kernels.KernelList(versions=("6.1.0-57-amd64", "6.12.118+deb12-amd64"))
 
@@ -28,13 +27,13 @@ def _record(tmp_path: Path, *, kubelets: int = 2, vms: int = 2) -> state.Sandbox
     )
 
 
-def _boot(tmp_path: Path) -> vmkind.Boot:
-    return vmkind.Boot(
+def _boot(tmp_path: Path) -> vmplanning.Boot:
+    return vmplanning.Boot(
         image=images.NodeImage(directory=tmp_path / "image", kernels=CHOSEN, root_uuid="u"),
         kernel=CHOSEN.default,
         secure_boot=True,
         accel="tcg",
-        key=vmkind.signing_key_path(tmp_path),
+        key=vmplanning.signing_key_path(tmp_path),
         pause_archive=tmp_path / "pause.tar",
     )
 
@@ -89,21 +88,3 @@ def test_a_rebooted_node_counts_once_ready_on_the_new_boot_and_kernel() -> None:
     # Still the old boot's status, though Ready.
     assert not vmkind._booted(node("b1", "6.1.0-57-amd64", "True"), booted)
     assert not vmkind._booted(node("b2", "6.12.118+deb12-amd64", "False"), booted)
-
-
-def test_the_kernel_asked_for_must_be_one_of_the_images(tmp_path: Path) -> None:
-    image = images.NodeImage(directory=tmp_path, kernels=CHOSEN, root_uuid="u")
-    assert vmkind.check_kernel(image, "") == CHOSEN.default
-    assert vmkind.check_kernel(image, CHOSEN.versions[1]) == CHOSEN.versions[1]
-    with pytest.raises(ValueError, match=r"--node-kernel '5\.10\.0-1-amd64' is not a kernel"):
-        vmkind.check_kernel(image, "5.10.0-1-amd64")
-
-
-def test_a_directory_too_deep_for_the_control_sockets_is_refused() -> None:
-    with pytest.raises(errors.SandboxError, match="shorter directory"):
-        vmkind.check_directory(Path("/tmp") / ("d" * 100))
-
-
-def test_no_image_says_how_to_build_it(tmp_path: Path) -> None:
-    with pytest.raises(errors.SandboxError, match="make vm-image"):
-        vmkind.find_image(tmp_path)

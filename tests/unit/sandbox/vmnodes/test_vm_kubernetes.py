@@ -13,8 +13,7 @@ import yaml
 
 from kmm.sandbox import addressing
 from kmm.sandbox.containernodes import nodes as containernodes
-from kmm.sandbox.vmnodes import esp, images, kernels, kubernetes
-from kmm.sandbox.vmnodes import kind as vmkind
+from kmm.sandbox.vmnodes import esp, images, kernels, kubernetes, planning
 from kmm.sandbox.vmnodes import nodes as vm
 
 REGISTRY = f"{addressing.GATEWAY}:{addressing.REGISTRY_PORT}"
@@ -120,7 +119,7 @@ def test_the_daemons_command_lines_as_systemd_reads_them() -> None:
 
 
 def test_a_guest_routes_as_a_container_nodes_namespace_does() -> None:
-    found = vmkind.routes(2, range(4))
+    found = planning.routes(2, range(4))
     assert found[0] == (str(addressing.SERVICE_NETWORK), "")
     assert found[1:] == tuple(
         (str(addressing.pod_subnet(other)), str(addressing.node_address(other)))
