@@ -9,9 +9,10 @@ names: a concern's module as ``<concern>_<module>``, e.g.
 ``from kmm.operator.loader import planner as loader_planner``.
 
 A reconcile reads one ``views.ModuleView`` and asks each concern's pure
-planner what it wants (each answers a ``plans.Plan``: DaemonSets to apply or
-delete, the node labels it owns); ``nodelabels`` merges their labels into
-one patch per node; ``reconciler`` sends it all and writes the status.
+planner what it wants (``planners``; each answers a ``plans.Plan``:
+DaemonSets to apply or delete, the node labels it owns); ``nodelabels``
+merges their labels into one patch per node; ``reconciler`` has the senders
+send it all and writes the status.
 
 Concerns, one sub-package each (``planner`` pure, ``builders`` pure):
 
@@ -32,7 +33,10 @@ Concerns, one sub-package each (``planner`` pure, ``builders`` pure):
 
 Shared, pure (no I/O, table-tested):
 
-- ``views``: the read-only view of the caches; ``plans``: the planners' answer;
+- ``views``: the read-only view of the caches (and ``Caches``, the stores
+  it is read from); ``plans``: the planners' answer; ``planners``: each
+  concern's planner asked in order, and what the answers say for the
+  status;
 - ``workloads``: what the device plugin and DRA planners share;
 - ``podspecs`` (every pod) and ``workloadbuilders`` (the two device
   workloads): pod-spec bases; ``objects``: owner references and the
@@ -52,7 +56,15 @@ Shared, with I/O:
   ``reading``: the GETs made on demand, outside the informers;
 - ``podadmission``: whether admission lets in the pods of a Module's
   DaemonSets (a dry run of the template of one whose pods stay missing);
-- ``reconciler``: the Module reconciler asking the concerns' planners;
+- ``reconciler``: the Module reconciler: it drives the steps, asks the
+  planners, has the senders send their answers, and writes the status;
+- the senders of a Module's objects, each refusal kept to its object:
+  ``imagepods`` (build, sign and pull pods), ``daemonsets`` (DaemonSets,
+  loader pods replaced), ``deviceclasses`` (DeviceClasses, refusals
+  remembered), ``labelling`` (node label patches, ``.ready``'s Node
+  Events); ``telling``: the Events they send, each refusal told once;
+- ``finalizing``: a Module being deleted taken down in order before its
+  finalizer goes, and what one gone from the cache left behind;
 - ``nodekernels``: a node-keyed controller keeping ``kernel-version.full``
   true on nodes no Module's reconcile visits;
 - ``wiring``: informers + controllers + manager (``Operator``);

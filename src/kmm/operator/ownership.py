@@ -22,18 +22,19 @@ whose reconcile then ignores it); ``owned`` decides what counts:
   the Module;
 - a DeviceClass (cluster-scoped: no owner reference can name a namespaced
   Module) labelled with the Module's namespace, name and uid
-  (``labels.MODULE_UID``; ``class_owned``). One listed in ``spec.dra``
-  that carries the Module's labels but no uid, as kmm made them before it
-  stamped uids, is taken as the Module's to update (the update stamps it)
-  and never deleted unstamped (``class_adoptable``).
+  (``labels.MODULE_UID``; ``class_owned``, ``module_classes``). One listed
+  in ``spec.dra`` that carries the Module's labels but no uid, as kmm made
+  them before it stamped uids, is taken as the Module's to update (the
+  update stamps it) and never deleted unstamped (``class_adoptable``).
 
 Preflight pods answer a ``PreflightValidation`` (``kmm.operator.preflight``),
 not a Module: they count for no Module, and for a validation only when it
 (its uid) is their controller and they sit where its planner expects them.
 
-Pure: the reconciler hands over the stores ``caches`` describes (projected,
-so an object's controller is ``caches.controller_uid``) and the Module's
-raw object; ``views.build`` then holds only what counts here.
+Pure: ``views.read`` (and a Module's deletion, ``finalizing``) hands over
+the stores ``caches`` describes (projected, so an object's controller is
+``caches.controller_uid``) and the Module's raw object; ``views.build``
+then holds only what counts here.
 """
 
 from __future__ import annotations
@@ -46,7 +47,14 @@ from kmm.api import labels
 from kmm.operator import caches
 from kmm.runtime import stores
 
-__all__ = ["Owned", "class_adoptable", "class_owned", "module_daemonsets", "owned"]
+__all__ = [
+    "Owned",
+    "class_adoptable",
+    "class_owned",
+    "module_classes",
+    "module_daemonsets",
+    "owned",
+]
 
 _BUILD_ROLES: Final = frozenset({"build", "sign", labels.PULL_ROLE})
 _WORKLOAD_ROLES: Final = frozenset({"module-loader", "device-plugin", "dra"})
@@ -133,6 +141,20 @@ def class_owned(
         and _names_module(device_class, namespace, name)
         and _labels(device_class).get(labels.MODULE_UID) == uid
     )
+
+
+def module_classes(
+    module: Mapping[str, Any], device_classes: stores.Store
+) -> list[stores.RawObject]:
+    """The Module's DeviceClasses: those its labels find (``caches.MODULE_INDEX``)
+    that ``class_owned`` says are its."""
+    metadata = _meta(module)
+    namespace, name = metadata["namespace"], metadata["name"]
+    return [
+        c
+        for c in device_classes.by_index(caches.MODULE_INDEX, f"{namespace}/{name}")
+        if class_owned(c, namespace=namespace, name=name, uid=metadata.get("uid"))
+    ]
 
 
 def class_adoptable(device_class: Mapping[str, Any], *, namespace: str, name: str) -> bool:

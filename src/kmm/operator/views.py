@@ -1,9 +1,11 @@
 """What one reconcile sees of the cluster for one Module: a read-only view.
 
-``build`` takes it from the informer caches once, at the start of a
-reconcile, so every planner (``loader``, ``deviceplugin``, ``dra``,
-``upgrade``, ``build``) judges the same moment. The view holds the cached
-dicts themselves: planners read them and never change them.
+``read`` takes it from the informer caches (``Caches``: the stores the
+informers own and fill) once, at the start of a reconcile, so every
+planner (``loader``, ``deviceplugin``, ``dra``, ``upgrade``, ``build``)
+judges the same moment; ``build`` makes it of the parts ``read`` picked.
+The view holds the cached dicts themselves: planners read them and never
+change them.
 
 Its DaemonSets and pods are the Module's by namespace and owners, never by
 labels alone (``ownership.owned``: a tenant can label its own objects as
@@ -21,9 +23,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kmm.api import labels, modules, scheduling
+from kmm.operator import caches, ownership
 from kmm.runtime import stores
 
-__all__ = ["ModuleView", "build", "is_pod_ready"]
+__all__ = ["Caches", "ModuleView", "build", "is_pod_ready", "read", "role"]
 
 RawObject = dict[str, Any]
 
@@ -38,6 +41,28 @@ def is_pod_ready(pod: Mapping[str, Any]) -> bool:
         return False
     conditions = (pod.get("status") or {}).get("conditions") or ()
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+@dataclasses.dataclass(frozen=True)
+class Caches:
+    """The stores a view is read from (the informers own and fill them)."""
+
+    modules: stores.Store
+    daemonsets: stores.Store
+    pods: stores.Store
+    nodes: stores.Store
+    # Filled only when the cluster serves resource.k8s.io/v1 (``resource_api``).
+    device_classes: stores.Store = dataclasses.field(
+        default_factory=lambda: stores.Store(
+            indexers={caches.MODULE_INDEX: caches.object_module_index}
+        )
+    )
+    claims: stores.Store = dataclasses.field(
+        default_factory=lambda: stores.Store(
+            indexers={caches.DRIVER_INDEX: caches.claim_driver_index}
+        )
+    )
+    resource_api: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +116,8 @@ class ModuleView:
         ]
 
 
-def _role(obj: Mapping[str, Any]) -> str:
+def role(obj: Mapping[str, Any]) -> str:
+    """The ``labels.ROLE`` of a DaemonSet or pod kmm made; "" for none."""
     value = (_meta(obj).get("labels") or {}).get(labels.ROLE)
     return value if isinstance(value, str) else ""
 
@@ -99,7 +125,7 @@ def _role(obj: Mapping[str, Any]) -> str:
 def _by_role(objs: Iterable[RawObject]) -> dict[str, list[RawObject]]:
     found: dict[str, list[RawObject]] = {}
     for obj in objs:
-        found.setdefault(_role(obj), []).append(obj)
+        found.setdefault(role(obj), []).append(obj)
     return found
 
 
@@ -136,4 +162,33 @@ def build(
         resource_api=resource_api,
         device_classes={_meta(c)["name"]: c for c in device_classes},
         claims=list(claims),
+    )
+
+
+def read(raw: RawObject, module: modules.Module, *, key: str, cached: Caches) -> ModuleView:
+    """The view of the Module ``key`` from ``cached``: what counts as its own
+    (``ownership``: by namespace and owners, never by labels alone), the
+    DeviceClasses ``spec.dra`` lists (whoever owns them) and the claims of
+    its driver."""
+    ours = ownership.owned(raw, daemonsets=cached.daemonsets, pods=cached.pods)
+    classes: dict[str, RawObject] = {
+        c["metadata"]["name"]: c for c in ownership.module_classes(raw, cached.device_classes)
+    }
+    claims: list[RawObject] = []
+    if module.spec.dra is not None:
+        for listed in module.spec.dra.device_classes or ():
+            found = cached.device_classes.get(listed.name)
+            if found is not None:
+                classes[listed.name] = found
+        claims = cached.claims.by_index(caches.DRIVER_INDEX, module.spec.dra.driver_name)
+    return build(
+        raw,
+        module,
+        nodes=cached.nodes,
+        daemonsets=ours.daemonsets,
+        pods=ours.pods,
+        labelled=cached.nodes.by_index(caches.MODULE_INDEX, key),
+        device_classes=classes.values(),
+        claims=claims,
+        resource_api=cached.resource_api,
     )

@@ -47,7 +47,16 @@ from typing import Any
 from kmm.aio import backoff
 from kmm.api import modules, preflight
 from kmm.kube import client, errors, listwatch, resources
-from kmm.operator import caches, inflight, nodekernels, podadmission, reading, reconciler, writing
+from kmm.operator import (
+    caches,
+    inflight,
+    nodekernels,
+    podadmission,
+    reading,
+    reconciler,
+    views,
+    writing,
+)
 from kmm.operator.build import asking, existence
 from kmm.operator.build import concern as build_concern
 from kmm.operator.build import settings as build_settings
@@ -225,7 +234,7 @@ class Operator:
             page_size=LIST_PAGE,
         )
         self.api = api
-        self.caches = reconciler.Caches(
+        self.caches = views.Caches(
             modules=self.modules.store,
             daemonsets=self.daemonsets.store,
             pods=self.pods.store,

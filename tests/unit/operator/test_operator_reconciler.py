@@ -11,7 +11,7 @@ import pytest
 from kmm.aio import clocks
 from kmm.api import conditions, labels
 from kmm.kube import errors
-from kmm.operator import caches, failures, inflight, reconciler, views
+from kmm.operator import caches, failures, inflight, labelling, reconciler, views
 from kmm.operator.build import asking, existence
 from kmm.operator.build import concern as build_concern
 from kmm.operator.loader import planner as loader_planner
@@ -23,7 +23,7 @@ K68, K61, KEL9 = fixtures.KERNELS
 class RecordingWriter:
     """The writer's interface; every call recorded, results applied to the stores."""
 
-    def __init__(self, cached: reconciler.Caches) -> None:
+    def __init__(self, cached: views.Caches) -> None:
         self.cached = cached
         self.calls: list[tuple[str, Any]] = []
         self.pending = inflight.Pending()
@@ -83,8 +83,8 @@ class RecordingWriter:
 
 
 @pytest.fixture
-def world() -> tuple[reconciler.ModuleReconciler, RecordingWriter, reconciler.Caches]:
-    cached = reconciler.Caches(
+def world() -> tuple[reconciler.ModuleReconciler, RecordingWriter, views.Caches]:
+    cached = views.Caches(
         modules=stores.Store(indexers={caches.SELECTOR_INDEX: caches.module_selector_index}),
         daemonsets=stores.Store(indexers={caches.MODULE_INDEX: caches.object_module_index}),
         pods=stores.Store(indexers={caches.MODULE_INDEX: caches.object_module_index}),
@@ -289,7 +289,7 @@ async def test_counts_only_status_changes_wait_for_the_interval(world: Any) -> N
     assert writer.kinds() == ["status"]
 
 
-def _run_pods(cached: reconciler.Caches) -> None:
+def _run_pods(cached: views.Caches) -> None:
     for ds in cached.daemonsets.objects():
         node = "n0" if ds["metadata"]["labels"][labels.KERNEL_VERSION_FULL] == K68 else "n1"
         cached.pods.put(fixtures.pod(ds, node))
@@ -355,7 +355,7 @@ class RaisingPlanner:
         return self.real(view, **options)
 
 
-def _condition(cached: reconciler.Caches, type_: str) -> dict[str, Any]:
+def _condition(cached: views.Caches, type_: str) -> dict[str, Any]:
     module = cached.modules.get("ns/m")
     assert module is not None
     found: dict[str, Any] = next(c for c in module["status"]["conditions"] if c["type"] == type_)
@@ -428,7 +428,7 @@ async def test_the_failure_memory_goes_with_the_module(
 class RefusingWriter(RecordingWriter):
     """The API server refuses the DaemonSets kmm sends, with ``error``."""
 
-    def __init__(self, cached: reconciler.Caches, error: Exception) -> None:
+    def __init__(self, cached: views.Caches, error: Exception) -> None:
         super().__init__(cached)
         self.error = error
 
@@ -509,7 +509,7 @@ class DownWriter(RecordingWriter):
     """Node patches meet an API server that does not answer while ``down``
     (each in flight until the loop turns, as a real request is)."""
 
-    def __init__(self, cached: reconciler.Caches) -> None:
+    def __init__(self, cached: views.Caches) -> None:
         super().__init__(cached)
         self.down = True
         self.patches = 0
@@ -533,7 +533,7 @@ async def test_an_outage_costs_the_patches_in_flight_not_one_per_node(world: Any
         with pytest.raises(errors.Unavailable):
             await rec.reconcile("ns/m")
         # Each retry sends what was in flight when the first patch failed.
-        assert writer.patches == retry * reconciler._PARALLEL_WRITES
+        assert writer.patches == retry * labelling._PARALLEL_WRITES
     writer.down = False
     await rec.reconcile("ns/m")
     kernel = labels.KERNEL_VERSION_FULL

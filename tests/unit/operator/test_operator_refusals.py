@@ -16,7 +16,7 @@ from test_operator_reconciler import RecordingWriter
 
 from kmm.api import conditions, kernels, labels
 from kmm.kube import errors
-from kmm.operator import caches, podadmission, reconciler
+from kmm.operator import caches, podadmission, reconciler, views
 from kmm.operator.build import concern, existence, podnames
 from kmm.operator.loader import builders as loader_builders
 from kmm.runtime import stores
@@ -58,7 +58,7 @@ class Refusing(RecordingWriter):
     that object with (None: it goes through, applied to the stores)."""
 
     def __init__(
-        self, cached: reconciler.Caches, refuse: Callable[[str, str], Exception | None]
+        self, cached: views.Caches, refuse: Callable[[str, str], Exception | None]
     ) -> None:
         super().__init__(cached)
         self.refuse = refuse
@@ -99,8 +99,8 @@ class Refusing(RecordingWriter):
         return self.cached.daemonsets.get(f"{namespace}/{name}")
 
 
-def _caches() -> reconciler.Caches:
-    cached = reconciler.Caches(
+def _caches() -> views.Caches:
+    cached = views.Caches(
         modules=stores.Store(indexers={caches.SELECTOR_INDEX: caches.module_selector_index}),
         daemonsets=stores.Store(indexers={caches.MODULE_INDEX: caches.object_module_index}),
         pods=stores.Store(indexers={caches.MODULE_INDEX: caches.object_module_index}),
@@ -111,7 +111,7 @@ def _caches() -> reconciler.Caches:
     return cached
 
 
-def _condition(cached: reconciler.Caches, type_: str) -> Obj:
+def _condition(cached: views.Caches, type_: str) -> Obj:
     module = cached.modules.get("ns/m")
     assert module is not None
     found: Obj = next(c for c in module["status"]["conditions"] if c["type"] == type_)
@@ -179,7 +179,7 @@ async def test_a_refused_daemonset_degrades_the_module_and_the_others_still_go(
     result = await rec.reconcile("ns/m")
     assert not result.requeue
     assert _condition(cached, conditions.DEGRADED)["status"] == "False"
-    assert len(rec._told) == 0
+    assert len(rec._teller.told) == 0
 
 
 def _building() -> concern.BuildConcern:

@@ -16,7 +16,7 @@ import pytest
 from test_operator_reconciler import RecordingWriter
 
 from kmm.api import labels
-from kmm.operator import caches, reconciler
+from kmm.operator import caches, reconciler, views
 from kmm.runtime import stores
 
 K68, K61, _ = fixtures.KERNELS
@@ -36,9 +36,9 @@ class ProjectingStore(stores.Store):
 
 
 @pytest.fixture
-def world() -> tuple[reconciler.ModuleReconciler, RecordingWriter, reconciler.Caches]:
+def world() -> tuple[reconciler.ModuleReconciler, RecordingWriter, views.Caches]:
     index = {caches.MODULE_INDEX: caches.object_module_index}
-    cached = reconciler.Caches(
+    cached = views.Caches(
         modules=stores.Store(indexers={caches.SELECTOR_INDEX: caches.module_selector_index}),
         daemonsets=ProjectingStore(caches.project_daemonset, indexers=index),
         pods=ProjectingStore(caches.project_pod, indexers=index),
@@ -77,7 +77,7 @@ def _node_of(ds: dict[str, Any]) -> str:
     return "n0" if ds["metadata"]["labels"][labels.KERNEL_VERSION_FULL] == K68 else "n1"
 
 
-def _ready_nodes(cached: reconciler.Caches) -> set[str]:
+def _ready_nodes(cached: views.Caches) -> set[str]:
     return {
         n["metadata"]["name"] for n in cached.nodes.objects() if READY in n["metadata"]["labels"]
     }

@@ -17,7 +17,7 @@ import pytest
 from scripted import Server
 
 from kmm.kube import client, errors, listwatch, resources
-from kmm.operator import caches, inflight, reconciler, writing
+from kmm.operator import caches, inflight, reconciler, views, writing
 from kmm.runtime import informers, stores
 
 
@@ -101,7 +101,7 @@ async def test_a_refusal_in_the_cache_gap_writes_one_status_and_one_event(
     status write, a second apart: the conditions differ only in their
     transition times, so the second sends neither the status nor the Event."""
     write, server = writer
-    cached = reconciler.Caches(
+    cached = views.Caches(
         modules=stores.Store(), daemonsets=stores.Store(), pods=stores.Store(), nodes=stores.Store()
     )
     raw = fixtures.module_raw()

@@ -33,8 +33,8 @@ in another, pushing only a signed image under the final name.
   state machine, pure);
 - :mod:`.planner`: carries the steps out for a Module: which pods to create
   or delete and which kernels wait for their image (pure); the reconciler
-  runs it before the loader's planner, which skips those kernels, and sends
-  what it wants;
+  runs it before the loader's planner, which skips those kernels, and
+  ``kmm.operator.imagepods`` sends what it wants;
 - :mod:`.concern`: the I/O around the planner (facts, inputs, the
   comparison of an image's labels, pull verdicts, deletes).
 Nothing here writes to the API server; the one registry write is the

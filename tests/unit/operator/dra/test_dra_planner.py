@@ -11,7 +11,7 @@ from test_operator_reconciler import RecordingWriter
 
 from kmm.api import conditions, labels, scheduling
 from kmm.kube import errors
-from kmm.operator import caches, objects, reconciler, status
+from kmm.operator import caches, objects, reconciler, status, views
 from kmm.operator.dra import builders as dra_builders
 from kmm.operator.dra import planner as dra_planner
 from kmm.operator.loader import planner as loader_planner
@@ -284,7 +284,7 @@ def test_node_selector_matching() -> None:
 class DraWriter(RecordingWriter):
     """The recording writer with DeviceClasses; ``refuse`` makes the API server say 422."""
 
-    def __init__(self, cached: reconciler.Caches) -> None:
+    def __init__(self, cached: views.Caches) -> None:
         super().__init__(cached)
         self.refuse: set[str] = set()
         self.forbid: set[str] = set()  # 403 instead (an admission policy)
@@ -318,8 +318,8 @@ class DraWriter(RecordingWriter):
 
 
 @pytest.fixture
-def dra_world() -> tuple[reconciler.ModuleReconciler, DraWriter, reconciler.Caches]:
-    cached = reconciler.Caches(
+def dra_world() -> tuple[reconciler.ModuleReconciler, DraWriter, views.Caches]:
+    cached = views.Caches(
         modules=stores.Store(indexers={caches.SELECTOR_INDEX: caches.module_selector_index}),
         daemonsets=stores.Store(indexers={caches.MODULE_INDEX: caches.object_module_index}),
         pods=stores.Store(indexers={caches.MODULE_INDEX: caches.object_module_index}),
@@ -332,13 +332,13 @@ def dra_world() -> tuple[reconciler.ModuleReconciler, DraWriter, reconciler.Cach
     return rec, writer, cached
 
 
-def _condition(cached: reconciler.Caches, type_: str) -> dict[str, Any]:
+def _condition(cached: views.Caches, type_: str) -> dict[str, Any]:
     module = cached.modules.get("ns/m")
     assert module is not None
     return next(c for c in module["status"]["conditions"] if c["type"] == type_)
 
 
-async def _converge(rec: reconciler.ModuleReconciler, cached: reconciler.Caches) -> None:
+async def _converge(rec: reconciler.ModuleReconciler, cached: views.Caches) -> None:
     await rec.reconcile("ns/m")
     for ds in cached.daemonsets.objects():
         role = ds["metadata"]["labels"][labels.ROLE]
@@ -470,7 +470,7 @@ async def test_a_forbidden_device_class_is_shown_retried_and_the_rest_goes(
 
 async def test_without_the_resource_api_a_dra_module_is_degraded(dra_world: Any) -> None:
     rec, writer, cached = dra_world
-    rec.caches = cached = reconciler.Caches(**{**cached.__dict__, "resource_api": False})
+    rec.caches = cached = views.Caches(**{**cached.__dict__, "resource_api": False})
     cached.modules.put(fixtures.module_raw(dra=_dra()))
     await rec.reconcile("ns/m")
     degraded = _condition(cached, conditions.DEGRADED)

@@ -1,0 +1,99 @@
+"""The concerns' planners asked for one view, in order, and what their answers say (pure).
+
+``ask`` asks each concern's planner in the order their answers feed each
+other: the loader first (where the module is loaded; it skips the kernels
+the build concern gates, and loads a built image by the digest it pins),
+then the two device workloads, ``deviceplugin`` and ``dra`` (they run
+where the module is loaded), then the ordered ``upgrade`` (version labels,
+with whichever device workload the Module has). Each call is a named step
+(``failures.step``), so a planner's bug shows on the Module as that step.
+``Answers`` holds what they said; ``Answers.concerns`` is every answer as
+a ``plans.Plan``, in that order (their DaemonSets and node labels).
+
+``observed`` is what the answers say for the Module's status
+(``status.Observed``: counts, readiness, mapping errors, and the problems
+the sending met), for ``status.compute``.
+
+Limits: no I/O and no memory. The build concern is asked before this (its
+plan needs I/O: ``build.concern``); sending the answers is the
+reconciler's (``reconciler`` and the senders beside it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping
+
+from kmm.operator import failures, plans, status, views
+from kmm.operator.deviceplugin import planner as deviceplugin_planner
+from kmm.operator.dra import planner as dra_planner
+from kmm.operator.loader import planner as loader_planner
+from kmm.operator.upgrade import planner as upgrade_planner
+
+__all__ = ["Answers", "ask", "observed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Answers:
+    """Each concern's answer for one view."""
+
+    loader: loader_planner.LoaderPlan
+    plugin: deviceplugin_planner.PluginPlan
+    driver: dra_planner.DraPlan
+    upgrade: upgrade_planner.UpgradePlan
+
+    def concerns(self) -> tuple[plans.Plan, ...]:
+        """Every answer, in the order the planners were asked."""
+        return (self.loader, self.plugin, self.driver, self.upgrade)
+
+
+def ask(
+    view: views.ModuleView,
+    *,
+    gated: Collection[str] = frozenset(),
+    pins: Mapping[str, str] | None = None,
+) -> Answers:
+    """Ask each concern's planner, in the order their answers feed each
+    other: the loader first (where the module is loaded), the two device
+    workloads (which run there), then the ordered upgrade (with whichever
+    device workload the Module has). Each call is a named step, so a
+    planner's bug shows on the Module as that step."""
+    with failures.step("planning the module loader"):
+        loader = loader_planner.plan(view, gated=gated, pins=pins)
+    with failures.step("planning the device plugin"):
+        plugin = deviceplugin_planner.plan(view, loader)
+    with failures.step("planning the DRA driver"):
+        driver = dra_planner.plan(view, loader)
+    devices = driver if driver.enabled else plugin
+    with failures.step("planning the ordered upgrade"):
+        moving = upgrade_planner.plan(view, loader, devices)
+    return Answers(loader=loader, plugin=plugin, driver=driver, upgrade=moving)
+
+
+def observed(
+    view: views.ModuleView, answers: Answers, problems: list[status.Problem]
+) -> status.Observed:
+    """What the reconcile saw, for ``status.compute``."""
+    loader, plugin, driver = answers.loader, answers.plugin, answers.driver
+    versioned = view.version is not None
+    selected = len(view.selected)
+    devices = driver if driver.enabled else plugin
+    return status.Observed(
+        selected=selected,
+        loader=status.counts(selected, loader.current, versioned=versioned)
+        if view.module.spec.module_loader is not None
+        else None,
+        plugin=status.counts(len(plugin.wanted), plugin.current, versioned=versioned)
+        if plugin.enabled
+        else None,
+        dra=status.counts(len(driver.wanted), driver.current, versioned=versioned)
+        if driver.enabled
+        else None,
+        targeted=len(loader.targeted),
+        ready=len(loader.loaded),
+        plugin_wanted=len(devices.wanted),
+        plugin_ready=len(devices.ready & devices.wanted),
+        mapping_errors=loader.grouping.errors,
+        devices="DRA drivers" if driver.enabled else "device plugins",
+        problems=problems,
+    )
