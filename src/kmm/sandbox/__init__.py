@@ -11,7 +11,9 @@ what it is asked for, ``controlplane`` how the control plane runs,
 the nodes' network (``addressing``, ``namespaces``, ``fabric``, ``relay``,
 ``networking``), the registry (``registry``, ``pushing``), the PKI
 (``pki``), the binaries (``components``, ``building``), processes
-(``processes``, ``health``, ``ports``) and the record (``state``). Binaries
+(``processes``, ``health``, ``ports``), what every node's kubelet is told
+(``kubeletconfigs``), the host settings kubelets change
+(``hostsysctls``) and the record (``state``). Binaries
 are cached per version outside the repository.
 Faults on demand for tests: ``restarting`` (stop, start, kill a component),
 ``partitioning`` (cut one client off the API server), ``throttling`` (hold

@@ -48,9 +48,9 @@ import dataclasses
 import json
 import shlex
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-from kmm.sandbox import errors, namespaces, pki
+from kmm.sandbox import errors, kubeletconfigs, namespaces, pki
 
 __all__ = [
     "NODE_PREFIX",
@@ -178,45 +178,28 @@ def check_directory(directory: Path) -> None:
 
 def write_config(node: KubeletNode, *, ca_cert: Path) -> Path:
     """The node's KubeletConfiguration (JSON is YAML), written to its directory."""
-    config: dict[str, Any] = {
-        "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "kind": "KubeletConfiguration",
-        # Inside the node's namespace: its fabric address (the API server's
-        # way in) and its loopback (the relay's way in from the host).
-        "address": "0.0.0.0",
-        "port": node.port,
-        "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1",
-        "healthzPort": node.healthz_port,
-        "authentication": {
-            "anonymous": {"enabled": False},
-            "webhook": {"enabled": True},
-            "x509": {"clientCAFile": str(ca_cert)},
-        },
-        "authorization": {"mode": "Webhook"},
-        "containerRuntimeEndpoint": f"unix://{node.cri_socket}",
-        "imageServiceEndpoint": f"unix://{node.cri_socket}",
-        "podLogsDir": str(node.root / "var" / "log" / "pods"),
-        "cgroupDriver": "cgroupfs",
-        "failCgroupV1": False,
-        "cgroupsPerQOS": False,
-        "enforceNodeAllocatable": [],
-        "failSwapOn": False,
-        "makeIPTablesUtilChains": False,
-        "localStorageCapacityIsolation": False,
-        "registerNode": True,
-        "serializeImagePulls": False,
-        # A shared disk may run full; a sandbox node must not evict for it.
-        "evictionHard": {"memory.available": "1Mi"},
-        "mergeDefaultEvictionSettings": False,
-        "imageGCHighThresholdPercent": 100,
-        "nodeStatusReportFrequency": "10s",
-        # As a real cluster's kubelets are told (no DNS serves it: nothing
-        # executes); without it every ClusterFirst pod gets MissingClusterDNS.
-        "clusterDNS": ["10.96.0.10"],
-        "clusterDomain": "cluster.local",
-        "shutdownGracePeriod": "0s",
-    }
+    # Inside the node's namespace: its fabric address (the API server's way
+    # in) and its loopback (the relay's way in from the host).
+    config = kubeletconfigs.base(
+        port=node.port,
+        healthz_address="127.0.0.1",
+        healthz_port=node.healthz_port,
+        client_ca=str(ca_cert),
+    )
+    config.update(
+        {
+            "containerRuntimeEndpoint": f"unix://{node.cri_socket}",
+            "imageServiceEndpoint": f"unix://{node.cri_socket}",
+            "podLogsDir": str(node.root / "var" / "log" / "pods"),
+            "cgroupDriver": "cgroupfs",
+            "failCgroupV1": False,
+            "cgroupsPerQOS": False,
+            "enforceNodeAllocatable": [],
+            "makeIPTablesUtilChains": False,
+            "localStorageCapacityIsolation": False,
+            "shutdownGracePeriod": "0s",
+        }
+    )
     path = node.directory / "kubelet-config.yaml"
     path.write_text(json.dumps(config, indent=2))
     return path

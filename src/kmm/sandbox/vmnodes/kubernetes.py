@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from kmm.sandbox import addressing, kubeconfigs
+from kmm.sandbox import addressing, kubeconfigs, kubeletconfigs
 from kmm.sandbox.containernodes import configs
 
 __all__ = ["CONTAINERD_SOCKET", "NodeFiles", "files", "kubelet_config"]
@@ -77,36 +77,22 @@ class NodeFiles:
 
 def kubelet_config(node: NodeFiles) -> dict[str, Any]:
     """The node's KubeletConfiguration (see the module docstring)."""
-    return {
-        "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "kind": "KubeletConfiguration",
-        "address": "0.0.0.0",
-        "port": node.kubelet_port,
-        "readOnlyPort": 0,
-        "healthzBindAddress": node.address,
-        "healthzPort": node.healthz_port,
-        "authentication": {
-            "anonymous": {"enabled": False},
-            "webhook": {"enabled": True},
-            "x509": {"clientCAFile": f"{_PKI}/ca.crt"},
-        },
-        "authorization": {"mode": "Webhook"},
-        "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCKET}",
-        "cgroupDriver": "systemd",
-        "failSwapOn": False,
-        "registerNode": True,
-        "serializeImagePulls": False,
-        # As on every sandbox node: never evict for a full disk or memory.
-        "evictionHard": {"memory.available": "1Mi"},
-        "mergeDefaultEvictionSettings": False,
-        "imageGCHighThresholdPercent": 100,
-        "nodeStatusReportFrequency": "10s",
-        # As a real cluster's kubelets are told; no DNS serves it (as on
-        # container nodes), and the resolv.conf pods get names no server.
-        "clusterDNS": ["10.96.0.10"],
-        "clusterDomain": "cluster.local",
-        "resolvConf": "/etc/kubernetes/resolv.conf",
-    }
+    config = kubeletconfigs.base(
+        port=node.kubelet_port,
+        healthz_address=node.address,
+        healthz_port=node.healthz_port,
+        client_ca=f"{_PKI}/ca.crt",
+    )
+    config.update(
+        {
+            "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCKET}",
+            "cgroupDriver": "systemd",
+            # No DNS serves the cluster's address (as on container nodes),
+            # and the resolv.conf pods get names no server.
+            "resolvConf": "/etc/kubernetes/resolv.conf",
+        }
+    )
+    return config
 
 
 def _kubeconfig(node: NodeFiles, identity: str) -> str:
