@@ -122,7 +122,9 @@ vm-image: venv vm-tools sandbox-build-deps
 # The VM node test's module (tests/vm/kmm_vm_test), built for each node kernel
 # against its Debian headers in that kernel's toolkit (cached under
 # ~/.cache/kmm/vm like the image), into build/vm/modules/<kernel>/ with the
-# kbuild sign-file the test signs it with.
+# kbuild sign-file the test signs it with; and the example's two modules
+# (examples/kmmdemo/src) into build/vm/examples/kmmdemo/<kernel>/, proving
+# they build for both kernel lines.
 vm-test-modules: vm-image
 	nice -n 10 $(BIN)/python scripts/build_vm_test_modules.py
 

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Final
@@ -93,10 +94,19 @@ def build(cache_dir: Path, chosen: kernels.KernelList, kernel: str, *, log: Path
     return target
 
 
-def build_module(toolkit: Path, kernel: str, source: Path, out: Path, *, log: Path) -> list[Path]:
+def build_module(
+    toolkit: Path,
+    kernel: str,
+    source: Path,
+    out: Path,
+    *,
+    log: Path,
+    make_args: Sequence[str] = (),
+) -> list[Path]:
     """Compile the out-of-tree module in ``source`` (a Kbuild directory) for
-    ``kernel`` in a scratch copy of ``toolkit``; the ``.ko`` files it made,
-    copied to ``out``, beside the toolkit's ``sign-file``."""
+    ``kernel`` in a scratch copy of ``toolkit``, ``make_args`` (variables
+    such as ``KCFLAGS=...``) on make's command line; the ``.ko`` files it
+    made, copied to ``out``, beside the toolkit's ``sign-file``."""
     with tempfile.TemporaryDirectory(prefix="kmm-toolkit-") as work:
         root = Path(work)
         with tarfile.open(toolkit) as archive:
@@ -106,7 +116,7 @@ def build_module(toolkit: Path, kernel: str, source: Path, out: Path, *, log: Pa
         headers = f"/usr/src/linux-headers-{kernel}"
         with log.open("ab") as stream:
             result = subprocess.run(
-                ["chroot", str(root), "make", "-C", headers, "M=/build", "modules"],
+                ["chroot", str(root), "make", "-C", headers, "M=/build", *make_args, "modules"],
                 stdout=stream,
                 stderr=subprocess.STDOUT,
                 check=False,
