@@ -262,6 +262,9 @@ def test_the_sign_pod_said_what_it_signed_and_what_matched_nothing(run: Run) -> 
         "pushed": True,
         "signed": [f"{directory}/kmm_ci_a.ko"],
         "unmatched": [f"{directory}/absent-*.ko"],
+        # The intermediate image it signed, which the operator deletes by
+        # this digest once the sign succeeded.
+        "unsignedDigest": run.unsigned_digest,
     }
 
 

@@ -14,7 +14,6 @@ reconciles of the key that raised, or asked to be retried.
 from __future__ import annotations
 
 import collections
-from collections.abc import Collection
 from typing import Any
 
 import pytest
@@ -83,14 +82,13 @@ async def test_a_raising_planner_degrades_its_module_once_and_it_converges_after
     real = loader_planner.plan
     armed = True
 
-    def planner(
-        view: views.ModuleView, *, gated: Collection[str] = frozenset()
-    ) -> loader_planner.LoaderPlan:
+    def planner(view: views.ModuleView, **options: Any) -> loader_planner.LoaderPlan:
         # Only this test's Module: another test's operator shares nothing
-        # with this one, but the function is the process's.
+        # with this one, but the function is the process's. The options
+        # (what gates and pins the plan) go through as the reconciler gave them.
         if armed and (view.namespace, view.name) == (namespace, name):
             raise RuntimeError("injected planner failure")
-        return real(view, gated=gated)
+        return real(view, **options)
 
     monkeypatch.setattr(loader_planner, "plan", planner)
     counted: list[CountingFailures] = []

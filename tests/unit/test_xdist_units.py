@@ -37,3 +37,14 @@ def test_every_module_that_starts_kubelet_nodes_runs_in_the_ordered_unit() -> No
     }
     assert starting  # the pattern still finds them
     assert starting == _listed()
+
+
+def test_every_test_module_has_a_basename_of_its_own() -> None:
+    # pytest imports test modules by basename (rootdir-relative "prepend"
+    # mode, no __init__.py): a unit and an integration module of one name
+    # stop `make test` at collection ("import file mismatch"), which running
+    # tests/unit alone never shows.
+    seen: dict[str, Path] = {}
+    for path in sorted(TESTS.rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]} share a basename"
+        seen[path.name] = path
