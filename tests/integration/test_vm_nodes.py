@@ -21,8 +21,10 @@ Needs ``make vm-image vm-test-modules vm-toolkit-images test-images`` first (no 
 downloads or builds an image) and the host-wide lock
 (``/work/notes/nodes-lock``): its sandbox starts network namespaces and
 keeps one core busy. Cost on this 2-core machine: the sandbox's start with
-the node Ready about 1.5 to 2.5 minutes, two reboots about 1 to 2 minutes
-each, the rest under a minute: about 5 to 7 minutes (more when it is busy).
+the node Ready about 1 to 2.5 minutes, two reboots about 1 to 2 minutes
+each, the driver toolkit pod (a 120 MiB pull unpacked under TCG) about 2
+minutes, the rest under a minute: about 5 to 9 minutes (5.3 measured on a
+quiet machine; more when it is busy).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Images put into the sandbox registry's storage before it starts, not pushed.
 
-The driver toolkit images VM nodes build with are hundreds of MB each
-(``vmnodes.toolkitimages``): pushing them into every sandbox (every test
+The driver toolkit images VM nodes build with are about 120 MiB each,
+compressed (``vmnodes.toolkitimages``): pushing them into every sandbox (every test
 module that starts VM nodes) would upload them again each time, each blob
 held in memory by kmm's pusher and digested again by the registry as it
 arrives. They are made once, as OCI
@@ -15,7 +15,8 @@ the registry reads on every request (no cache is configured, ``registry``):
   no byte is copied, nothing is uploaded, and the link keeps the data if
   the cache entry is later removed. The registry never writes a blob in
   place (an upload is renamed over a path that does not exist, and a blob
-  that exists is kept), and the layout's files are read-only;
+  that exists is kept), and the layout's files are read-only. Both images
+  are seeded in 5 ms (0.3 s as copies);
 - the repository's links: ``_layers/sha256/<hex>/link`` for the config and
   each layer, ``_manifests/revisions/sha256/<hex>/link``, and the tag's
   ``_manifests/tags/<tag>/current/link`` and ``index/sha256/<hex>/link``,

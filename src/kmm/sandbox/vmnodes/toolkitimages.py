@@ -115,7 +115,8 @@ def find(cache_dir: Path, chosen: kernels.KernelList, kernel: str) -> Path | Non
 
 def build(cache_dir: Path, chosen: kernels.KernelList, kernel: str, toolkit: Path) -> Path:
     """``kernel``'s image layout from its ``toolkit`` tarball, made now unless
-    cached (one read and gzip of the tarball: tens of seconds)."""
+    cached (one read and gzip of the tarball: 13 to 15 s for 370 MiB here,
+    about 120 MiB compressed)."""
     target = _directory(cache_dir, chosen, kernel)
     if (target / "index.json").is_file():
         return target
