@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images vm-tools vm-image vm-test-modules deploy reference docs test test-builds test-checks-and-images lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images vm-tools vm-image vm-test-modules vm-toolkit-images deploy reference docs test test-builds test-checks-and-images lint typecheck layers unit integration protos clean
 
 all: test
 
@@ -128,6 +128,15 @@ vm-image: venv vm-tools sandbox-build-deps
 vm-test-modules: vm-image
 	nice -n 10 $(BIN)/python scripts/build_vm_test_modules.py
 
+# The driver toolkit images (kmm.sandbox.vmnodes.toolkitimages): each node
+# kernel's toolkit (built here when missing, as for vm-test-modules) as an
+# OCI image layout, cached by content under ~/.cache/kmm/vm like the
+# toolkits. A sandbox with VM nodes seeds its registry with them (linked,
+# not uploaded) as 10.253.0.1:5000/kmm/driver-toolkit:<tag-safe kernel>,
+# the images `kmm operator --driver-toolkit-image` passes builds as DTK_AUTO.
+vm-toolkit-images: vm-image
+	nice -n 10 $(BIN)/python scripts/build_vm_toolkit_images.py
+
 # kmm's image as an OCI archive, build/kmm-image.tar (docs/install.md "The
 # image"); built again only when its inputs, name or commit change. And the
 # builder image of build and sign pods, build/kmm-builder-image.tar
@@ -164,8 +173,9 @@ docs: venv
 
 # Every image a test reads is made here, before pytest: no test downloads or builds one.
 # Two lanes side by side once the Debian packages are in (apt holds one lock):
-# the Go builds, which keep both cores busy, then the VM node image and the
-# test module for its kernels (which bake in and follow from those builds);
+# the Go builds, which keep both cores busy, then the VM node image, the
+# test module for its kernels and their driver toolkit images (which bake
+# in and follow from those builds);
 # and the static checks then the images (mostly downloads and disk), one
 # after another. Their lines
 # interleave as they come: an output sync would hold the builds' progress
@@ -177,7 +187,7 @@ test: venv sandbox-build-deps image-tools vm-tools
 	$(BIN)/pytest -n 2 --dist loadscope
 
 test-builds:
-	$(MAKE) --no-print-directory -j1 sandbox-binaries vm-test-modules
+	$(MAKE) --no-print-directory -j1 sandbox-binaries vm-test-modules vm-toolkit-images
 
 test-checks-and-images:
 	$(MAKE) --no-print-directory -j1 lint typecheck layers docs image image-again test-images

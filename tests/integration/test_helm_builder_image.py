@@ -1,5 +1,6 @@
-"""The chart's builder.image value: the operator's --builder-image, passed
-only when set (Helm's own rendering)."""
+"""The chart's builder.image and builder.driverToolkitImage values: the
+operator's --builder-image and --driver-toolkit-image, passed only when set
+(Helm's own rendering)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def _operator_args(helm: Path, home: Path, *args: str) -> list[str]:
 def test_without_the_value_the_operator_keeps_its_default(helm: Path, tmp_path: Path) -> None:
     args = _operator_args(helm, tmp_path)
     assert not any(arg.startswith("--builder-image") for arg in args), args
+    assert not any(arg.startswith("--driver-toolkit-image") for arg in args), args
 
 
 def test_the_value_is_passed_as_builder_image(helm: Path, tmp_path: Path) -> None:
@@ -41,3 +43,16 @@ def test_the_value_is_passed_as_builder_image(helm: Path, tmp_path: Path) -> Non
     )
     assert args[-2:] == ["--registry-ca=/etc/kmm/registry-ca", f"--builder-image={image}"]
     assert args.count(f"--builder-image={image}") == 1
+
+
+def test_the_driver_toolkit_template_reaches_the_operator_as_written(
+    helm: Path, tmp_path: Path
+) -> None:
+    template = "10.253.0.1:5000/kmm/driver-toolkit:${KERNEL_FULL_VERSION}"
+    values = tmp_path / "values.yaml"
+    values.write_text(f"builder:\n  driverToolkitImage: '{template}'\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    args = _operator_args(helm, home, "--values", str(values))
+    assert args[-1] == f"--driver-toolkit-image={template}"
+    assert not any(arg.startswith("--builder-image") for arg in args), args

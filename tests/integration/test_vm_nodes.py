@@ -9,17 +9,22 @@ lockdown), run commands in its OS (``kmm sandbox node exec``), check that
 its Node is Ready on the kernel the guest runs and that a pod from the
 sandbox registry runs in a real container on it, load the test module
 built against its kernel's headers (``make vm-test-modules``) signed with
-the sandbox key and refused unsigned, reboot it onto the other kernel line
+the sandbox key and refused unsigned, check that its registry serves each
+kernel's driver toolkit image (``make vm-toolkit-images``), seeded from the
+cache rather than pushed, and that the node runs the one of its kernel,
+reboot it onto the other kernel line
 (``kmm sandbox node reboot --kernel``) and back to the first (last: the
 tests before read the kernel they run on rather than assume it; the last
 one leaves the node on the kernel it started with).
 
-Needs ``make vm-image vm-test-modules test-images`` first (no test
+Needs ``make vm-image vm-test-modules vm-toolkit-images test-images`` first (no test
 downloads or builds an image) and the host-wide lock
 (``/work/notes/nodes-lock``): its sandbox starts network namespaces and
 keeps one core busy. Cost on this 2-core machine: the sandbox's start with
-the node Ready about 1.5 to 2.5 minutes, two reboots about 1 to 2 minutes
-each, the rest under a minute: about 5 to 7 minutes (more when it is busy).
+the node Ready about 1 to 2.5 minutes, two reboots about 1 to 2 minutes
+each, the driver toolkit pod (a 120 MiB pull unpacked under TCG) about 2
+minutes, the rest under a minute: about 5 to 9 minutes (5.3 measured on a
+quiet machine; more when it is busy).
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.sandbox import addressing, cluster, state
-from kmm.sandbox.vmnodes import agent, firmware, images, kernels, qemu
+from kmm.oci import layouts
+from kmm.sandbox import addressing, cluster, registryseeding, state
+from kmm.sandbox import registry as sandbox_registry
+from kmm.sandbox.vmnodes import agent, firmware, images, kernels, qemu, toolkitimages
 from kmm.sandbox.vmnodes import kind as vmkind
 from kmm.sandbox.vmnodes import nodes as vm
 from kmm.sandbox.vmnodes import planning as vmplanning
@@ -105,6 +112,9 @@ def image() -> images.NodeImage:
     for kernel in found.kernels.versions:
         assert (MODULES / kernel / f"{MODULE}.ko").is_file(), "run `make vm-test-modules` first"
     assert (IMAGES / "pause.tar").is_file(), "run `make test-images` first"
+    for kernel in found.kernels.versions:
+        toolkit = toolkitimages.find(cache, found.kernels, kernel)
+        assert toolkit is not None, "run `make vm-toolkit-images` first"
     return found
 
 
@@ -239,7 +249,7 @@ def _host_addresses() -> str:
     ).stdout
 
 
-def _pod(name: str, script: str) -> dict[str, Any]:
+def _pod(name: str, script: str, *, image: str = WORKLOAD) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -250,7 +260,7 @@ def _pod(name: str, script: str) -> dict[str, Any]:
             "containers": [
                 {
                     "name": "main",
-                    "image": WORKLOAD,
+                    "image": image,
                     "imagePullPolicy": "IfNotPresent",
                     "command": ["sh", "-c", script + "; echo KMM-TEST done; exec sleep 3600"],
                 }
@@ -292,6 +302,74 @@ async def test_a_pod_from_the_sandbox_registry_runs_in_a_real_container_on_the_n
     # The image came from the sandbox registry into the guest's containerd.
     listed = await _run(sandbox.node, "ctr --namespace k8s.io images ls -q")
     assert WORKLOAD in listed.stdout.decode().split()
+
+
+def test_up_names_the_driver_toolkit_images_and_the_operators_flag(
+    sandbox: Started, image: images.NodeImage
+) -> None:
+    output = " ".join(sandbox.up_output.split())
+    served = ", ".join(toolkitimages.reference(image.kernels, k) for k in image.kernels.versions)
+    assert f"Driver toolkit images: {served}" in output
+    assert (
+        "Builds get them as DTK_AUTO with: kmm operator --driver-toolkit-image "
+        "'10.253.0.1:5000/kmm/driver-toolkit:${KERNEL_FULL_VERSION}'"
+    ) in output
+
+
+async def test_the_registry_serves_each_kernels_driver_toolkit_image_seeded_not_pushed(
+    sandbox: Started, image: images.NodeImage
+) -> None:
+    cache = paths.cache_dir()
+    async with sandbox_registry.client(sandbox.record) as client:
+        for kernel in image.kernels.versions:
+            layout = toolkitimages.find(cache, image.kernels, kernel)
+            assert layout is not None
+            built = layouts.read(layout)
+            found = await client.head_manifest(toolkitimages.NAME, image.kernels.tag(kernel))
+            assert found.digest == built.manifest.digest
+            for blob in built.blobs:
+                assert await client.blob_exists(toolkitimages.NAME, blob.digest)
+    assert registryseeding.tags(
+        sandbox_registry.storage(sandbox.directory), toolkitimages.NAME
+    ) == sorted(image.kernels.tag(k) for k in image.kernels.versions)
+    # The largest blob (the toolkit's layer) is the cache's own file: linked,
+    # not uploaded into this sandbox.
+    largest = max(built.blobs, key=lambda blob: blob.size)
+    hexa = largest.digest.removeprefix("sha256:")
+    stored = sandbox_registry.storage(sandbox.directory) / (
+        f"docker/registry/v2/blobs/sha256/{hexa[:2]}/{hexa}/data"
+    )
+    assert stored.stat().st_ino == layouts.blob_path(layout, largest.digest).stat().st_ino
+
+
+async def test_the_node_runs_its_kernels_driver_toolkit_image(
+    sandbox: Started, api: kube_client.Client
+) -> None:
+    kernel = (await sandbox.node.status()).kernel
+    reference = toolkitimages.reference(sandbox.node.image.kernels, kernel)
+    name = f"vm-dtk-{uuid.uuid4().hex[:6]}"
+    script = (
+        "echo KMM-TEST kernel $(uname -r); cat /etc/driver-toolkit-release.json; "
+        "echo KMM-TEST gcc $(gcc -dumpversion); make --version | head -n 1; kmod --version; "
+        'test -f "/lib/modules/$(uname -r)/build/Makefile" && echo KMM-TEST headers; '
+        'test -x "/lib/modules/$(uname -r)/build/scripts/sign-file" && echo KMM-TEST sign-file'
+    )
+    await api.request(
+        "POST", resources.PODS.path(namespace=NAMESPACE), body=_pod(name, script, image=reference)
+    )
+    try:
+        log = await _log_when_done(api, name, timeout=900)
+    finally:
+        with contextlib.suppress(kube_errors.NotFound):
+            await api.request("DELETE", resources.PODS.path(namespace=NAMESPACE, name=name))
+    assert f"KMM-TEST kernel {kernel}" in log
+    assert f'"KERNEL_VERSION": "{kernel}"' in log
+    assert "KMM-TEST gcc 12" in log
+    assert "GNU Make" in log
+    assert "kmod version" in log
+    # The headers of the kernel the node runs, where kbuild looks for them.
+    assert "KMM-TEST headers" in log
+    assert "KMM-TEST sign-file" in log
 
 
 def test_status_shows_the_vm_nodes_kernel_secure_boot_and_accelerator(sandbox: Started) -> None:

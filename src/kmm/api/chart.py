@@ -198,6 +198,15 @@ _BUILDER_IMAGE_ARG = (
 )
 
 
+# The operator's --driver-toolkit-image (DTK_AUTO's template), only when set:
+# empty passes no DTK_AUTO. Written as a YAML string by toYaml, so its
+# ${KERNEL_FULL_VERSION} reaches the operator as written (no shell between).
+_DRIVER_TOOLKIT_ARG = (
+    '(ternary (printf "--driver-toolkit-image=%s" .Values.builder.driverToolkitImage) "" '
+    "(not (empty .Values.builder.driverToolkitImage)))"
+)
+
+
 def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -220,7 +229,7 @@ def _deployment() -> str:
         f"(compact (list {fixed} "
         '(ternary "--leader-election" "--no-leader-election" .Values.leaderElection.enabled) '
         f'(ternary "--registry-ca={REGISTRY_CA_DIRECTORY}" "" {_HAS_REGISTRY_CA}) '
-        f"{_BUILDER_IMAGE_ARG}))",
+        f"{_BUILDER_IMAGE_ARG} {_DRIVER_TOOLKIT_ARG}))",
         omit_empty=False,
     )
     container["volumeMounts"] = holes.block(
@@ -300,8 +309,12 @@ def _values() -> list[tuple[str, str, Any]]:
         (
             "builder",
             "The image of the pods that build and sign kernel-module images (buildah,\n"
-            "sign-file), passed as --builder-image; empty means the operator's default.",
-            {"image": ""},
+            "sign-file), passed as --builder-image; empty means the operator's default.\n"
+            "driverToolkitImage: the driver toolkit image a build gets as DTK_AUTO,\n"
+            "expanded per kernel like a containerImage (e.g.\n"
+            "registry.example/kmm/driver-toolkit:${KERNEL_FULL_VERSION}), passed as\n"
+            "--driver-toolkit-image; empty passes no DTK_AUTO.",
+            {"image": "", "driverToolkitImage": ""},
         ),
         (
             "replicas",

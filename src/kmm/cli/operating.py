@@ -23,7 +23,7 @@ from kmm.cli import clients
 from kmm.kube import client
 from kmm.oci import trust
 from kmm.operator import jsonlogs, running, wiring
-from kmm.operator.build import asking
+from kmm.operator.build import asking, toolkit
 from kmm.operator.build import settings as build_settings
 from kmm.runtime import leaderelection, manager
 
@@ -118,6 +118,19 @@ def operator(
         float,
         typer.Option(help="Seconds a succeeded build or sign pod is kept before deletion.", min=0),
     ] = 0.0,
+    driver_toolkit_image: Annotated[
+        str | None,
+        typer.Option(
+            metavar="TEMPLATE",
+            help="The driver toolkit image a build gets as its build argument DTK_AUTO (as "
+            "KMM on OpenShift passes it), for a Dockerfile written ARG DTK_AUTO / FROM "
+            "${DTK_AUTO}: expanded per kernel like a kernel mapping's containerImage, e.g. "
+            "registry.example/kmm/driver-toolkit:${KERNEL_FULL_VERSION}. Passed only to "
+            "builds whose Dockerfile mentions DTK_AUTO and whose buildArgs do not set it. "
+            "Checked at start.",
+            show_default=False,
+        ),
+    ] = None,
     build_input_poll: Annotated[
         float,
         typer.Option(
@@ -142,6 +155,11 @@ def operator(
         endpoints = asking.parse_endpoints(registry_endpoint or ())
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--registry-endpoint") from err
+    if driver_toolkit_image:
+        try:
+            toolkit.check_template(driver_toolkit_image)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint=toolkit.FLAG) from err
     jsonlogs.configure()
     # Before the first connection: each watch keeps its TLS connection for good.
     tlsbuffers.limit()
@@ -165,6 +183,7 @@ def operator(
         registry_ca_files=registry_ca_files,
         registry_endpoints=endpoints,
         builder_image=builder_image,
+        driver_toolkit_image=driver_toolkit_image or "",
         build_pod_retention=build_pod_retention,
         build_input_poll=build_input_poll,
     )

@@ -12,6 +12,7 @@ import typer
 
 from kmm.cli import paths, sandboxcommon
 from kmm.sandbox import cluster, errors, state
+from kmm.sandbox.vmnodes import kernels, toolkitimages
 from kmm.sandbox.vmnodes import kind as vmkind
 from kmm.sandbox.vmnodes import planning as vmplanning
 
@@ -107,9 +108,28 @@ def reboot(
     )
 
 
+def _toolkit_lines(record: state.SandboxState, chosen: kernels.KernelList) -> list[str]:
+    """The driver toolkit images the registry serves, and the operator's
+    flag that passes them to builds as DTK_AUTO."""
+    served, missing = toolkitimages.served(record.directory, chosen)
+    lines = []
+    if served:
+        lines.append(f"Driver toolkit images: {', '.join(served)}")
+        lines.append(
+            f"Builds get them as DTK_AUTO with: kmm operator --driver-toolkit-image "
+            f"'{toolkitimages.TEMPLATE}'"
+        )
+    if missing:
+        lines.append(
+            f"No driver toolkit image for {', '.join(missing)}: `make vm-toolkit-images` "
+            "builds them"
+        )
+    return lines
+
+
 def vm_lines(record: state.SandboxState) -> list[str]:
     """What ``up`` says of a sandbox's VM nodes: what each runs, the signing
-    key, how to reach a node's OS."""
+    key, the driver toolkit images, how to reach a node's OS."""
     found = vmkind.of(record)
     if found is None:
         return []
@@ -122,6 +142,8 @@ def vm_lines(record: state.SandboxState) -> list[str]:
         )
     key = vmplanning.signing_key_path(record.directory)
     lines.append(f"Module signing key: {key.key}, certificate {key.certificate}")
+    if record.registry is not None:
+        lines.extend(_toolkit_lines(record, found.handle(found.names[0]).image.kernels))
     lines.append(
         f"Reach a node's OS: kmm sandbox node exec --dir {record.directory} "
         f"{found.names[0]} -- uname -r"

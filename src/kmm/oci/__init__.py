@@ -8,7 +8,9 @@ challenges and finds credentials in a ``.dockerconfigjson``; ``trust`` loads
 extra CAs and makes the TLS context; ``destinations`` says which addresses a
 client dials for a host someone else named (no loopback, no link-local: the
 cloud's metadata); ``archive`` reads the tar ``buildah commit ... oci-archive:``
-writes; ``pushing`` copies an archive's image to a registry. ``errors`` has
+writes; ``layouts`` writes and reads an OCI image layout directory (one
+image, gzip layers made in one streaming pass); ``pushing`` copies an
+archive's image to a registry. ``errors`` has
 one type per outcome a caller decides on (credentials rejected, missing,
 scope denied, not dialled, other), each with a text safe to show a tenant.
 

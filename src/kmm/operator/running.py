@@ -44,6 +44,8 @@ class Settings:
     # Build and sign pods: the builder image, how long a succeeded pod is
     # kept, how often a failed one's inputs are looked at.
     builder_image: str = build_settings.DEFAULT_BUILDER_IMAGE
+    # --driver-toolkit-image: DTK_AUTO's template ("": none).
+    driver_toolkit_image: str = ""
     build_pod_retention: float = 0.0
     build_input_poll: float = build_settings.DEFAULT_POLL
 
@@ -67,6 +69,7 @@ async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> No
         handler_errors=registry,
         build=build_settings.Settings(
             builder_image=settings.builder_image,
+            driver_toolkit_image=settings.driver_toolkit_image,
             registry_ca=build_settings.registry_ca_bundle(settings.registry_ca_files),
             retention=settings.build_pod_retention,
             poll=settings.build_input_poll,

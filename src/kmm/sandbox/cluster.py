@@ -4,7 +4,8 @@
 kubelets, container nodes), starts etcd, then the network of the nodes that
 need namespaces of their own (``networking``: the fabric, a holder per node,
 the relay), then kube-apiserver, then controller-manager, scheduler, KWOK
-(``controlplane``) and the registry together, then each kind's nodes, and
+(``controlplane``) and the registry together (its storage seeded with the
+VM nodes' driver toolkit images: ``vmnodes.toolkitimages``), then each kind's nodes, and
 returns once every node is Ready. Every process is recorded in the sandbox
 directory as soon as it is launched (``launching``), so ``down`` can stop a
 start that was interrupted half-way: each kind stops its nodes and what
@@ -55,6 +56,7 @@ from kmm.sandbox.kwoknodes import kind as kwokkind
 from kmm.sandbox.kwoknodes import nodes as kwoknodes
 from kmm.sandbox.vmnodes import kind as vmkind
 from kmm.sandbox.vmnodes import planning as vmplanning
+from kmm.sandbox.vmnodes import toolkitimages
 
 __all__ = [
     "DEFAULT_KERNELS",
@@ -320,6 +322,13 @@ async def up(
         )
         registry_process = None
         if chosen.wants_registry:
+            # VM nodes' driver toolkit images, those built: linked into its
+            # storage from the cache, not uploaded (``registryseeding``).
+            seeds = (
+                toolkitimages.seeds(chosen.cache_dir, boot.image.kernels)[0]
+                if boot is not None
+                else []
+            )
             registry_process, record.registry = registry.start(
                 launcher.launch,
                 directory,
@@ -328,6 +337,7 @@ async def up(
                 auth=chosen.registry_auth,
                 port=registry_port,
                 debug_port=registry_debug_port,
+                seeds=seeds,
             )
             state.save(record)
         await asyncio.gather(

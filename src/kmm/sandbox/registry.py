@@ -11,6 +11,9 @@ USER:PASSWORD`` it asks for htpasswd (bcrypt) Basic auth; the credentials are
 then also written as a ``.dockerconfigjson`` (``<sandbox>/registry/auth.json``)
 naming both hosts, for pushes, pull secrets and ``imageRepoSecret``.
 
+Images can be put into its storage before it starts (``seeds``:
+``registryseeding``, linked from a cache, never uploaded).
+
 Health: the registry's debug server (``/debug/health`` on another loopback
 port, plain HTTP), which answers without credentials.
 """
@@ -23,7 +26,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import bcrypt
@@ -31,7 +34,7 @@ import yaml
 
 from kmm.oci import auth as oci_auth
 from kmm.oci import client as oci_client
-from kmm.sandbox import addressing, errors, pki, ports, processes, state
+from kmm.sandbox import addressing, errors, pki, ports, processes, registryseeding, state
 
 __all__ = [
     "COMPONENT",
@@ -41,6 +44,7 @@ __all__ = [
     "parse_auth",
     "running",
     "start",
+    "storage",
 ]
 
 COMPONENT = "registry"
@@ -81,6 +85,7 @@ def _config(
         "log": {"level": "info", "formatter": "text", "accesslog": {"disabled": False}},
         "storage": {
             "filesystem": {"rootdirectory": str(directory / "data")},
+            # No blob descriptor cache: seeded images are read from disk.
             "delete": {"enabled": True},
             # No upload purging goroutine touching the tree every 24h.
             "maintenance": {"uploadpurging": {"enabled": False}},
@@ -107,6 +112,11 @@ def _credentials_document(credentials: Auth, hosts: tuple[str, ...]) -> str:
 Launch = Callable[..., processes.Process]
 
 
+def storage(directory: Path) -> Path:
+    """The registry storage (the filesystem driver's root) of the sandbox in ``directory``."""
+    return directory / "registry" / "data"
+
+
 def start(
     launch: Launch,
     directory: Path,
@@ -116,16 +126,19 @@ def start(
     auth: Auth | None,
     port: int = 0,
     debug_port: int = 0,
+    seeds: Sequence[registryseeding.Seed] = (),
 ) -> tuple[processes.Process, state.RegistryRecord]:
     """Write the registry's files under ``<directory>/registry`` and launch it
     through ``launch`` (the sandbox launcher: name, argv, health_url=...).
 
     ``port`` and ``debug_port`` (0: free ones now) let ``up`` choose them with
     its other ports, before the relay that forwards
-    ``REFERENCE_HOST`` in the fabric to ``127.0.0.1:port`` starts."""
+    ``REFERENCE_HOST`` in the fabric to ``127.0.0.1:port`` starts;
+    ``seeds`` are in its storage when it starts."""
     home = directory / "registry"
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
+    registryseeding.seed(storage(directory), seeds)
     if not port or not debug_port:
         port, debug_port = ports.free_ports(2)
     cert, key = pki.issue_serving(

@@ -70,14 +70,19 @@ def test_a_template_with_holes_is_valid_yaml_once_the_defaults_are_in() -> None:
             assert document is None or "kind" in document, path
 
 
-def test_builder_image_is_passed_only_when_set() -> None:
-    assert chart.values()["builder"] == {"image": ""}
+def test_builder_image_and_driver_toolkit_image_are_passed_only_when_set() -> None:
+    assert chart.values()["builder"] == {"image": "", "driverToolkitImage": ""}
     template = chart.files()[f"{chart.DIRECTORY}/templates/deployment.yaml"]
     # One argument of the compacted list: absent when the value is empty.
     assert (
         '(ternary (printf "--builder-image=%s" .Values.builder.image) "" '
         "(not (empty .Values.builder.image)))" in template
     )
-    # deploy/ itself leaves the operator's built-in default.
+    assert (
+        '(ternary (printf "--driver-toolkit-image=%s" .Values.builder.driverToolkitImage) "" '
+        "(not (empty .Values.builder.driverToolkitImage)))" in template
+    )
+    # deploy/ itself leaves the operator's built-in default, and no DTK_AUTO.
     (container,) = installation.deployment()["spec"]["template"]["spec"]["containers"]
     assert not any(arg.startswith("--builder-image") for arg in container["args"])
+    assert not any(arg.startswith("--driver-toolkit-image") for arg in container["args"])

@@ -29,6 +29,8 @@ in another, pushing only a signed image under the final name.
 - :mod:`.podstatus`: what an observed pod says of itself (phase,
   termination, summary);
 - :mod:`.settings`: the operator's build-and-sign flags;
+- :mod:`.toolkit`: the build argument ``DTK_AUTO`` (the kernel's driver
+  toolkit image, from the operator's template) and when a build gets it;
 - :mod:`.steps`: where one kernel's image stands and its next step (the
   state machine, pure);
 - :mod:`.planner`: carries the steps out for a Module: which pods to create
@@ -40,5 +42,6 @@ in another, pushing only a signed image under the final name.
 Nothing here writes to the API server; the one registry write is the
 delete of an intermediate image kmm pushed (``existence.Checker.remove``). ``kmm.operator.preflight`` reuses
 ``preflightpods``, ``podnames``, ``images``, ``inputs``, ``hashing``,
-``podstatus``, ``desired.params`` and ``settings``; never the planner.
+``podstatus``, ``desired.params``, ``desired.driver_toolkit`` and
+``settings``; never the planner.
 """

@@ -172,7 +172,7 @@ class BuildConcern:
     ) -> list[str]:
         """Why the existing final image is not what the Module asks for
         (``images.outdated``), remembered when it is as asked."""
-        wanted = desired.wanted(view.module, target, found)
+        wanted = desired.wanted(view.module, target, found, self.settings)
         why = images.outdated(target, fact, wanted) if wanted is not None else []
         if not why:
             compared = self._compared.setdefault(f"{view.namespace}/{view.name}", {})

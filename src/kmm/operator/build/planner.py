@@ -369,7 +369,7 @@ class _Kernel:
         final = self.facts.final
         made_of = None
         if final.state is existence.State.MISSING or self.outdated:
-            made_of = desired.wanted(self.view.module, self.target, self.found)
+            made_of = desired.wanted(self.view.module, self.target, self.found, self.config)
         step = steps.next_step(
             self.target, self.facts, observed, outdated=self.outdated, wanted=made_of
         )

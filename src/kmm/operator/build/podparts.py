@@ -15,7 +15,8 @@ a preflight pod.
 
 Facts from KMM kept here: restartPolicy Never; build args KERNEL_VERSION,
 KERNEL_FULL_VERSION (the trimmed kernel), MOD_NAME and MOD_NAMESPACE over
-the user's; each build secret at ``/run/secrets/<name>/`` and the node's
+the user's, and DTK_AUTO (``toolkit``: given in ``PodParams.driver_toolkit``)
+unless the user sets it; each build secret at ``/run/secrets/<name>/`` and the node's
 ``/lib/modules`` at ``/host/lib/modules``, both also inside RUN steps
 (buildah ``--volume``) so Dockerfiles written for KMM's kaniko work
 unchanged; the signing key and certificate are the Secrets' keys ``key``
@@ -39,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 from kmm.api import buildsign, kernels, labels
-from kmm.operator.build import scripts
+from kmm.operator.build import scripts, toolkit
 
 __all__ = [
     "BUILDER_CAPABILITIES",
@@ -91,10 +92,6 @@ _REGISTRY_CA_DIR: Final = "/run/kmm/registry-ca"
 _REGISTRY_CA_FILE: Final = "ca.crt"
 
 
-# KMM's build arguments: the caller's values win over the user's.
-_KMM_ARGS: Final = ("KERNEL_VERSION", "KERNEL_FULL_VERSION", "MOD_NAME", "MOD_NAMESPACE")
-
-
 @dataclasses.dataclass(frozen=True)
 class PodParams:
     """What build, sign and preflight pods of one (Module, kernel) share.
@@ -109,7 +106,9 @@ class PodParams:
     besides Debian's (may be ""; see ``_REGISTRY_CA_DIR``); ``node_selector``
     and ``tolerations`` (the Module's, as KMM's pods carry them) where the
     pod may run; ``push`` false keeps the image in the pod and pushes
-    nothing (a PreflightValidation's ``pushBuiltImage: false``).
+    nothing (a PreflightValidation's ``pushBuiltImage: false``);
+    ``driver_toolkit`` the build argument ``DTK_AUTO`` (``toolkit.value``;
+    None: not passed).
     """
 
     module: str
@@ -125,6 +124,7 @@ class PodParams:
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     tolerations: Sequence[Mapping[str, Any]] = ()
     push: bool = True
+    driver_toolkit: str | None = None
 
 
 def secret_path(name: str) -> str:
@@ -260,14 +260,19 @@ def pod_spec(
 
 
 def build_args(params: PodParams, build: kernels.BuildTarget) -> list[tuple[str, str]]:
-    """The user's build args, then KMM's over them (the user cannot override those)."""
+    """The user's build args, then KMM's over them (the user cannot override
+    those), then ``DTK_AUTO`` when given and the user does not set it (a
+    preset the user sets too is passed once, with the user's value)."""
     ours = {
         "KERNEL_VERSION": params.kernel,
         "KERNEL_FULL_VERSION": params.kernel,
         "MOD_NAME": params.module,
         "MOD_NAMESPACE": params.namespace,
     }
-    return [(k, v) for k, v in build.build_args if k not in ours] + list(ours.items())
+    found = [(k, v) for k, v in build.build_args if k not in ours] + list(ours.items())
+    if params.driver_toolkit is not None and all(k != toolkit.BUILD_ARG for k, _ in found):
+        found.append((toolkit.BUILD_ARG, params.driver_toolkit))
+    return found
 
 
 def build_part(

@@ -1,6 +1,9 @@
 """The operator's build-and-sign settings (its flags), shared by the build
 concern and the preflight reconciler.
 
+``driver_toolkit_image`` (``--driver-toolkit-image``) is the template of
+``DTK_AUTO`` (``toolkit``), judged when the settings are made.
+
 The registry CA bundle (``--registry-ca``) travels to build, sign and
 preflight pods in a pod annotation (``podparts``), and Kubernetes limits a
 pod's annotations to 256 KiB in all: a bundle over ``MAX_REGISTRY_CA``
@@ -16,6 +19,8 @@ import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
+
+from kmm.operator.build import toolkit
 
 __all__ = [
     "DEFAULT_BUILDER_IMAGE",
@@ -62,6 +67,10 @@ class Settings:
     registry_ca: str = ""  # PEM bundle handed to the pods
     retention: float = 0.0  # seconds a succeeded pod is kept
     poll: float = DEFAULT_POLL  # seconds between looks at a pod's inputs
+    # DTK_AUTO's template, expanded per kernel ("": none passed).
+    driver_toolkit_image: str = ""
 
     def __post_init__(self) -> None:
         _check(self.registry_ca)
+        if self.driver_toolkit_image:
+            toolkit.check_template(self.driver_toolkit_image)

@@ -37,7 +37,15 @@ from typing import Any
 from kmm.api import kernels, labels, preflight
 from kmm.operator import caches
 from kmm.operator.build import desired as build_desired
-from kmm.operator.build import existence, hashing, images, podnames, podstatus, preflightpods
+from kmm.operator.build import (
+    existence,
+    hashing,
+    images,
+    podnames,
+    podstatus,
+    preflightpods,
+    toolkit,
+)
 from kmm.operator.build import inputs as build_inputs
 from kmm.operator.build import settings as build_settings
 from kmm.operator.preflight import verdicts
@@ -95,6 +103,10 @@ def desired(
         return None, picked.missing
     build, sign = target.build, target.sign
     owner = owner_reference(found)
+    try:
+        toolkit_image = build_desired.driver_toolkit(module, target, settings, picked.dockerfile)
+    except toolkit.ToolkitError as err:
+        return None, [str(err)]
     params = build_desired.params(
         module, target, settings,
         image=target.image, owner=owner,
@@ -102,6 +114,7 @@ def desired(
         if build is not None
         else (sign.unsigned_image_registry_tls if sign is not None else None),
         push=found.spec.push_built_image,
+        toolkit_image=toolkit_image,
     )  # fmt: skip
     loader = module.spec.module_loader
     pod = preflightpods.preflight_pod(

@@ -25,6 +25,8 @@ Modules, one idea each:
   (``nodekinds``): booted, joined, rebooted, stopped;
 - ``toolkits``: per kernel, a root filesystem that builds modules for it
   (headers, kbuild, sign-file, its compiler).
+- ``toolkitimages``: each toolkit as an OCI image, the driver toolkit
+  image a sandbox's registry serves as ``kmm/driver-toolkit:<kernel>``.
 
 The network rule holds: qemu runs in the node's own network namespace (the
 sandbox's) with a tap as the guest's one NIC; user-mode networking is never

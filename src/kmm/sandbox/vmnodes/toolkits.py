@@ -1,12 +1,14 @@
 """Toolkits: a root filesystem per VM node kernel that builds modules for it.
 
 What OpenShift's driver-toolkit image is to its kernels: Debian bookworm
-with make, kmod, the compiler the kernel was built with, and that kernel's
-headers and kbuild tools (``sign-file`` among them), made by mmdebstrap
+with make, kmod, gcc (the compiler the kernel was built with, also as
+``gcc``), and that kernel's headers and kbuild tools (``sign-file`` among
+them), made by mmdebstrap
 (``toolkit/headers-hook`` picks the packages the headers name). Built by a
 build step (downloads), cached as ``<cache>/vm/toolkit-<tag-safe
 kernel>-<key>.tar`` under the kernel list's key: a new list builds new
-toolkits. ``build_module`` compiles an out-of-tree module in one, chrooted in
+toolkits. ``toolkitimages`` makes each an OCI image (the driver toolkit
+images of a sandbox's registry). ``build_module`` compiles an out-of-tree module in one, chrooted in
 a scratch copy (root needed).
 """
 
@@ -29,7 +31,9 @@ from kmm.sandbox.vmnodes import kernels
 __all__ = ["build", "build_module", "find", "mmdebstrap_argv", "toolkit_key"]
 
 _RECIPE: Final = "1"
-_PACKAGES: Final = ("make", "kmod", "libc6-dev")
+# gcc: the headers bring gcc-12 (what bookworm's kernels are built with)
+# but no `gcc`, which a Dockerfile written for a driver toolkit may call.
+_PACKAGES: Final = ("make", "kmod", "libc6-dev", "gcc")
 
 
 def _hook() -> Path:

@@ -194,7 +194,7 @@ async def _as_asked(raw: Obj, *, signed: bool, trigger: str = "") -> dict[str, s
     view = _view(raw)
     target = loader_planner.grouping(view).targets[cases.K1]
     found = await inputs.read(_Reader(), "ns", inputs.wanted(view.module, target))
-    wanted = desired.wanted(view.module, target, found)
+    wanted = desired.wanted(view.module, target, found, build_settings.Settings())
     assert wanted is not None
     made = {labels.IMAGE_BUILD_HASH: str(wanted.build), labels.IMAGE_REBUILD_TRIGGER: trigger}
     if signed:

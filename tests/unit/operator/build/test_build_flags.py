@@ -58,6 +58,7 @@ def test_the_build_flags_reach_the_settings(
         "--registry-endpoint", "10.253.0.1:5000=127.0.0.1:4000",
         "--registry-endpoint", "quay.io=127.0.0.1:4001",
         "--builder-image", "r.io/builder:2",
+        "--driver-toolkit-image", "10.253.0.1:5000/kmm/driver-toolkit:${KERNEL_FULL_VERSION}",
         "--build-pod-retention", "30",
         "--build-input-poll", "2.5",
     )  # fmt: skip
@@ -68,6 +69,9 @@ def test_the_build_flags_reach_the_settings(
         "quay.io": "127.0.0.1:4001",
     }
     assert settings.builder_image == "r.io/builder:2"
+    assert settings.driver_toolkit_image == (
+        "10.253.0.1:5000/kmm/driver-toolkit:${KERNEL_FULL_VERSION}"
+    )
     assert (settings.build_pod_retention, settings.build_input_poll) == (30.0, 2.5)
 
 
@@ -76,6 +80,7 @@ def test_the_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.exit_code == 0, result.output
     (settings,) = seen
     assert settings.builder_image == build_settings.DEFAULT_BUILDER_IMAGE
+    assert settings.driver_toolkit_image == ""  # no DTK_AUTO
     assert (settings.build_pod_retention, settings.build_input_poll) == (0.0, 10.0)
     assert settings.registry_endpoints == {}
 
@@ -88,6 +93,16 @@ def test_a_malformed_endpoint_is_refused_naming_the_flag(
     assert result.exit_code == 2
     assert "--registry-endpoint" in result.output
     assert "HOST=ENDPOINT" in result.output
+
+
+def test_a_driver_toolkit_template_without_a_tag_is_refused_naming_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result, seen = _run(tmp_path, monkeypatch, "--driver-toolkit-image", "r.io/dtk")
+    assert seen == []
+    assert result.exit_code == 2
+    assert "--driver-toolkit-image" in result.output
+    assert "explicit tag" in " ".join(result.output.split())
 
 
 def test_registry_requests_and_checks_are_metrics() -> None:

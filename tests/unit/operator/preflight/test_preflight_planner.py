@@ -238,6 +238,26 @@ def test_missing_inputs_fail_naming_them_and_are_looked_at_again() -> None:
     assert plan.requeue_after == SETTINGS.poll
 
 
+def test_a_preflight_build_gets_dtk_auto_or_fails_naming_the_flag() -> None:
+    dtk = build_inputs.Snapshot(
+        versions=INPUTS.versions, dockerfiles={"dockerfile": "ARG DTK_AUTO\nFROM ${DTK_AUTO}\n"}
+    )
+    raw = module_raw(build=True, sign=True)
+    facts = {"ns/m": images.Facts(MISSING)}
+    plan = run(validation(), [raw], facts=facts, inputs={"ns/m": dtk})
+    verdict = plan.verdicts["ns/m"]
+    assert (verdict.status, plan.create) == ("Failure", [])
+    assert verdict.reason.startswith(f"{preflight.REASON_BUILD_FAILED}: the Dockerfile declares")
+    assert "--driver-toolkit-image" in verdict.reason
+    with_template = build_settings.Settings(
+        builder_image="b.io/builder:1", driver_toolkit_image="r.io/dtk:${KERNEL_FULL_VERSION}"
+    )
+    pod, missing = planner.desired(validation(), subject(raw), dtk, with_template)
+    assert pod is not None, missing
+    (build,) = pod["spec"]["initContainers"]
+    assert build["command"][-1] == f"--build-arg=DTK_AUTO=r.io/dtk:{KERNEL}"
+
+
 @pytest.mark.parametrize(
     ("unsigned", "status", "created"),
     [
