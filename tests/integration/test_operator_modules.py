@@ -424,13 +424,16 @@ async def test_loading_order_pods_carry_the_softdep_file_and_resync_writes_nothi
             "softdep.conf",
             True,
         )
-        assert container.lifecycle.post_start._exec.command[-1] == (
-            "modprobe -v -d /opt kmm_test debug=1"
-        )
-        assert container.lifecycle.pre_stop._exec.command[-1] == (
-            "modprobe -rv -d /opt kmm_test && modprobe -rv -d /opt kmm_dep_b"
-            " && modprobe -rv -d /opt kmm_dep_c"
-        )
+        # The hooks' scripts (loader.scripts) end with the load, checked,
+        # and the unloads in order.
+        assert container.lifecycle.post_start._exec.command[-1].splitlines()[-2:] == [
+            "kmm_run 'modprobe -v -d /opt kmm_test debug=1' modprobe -v -d /opt kmm_test debug=1",
+            "kmm_verify",
+        ]
+        assert container.lifecycle.pre_stop._exec.command[-1].splitlines()[-3:] == [
+            f"kmm_run 'modprobe -rv -d /opt {entry}' modprobe -rv -d /opt {entry}"
+            for entry in ("kmm_test", "kmm_dep_b", "kmm_dep_c")
+        ]
         await running.wait_idle("converged")
         running.counter.reset()
         running.op.resync()

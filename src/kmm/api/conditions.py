@@ -23,6 +23,7 @@ __all__ = [
     "REASON_DEVICE_CLASS_REFUSED",
     "REASON_INVALID_SPEC",
     "REASON_KERNEL_MAPPING_FAILED",
+    "REASON_MODULE_LOAD_FAILED",
     "REASON_NODES_NOT_READY",
     "REASON_NO_MATCHING_NODES",
     "REASON_POD_REFUSED",
@@ -55,6 +56,10 @@ REASON_DAEMONSET_REFUSED: Final = "DaemonSetRefused"
 # one of its DaemonSets (Pod Security, a quota, a missing service account, a
 # namespace being deleted); the message names the pod or DaemonSet.
 REASON_POD_REFUSED: Final = "PodRefused"
+# A loader pod's hook failed on a node: the message names the nodes, the
+# module and what the hook reported (the kernel's answer to modprobe, a
+# module of another build still in use); those nodes get no ``.ready``.
+REASON_MODULE_LOAD_FAILED: Final = "ModuleLoadFailed"
 # Planning or sending failed in a way retrying alone may not fix (a bug, an
 # object the API server refuses); the message names the step.
 REASON_RECONCILE_FAILED: Final = "ReconcileFailed"

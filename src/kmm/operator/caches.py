@@ -16,6 +16,11 @@ time per object would keep thousands of otherwise equal lists apart (equal
 values are stored once). Nodes keep, of their annotations, only whether
 KWOK manages them (``FAKE_NODE``, ``fake_node``): such a node runs no
 container, so no pull pod goes there (``kmm.operator.build.pulling``).
+Loader pods keep, of their container statuses, only the termination
+messages (``LOADER_STATUS_FIELDS``, in the shape of the whole status): a
+failed hook's report of why the module did not load
+(``kmm.operator.loader.reports``); a loaded module's pod has none, so
+thousands of them keep nothing more.
 
 Which cached objects count as a Module's is ``ownership``'s to say: the
 labels these indexes read are anyone's to write, so they only say where to
@@ -65,6 +70,7 @@ __all__ = [
     "DRIVER_INDEX",
     "FAKE_NODE",
     "KWOK_ANNOTATION",
+    "LOADER_STATUS_FIELDS",
     "MODULE_INDEX",
     "NODE_FIELDS",
     "OWNED_SELECTOR",
@@ -147,6 +153,9 @@ PREFLIGHT_POD_FIELDS: Final = (*BUILD_POD_FIELDS, "metadata.ownerReferences")
 # controller owner, in place of the whole ``ownerReferences`` (a pod's five
 # fields of it would cost more than the rest of what is kept of it).
 CONTROLLER_UID: Final = "controllerUid"
+# The parts of a loader container's status whose ``terminated.message`` is kept.
+LOADER_STATUS_FIELDS: Final = ("state", "lastState")
+_LOADER_ROLE: Final = "module-loader"
 _BUILD_ROLES: Final = frozenset({"build", "sign", labels.PULL_ROLE})
 # The annotation KWOK manages nodes by (its default
 # ``manageNodesWithAnnotationSelector``, and the sandbox's fake nodes): a
@@ -233,7 +242,8 @@ def project_daemonset(obj: stores.RawObject) -> stores.RawObject:
 def project_pod(obj: stores.RawObject) -> stores.RawObject:
     """The fields kept of a pod, with its controller's uid: more of build,
     sign and preflight pods than of the many others, but not their registry
-    CA annotation (up to 240 KiB each, which no planner reads)."""
+    CA annotation (up to 240 KiB each, which no planner reads); of loader
+    pods, their containers' termination messages too."""
     role = _labels(obj).get(labels.ROLE)
     if role in _BUILD_ROLES:
         return _with_controller(obj, _without_registry_ca(_build_pod_fields(obj)))
@@ -242,7 +252,32 @@ def project_pod(obj: stores.RawObject) -> stores.RawObject:
     conditions = (obj.get("status") or {}).get("conditions")
     if conditions:
         obj = _replaced(obj, "status", "conditions", _timeless(conditions, _CONDITION_TIMES))
-    return _with_controller(obj, _pod_fields(obj))
+    projected = _with_controller(obj, _pod_fields(obj))
+    if role == _LOADER_ROLE:
+        statuses = _termination_messages((obj.get("status") or {}).get("containerStatuses"))
+        if statuses:
+            # New mappings: the projection's own may be shared with other
+            # objects' equal ones (``stores.keep_fields``).
+            status = {**(projected.get("status") or {}), "containerStatuses": statuses}
+            projected = {**projected, "status": status}
+    return projected
+
+
+def _termination_messages(statuses: Any) -> list[stores.RawObject]:
+    """Of each container status, its name and the non-empty termination
+    messages of ``state`` and ``lastState``; statuses without one are left out."""
+    kept: list[stores.RawObject] = []
+    for status in statuses if isinstance(statuses, list) else ():
+        if not isinstance(status, Mapping):
+            continue
+        found: stores.RawObject = {}
+        for part in LOADER_STATUS_FIELDS:
+            message = ((status.get(part) or {}).get("terminated") or {}).get("message")
+            if isinstance(message, str) and message:
+                found[part] = {"terminated": {"message": message}}
+        if found:
+            kept.append({"name": status.get("name"), **found})
+    return kept
 
 
 def _without_registry_ca(kept: stores.RawObject) -> stores.RawObject:

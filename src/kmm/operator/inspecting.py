@@ -7,7 +7,9 @@ pod of the Module that cannot run there (an image that does not pull, a
 container that keeps crashing) is reported as the node's ``problem``: an
 upgrade waiting on it would wait forever. Init containers count as much as
 the others (a device plugin's or DRA driver's init container whose image
-does not pull holds its pod back just the same), and the ``Watcher``
+does not pull holds its pod back just the same); a container's last
+termination message comes with it (a loader's report of why its module did
+not load, ``loader.scripts``), and the ``Watcher``
 records a node again when a problem appears at a step it already reported.
 
 ``images`` reads what the operator wrote of each kernel's image in
@@ -46,7 +48,8 @@ __all__ = [
 RawObject = dict[str, Any]
 
 # Container waiting reasons that do not heal by waiting (the kubelet's
-# ErrImagePull, ImagePullBackOff, ... in pkg/kubelet/images and kuberuntime).
+# ErrImagePull, ImagePullBackOff, ... in pkg/kubelet/images and kuberuntime;
+# PostStartHookError: a loader's load failed, before the back-off).
 STUCK_REASONS: Final = frozenset(
     {
         "ErrImagePull",
@@ -55,6 +58,7 @@ STUCK_REASONS: Final = frozenset(
         "CrashLoopBackOff",
         "CreateContainerConfigError",
         "CreateContainerError",
+        "PostStartHookError",
     }
 )
 
@@ -142,7 +146,11 @@ def _stuck(status: Mapping[str, Any], *, init: bool) -> str | None:
     waiting_reason = waiting.get("reason")
     if isinstance(waiting_reason, str) and waiting_reason in STUCK_REASONS:
         message = waiting.get("message") or ""
-        return waiting_reason + (f" ({message})" if message else "")
+        # What the container said as it last ended: a loader's report of
+        # why its module did not load (``loader.scripts``).
+        said = ((status.get("lastState") or {}).get("terminated") or {}).get("message") or ""
+        said = "; ".join(line.strip() for line in said.splitlines() if line.strip())
+        return waiting_reason + (f" ({message})" if message else "") + (f": {said}" if said else "")
     # An init container that failed is run again (a DaemonSet's pods restart
     # always) and the pod waits on it; failing again after a restart, it is
     # crash-looping even in the moment before the kubelet says CrashLoopBackOff.

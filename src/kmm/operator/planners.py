@@ -11,8 +11,9 @@ with whichever device workload the Module has). Each call is a named step
 a ``plans.Plan``, in that order (their DaemonSets and node labels).
 
 ``observed`` is what the answers say for the Module's status
-(``status.Observed``: counts, readiness, mapping errors, and the problems
-the sending met), for ``status.compute``.
+(``status.Observed``: counts, readiness, mapping errors, the problems the
+sending met, and ``ModuleLoadFailed`` where loader pods reported why they
+did not load: ``loader.reports``), for ``status.compute``.
 
 Limits: no I/O and no memory. The build concern is asked before this (its
 plan needs I/O: ``build.concern``); sending the answers is the
@@ -28,6 +29,7 @@ from kmm.operator import failures, plans, status, views
 from kmm.operator.deviceplugin import planner as deviceplugin_planner
 from kmm.operator.dra import planner as dra_planner
 from kmm.operator.loader import planner as loader_planner
+from kmm.operator.loader import reports as loader_reports
 from kmm.operator.upgrade import planner as upgrade_planner
 
 __all__ = ["Answers", "ask", "observed"]
@@ -95,5 +97,15 @@ def observed(
         plugin_ready=len(devices.ready & devices.wanted),
         mapping_errors=loader.grouping.errors,
         devices="DRA drivers" if driver.enabled else "device plugins",
-        problems=problems,
+        problems=[*problems, *_load_failures(view, loader)],
     )
+
+
+def _load_failures(
+    view: views.ModuleView, loader: loader_planner.LoaderPlan
+) -> list[status.Problem]:
+    """``ModuleLoadFailed``, where loader pods reported why they did not load."""
+    spec = view.module.spec.module_loader
+    name = spec.container.modprobe.module_name if spec is not None else None
+    found = loader_reports.problem(name, loader.failed)
+    return [found] if found is not None else []

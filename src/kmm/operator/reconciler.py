@@ -25,6 +25,8 @@ Level-based (``runtime.controllers.Reconciler``). For a live Module it:
    ``STATUS_INTERVAL`` (requeued); a Module whose build or sign pod failed
    (or whose pod is still on its way) is requeued every
    ``--build-input-poll`` seconds to notice changed inputs.
+A loader pod whose hook failed is the Module's ``ModuleLoadFailed``, with
+what the hook reported (``loader.reports``, through ``planners.observed``).
 A write the API server refuses (``failures.refused``: invalid, forbidden,
 its own 500) stays local, shown where it belongs by its sender; the other
 objects, the labels and the status still go, and the key is retried with

@@ -9,7 +9,8 @@ DaemonSets' lagging counters:
 
 - Degraded: True with ``InvalidSpec``, ``KernelMappingFailed``, a write
   the API server refused (``DaemonSetRefused``, ``PodRefused``: a build or
-  sign pod, or a DaemonSet's pods) or a DRA problem
+  sign pod, or a DaemonSet's pods), a load that failed on a node
+  (``ModuleLoadFailed``, ``loader.reports``) or a DRA problem
   (``ResourceAPIUnavailable``, ``DeviceClassConflict``,
   ``DeviceClassRefused``), else False; ``failed`` sets it alone, True with
   ``ReconcileFailed``, when planning or sending raised (``failures``);

@@ -26,7 +26,7 @@ from kmm.api import labels, modules, scheduling
 from kmm.operator import caches, ownership
 from kmm.runtime import stores
 
-__all__ = ["Caches", "ModuleView", "build", "is_pod_ready", "read", "role"]
+__all__ = ["Caches", "ModuleView", "build", "containers_ready", "is_pod_ready", "read", "role"]
 
 RawObject = dict[str, Any]
 
@@ -41,6 +41,14 @@ def is_pod_ready(pod: Mapping[str, Any]) -> bool:
         return False
     conditions = (pod.get("status") or {}).get("conditions") or ()
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def containers_ready(pod: Mapping[str, Any]) -> bool:
+    """The kubelet's ``ContainersReady``: True on a pod whose containers
+    became ready and whose node stopped reporting (the node controller
+    turns only ``Ready`` False then)."""
+    conditions = (pod.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "ContainersReady" and c.get("status") == "True" for c in conditions)
 
 
 @dataclasses.dataclass(frozen=True)

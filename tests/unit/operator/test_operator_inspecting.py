@@ -168,6 +168,19 @@ def test_a_pod_that_cannot_run_is_the_nodes_problem(
         assert state.problem.startswith(f"pod m-dp-x7k2p: {expected}"), state.problem
 
 
+@pytest.mark.parametrize("reason", ["PostStartHookError", "CrashLoopBackOff"])
+def test_a_loader_that_did_not_load_says_why(reason: str) -> None:
+    """Its failed hook's report, the container's last termination message."""
+    said = "modprobe -v -d /opt kmod_x: insmod /opt/x.ko\nmodprobe: ERROR: could not insert 'kmod_x': Key was rejected by service\n"  # fmt: skip
+    loader = container("module-loader", waiting(reason, "back-off 10s"))
+    loader["lastState"] = {"terminated": {"exitCode": 0, "reason": "Completed", "message": said}}
+    [state] = inspecting.states(MODULE, [NODE], [pod(None, loader)])
+    assert state.problem == (
+        f"pod m-dp-x7k2p: {reason} (back-off 10s): modprobe -v -d /opt kmod_x: insmod /opt/x.ko; "
+        "modprobe: ERROR: could not insert 'kmod_x': Key was rejected by service"
+    )
+
+
 def test_a_preflight_pod_is_no_problem_of_the_node_it_runs_on() -> None:
     """A PreflightValidation's pod carries the Module's labels, but builds for
     a kernel the node does not run: whatever its state, it is not the node's."""

@@ -9,7 +9,10 @@ an operator upgrade never restarts a loader pod. (One upgrade did change the
 template: the main process, ``MAIN_COMMAND``, became a shell that exits on
 SIGTERM. The operator then patches each loader DaemonSet once; OnDelete
 leaves its running pods as they are, and only pods made afterwards, on new
-nodes or in place of deleted ones, run the new command.)
+nodes or in place of deleted ones, run the new command. A second did the
+same: the hooks became ``loader.scripts``' scripts, which check what the
+kernel holds before and after the load and write why a hook failed to the
+container's termination message.)
 
 With ``version`` set (ordered upgrades), a DaemonSet is per (kernel, image,
 version): its name and labels carry the version and its pods select the
@@ -36,25 +39,27 @@ The DaemonSet's name and labels stay the tag's: it is the same pair. With
 only pods that never loaded (``loader.planner``).
 
 Neighbours: ``objects`` (hash, owner), ``podspecs`` (the shared pod-spec
-fields), ``loader.planner`` (the planner that wants these), ``kmm.api.labels``
-(every name used here).
+fields), ``loader.scripts`` (the hooks' scripts), ``loader.planner`` (the
+planner that wants these), ``kmm.api.labels`` (every name used here).
 """
 
 from __future__ import annotations
 
 import itertools
-import shlex
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from kmm.api import kernels, labels, modprobing, moduleloader, modules
 from kmm.operator import objects, podspecs
+from kmm.operator.loader import scripts as loader_scripts
 
 __all__ = [
+    "CONTAINER",
     "MAIN_COMMAND",
     "daemonset",
     "daemonset_name",
-    "load_commands",
+    "load_command",
+    "load_script",
     "pair_labels",
     "pinned",
     "softdep_config",
@@ -63,7 +68,8 @@ __all__ = [
 
 RawObject = dict[str, Any]
 
-_CONTAINER = "module-loader"
+#: The loader pod's one container.
+CONTAINER: Final = "module-loader"
 # The main process only waits; it is PID 1 of its container, where a signal
 # without a handler is ignored: a bare ``sleep infinity`` ignores the
 # kubelet's SIGTERM after ``preStop``, so every loader pod deletion waited out
@@ -101,36 +107,34 @@ def _raw_args(modprobe: modprobing.ModprobeSpec) -> tuple[list[str], list[str]]:
     return raw.load, raw.unload
 
 
-def load_commands(modprobe: modprobing.ModprobeSpec, target: kernels.Target) -> list[list[str]]:
-    """The commands ``postStart`` runs, in order.
-
-    In-tree modules the mapping names are removed first; firmware is copied
-    where the kernel looks for it; then ``modprobe -v -d <dirName> <module>
-    <parameters>`` (or ``rawArgs.load`` verbatim).
-    """
-    commands: list[list[str]] = []
-    if target.in_tree_modules_to_remove:
-        commands.append(["modprobe", "-rva", *target.in_tree_modules_to_remove])
-    if modprobe.firmware_path:
-        commands.append(["cp", "-r", f"{modprobe.firmware_path}/.", _FIRMWARE_HOST_PATH])
+def load_command(modprobe: modprobing.ModprobeSpec) -> list[str]:
+    """The load ``postStart`` runs: ``modprobe -v -d <dirName> <module>
+    <parameters>`` (or ``rawArgs.load`` verbatim)."""
     name = modprobe.module_name
     if name is None:
         load, _unload = _raw_args(modprobe)
-        commands.append(["modprobe", *load])
-        return commands
+        return ["modprobe", *load]
     extra = list(modprobe.args.load) if modprobe.args and modprobe.args.load else []
-    commands.append(
-        [
-            "modprobe",
-            "-v",
-            *extra,
-            "-d",
-            modprobe.dir_name,
-            name,
-            *(modprobe.parameters or ()),
-        ]
+    return ["modprobe", "-v", *extra, "-d", modprobe.dir_name, name, *(modprobe.parameters or ())]
+
+
+def load_script(modprobe: modprobing.ModprobeSpec, target: kernels.Target) -> str:
+    """The ``postStart`` script (``loader.scripts``): in-tree modules the
+    mapping names removed from the kernel, firmware copied where the kernel
+    looks for it, what the kernel holds of the module's files checked before
+    the load and after it."""
+    firmware = (
+        ["cp", "-r", f"{modprobe.firmware_path}/.", _FIRMWARE_HOST_PATH]
+        if modprobe.firmware_path
+        else None
     )
-    return commands
+    name = modprobe.module_name
+    return loader_scripts.load_script(
+        in_tree=target.in_tree_modules_to_remove or (),
+        firmware=firmware,
+        load=load_command(modprobe),
+        checked=(modprobe.dir_name, name) if name is not None else None,
+    )
 
 
 def unload_commands(modprobe: modprobing.ModprobeSpec) -> list[list[str]]:
@@ -186,8 +190,8 @@ def _mount_softdep_file(
     )
 
 
-def _shell(commands: list[list[str]]) -> list[str]:
-    return ["/bin/sh", "-c", " && ".join(shlex.join(command) for command in commands)]
+def _shell(script: str) -> list[str]:
+    return ["/bin/sh", "-c", script]
 
 
 def _version(module: modules.Module) -> str | None:
@@ -243,7 +247,7 @@ def daemonset(
         namespace = module.metadata.namespace or ""
         node_selector[labels.module_loader_version(namespace, module.metadata.name)] = version
     container: RawObject = {
-        "name": _CONTAINER,
+        "name": CONTAINER,
         "image": pinned(target.image, digest),
         # The container only holds the module files; the hooks do the work.
         "command": list(MAIN_COMMAND),
@@ -255,9 +259,15 @@ def daemonset(
             "runAsUser": 0,
         },
         "lifecycle": {
-            "postStart": {"exec": {"command": _shell(load_commands(modprobe, target))}},
-            "preStop": {"exec": {"command": _shell(unload_commands(modprobe))}},
+            "postStart": {"exec": {"command": _shell(load_script(modprobe, target))}},
+            "preStop": {
+                "exec": {"command": _shell(loader_scripts.unload_script(unload_commands(modprobe)))}
+            },
         },
+        # A failed hook writes why there (``loader.scripts``); the operator
+        # reads it from the container's last termination (``loader.reports``).
+        "terminationMessagePath": loader_scripts.REPORT_PATH,
+        "terminationMessagePolicy": "File",
     }
     if container_spec.image_pull_policy is not None:
         container["imagePullPolicy"] = container_spec.image_pull_policy

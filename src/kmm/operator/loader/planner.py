@@ -39,6 +39,10 @@ its pod moves it (the node keeps ``.ready`` meanwhile), and so does one
 whose node stopped reporting (``ContainersReady`` still True). Limit: a
 loader container that crashed after it loaded (its module stays loaded:
 no ``preStop`` runs on a crash) counts as one that never loaded.
+
+Where the pod of a node's pair did not load, ``failed`` holds what its hook
+reported (``reports``): the Module's ``ModuleLoadFailed``. Such a pod is not
+Ready, so the node has no ``.ready``, whatever the kernel held before.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from typing import Any
 from kmm.api import kernels, labels, scheduling
 from kmm.operator import objects, plans, views
 from kmm.operator.loader import builders as loader_builders
+from kmm.operator.loader import reports as loader_reports
 
 __all__ = ["LoaderPlan", "keep_old_version", "plan"]
 
@@ -81,14 +86,6 @@ def _pair_of(obj: Mapping[str, Any]) -> tuple[str, str, str]:
     )
 
 
-def _containers_ready(pod: Mapping[str, Any]) -> bool:
-    """The kubelet's ``ContainersReady``: True on a pod that loaded and
-    whose node stopped reporting (the node controller turns only ``Ready``
-    False then): such a pod still holds its module."""
-    conditions = (pod.get("status") or {}).get("conditions") or ()
-    return any(c.get("type") == "ContainersReady" and c.get("status") == "True" for c in conditions)
-
-
 def keep_old_version(ds: Mapping[str, Any]) -> bool:
     """Whether a DaemonSet of a version the Module no longer has must stay:
     until its controller reports no node left (``desiredNumberScheduled`` 0)."""
@@ -118,6 +115,9 @@ class LoaderPlan(plans.Plan):
     unloading: set[str] = dataclasses.field(default_factory=set)
     # Loader pods of an older pinned image that never loaded: to delete.
     replace: list[RawObject] = dataclasses.field(default_factory=list)
+    # Targeted nodes where the pod of their pair (and version) did not load,
+    # and what its hook reported (``reports``): node -> report.
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _candidates(
@@ -220,15 +220,22 @@ def plan(
         and pair in current
         and _labels(pod).get(labels.IMAGE_DIGEST) != pinned[pair]
         and not views.is_pod_ready(pod)
-        and not _containers_ready(pod)
+        # A pod that loaded and whose node stopped reporting still holds its module.
+        and not views.containers_ready(pod)
         and not _meta(pod).get("deletionTimestamp")
     ]
 
     nodes = view.nodes()
-    ready_pods = [
-        (str((pod.get("spec") or {}).get("nodeName") or ""), pod)
-        for pod in pods
-        if views.is_pod_ready(pod)
+    on_nodes = [(str((pod.get("spec") or {}).get("nodeName") or ""), pod) for pod in pods]
+    ready_pods = [(node, pod) for node, pod in on_nodes if views.is_pod_ready(pod)]
+    replaced = {id(pod) for pod in result.replace}
+    # Reports of pods of the node's own pair (and version): an older
+    # image's pod being replaced, or another kernel's leaving the node, is
+    # not why the module did not load there.
+    reported = [
+        (node, pod, text)
+        for node, pod in on_nodes
+        if id(pod) not in replaced and (text := loader_reports.report(pod)) is not None
     ]
     if version is None:
         result.targeted = set(node_pairs)
@@ -237,18 +244,26 @@ def plan(
             for node, pod in ready_pods
             if node in node_pairs and _pair_of(pod) == node_pairs[node]
         }
+        result.failed = {
+            node: text
+            for node, pod, text in reported
+            if node in node_pairs and _pair_of(pod) == node_pairs[node]
+        }
     else:
         # The version a node runs is the one its loader label names, which
         # may be an older one than the Module's (even one whose mapping the
         # Module no longer has) during an upgrade.
         running = {n: v for n in kernel_labels if (v := _labels(nodes[n]).get(loader_key))}
-        result.loaded = {
-            node
-            for node, pod in ready_pods
-            if node in running
-            and _labels(pod).get(labels.MODULE_VERSION) == running[node]
-            and _labels(pod).get(labels.KERNEL_VERSION_FULL) == kernel_labels[node]
-        }
+
+        def runs_there(node: str, pod: RawObject) -> bool:
+            return (
+                node in running
+                and _labels(pod).get(labels.MODULE_VERSION) == running[node]
+                and _labels(pod).get(labels.KERNEL_VERSION_FULL) == kernel_labels[node]
+            )
+
+        result.loaded = {node for node, pod in ready_pods if runs_there(node, pod)}
+        result.failed = {node: text for node, pod, text in reported if runs_there(node, pod)}
         result.targeted = {n for n in node_pairs if n in running} | result.loaded
         result.versions = {n: running[n] for n in result.loaded}
         # Its loader label gone, a node is not unloaded until its loader pod
@@ -264,4 +279,5 @@ def plan(
     for node in nodes:
         keep = node in result.loaded or node in result.unloading
         result.want(node, ready_key, "" if keep else None)
+    result.failed = {n: t for n, t in result.failed.items() if n not in result.loaded}
     return result

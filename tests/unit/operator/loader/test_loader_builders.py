@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import operator_fixtures as fixtures
@@ -10,6 +11,7 @@ import pytest
 from kmm.api import kernels, labels, modprobing
 from kmm.operator import objects
 from kmm.operator.loader import builders as loader_builders
+from kmm.operator.loader import scripts as loader_scripts
 
 
 def _target(kernel: str, raw: dict[str, Any] | None = None) -> kernels.Target:
@@ -50,12 +52,22 @@ def test_loader_daemonset_per_pair(kernel: str, image: str) -> None:
     container = pod["containers"][0]
     assert container["image"] == image
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_MODULE"]}
+    module_spec = module.spec.module_loader
+    assert module_spec is not None
+    modprobe = module_spec.container.modprobe
     assert container["lifecycle"]["postStart"]["exec"]["command"] == [
         "/bin/sh",
         "-c",
-        "modprobe -v -d /opt kmod_x a=1",
+        loader_builders.load_script(modprobe, target),
     ]
-    assert container["lifecycle"]["preStop"]["exec"]["command"][-1] == "modprobe -rv -d /opt kmod_x"
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == [
+        "/bin/sh",
+        "-c",
+        loader_scripts.unload_script([["modprobe", "-rv", "-d", "/opt", "kmod_x"]]),
+    ]
+    # Where a failed hook writes why (loader.scripts), kept by the kubelet.
+    assert container["terminationMessagePath"] == loader_scripts.REPORT_PATH
+    assert container["terminationMessagePolicy"] == "File"
     assert objects.observed_hash(ds) is not None
 
 
@@ -74,33 +86,46 @@ def test_name_is_deterministic_per_pair_and_fits() -> None:
     [
         (
             {"moduleName": "x", "dirName": "/mods", "args": {"load": ["-q"], "unload": ["-q"]}},
-            "modprobe -v -q -d /mods x",
-            "modprobe -rv -q -d /mods x",
+            ["modprobe", "-v", "-q", "-d", "/mods", "x"],
+            [["modprobe", "-rv", "-q", "-d", "/mods", "x"]],
         ),
         (
             {"rawArgs": {"load": ["-a", "y"], "unload": ["-r", "y"]}},
-            "modprobe -a y",
-            "modprobe -r y",
+            ["modprobe", "-a", "y"],
+            [["modprobe", "-r", "y"]],
         ),
         (
             {"moduleName": "x", "modulesLoadingOrder": ["x", "dep"]},
-            "modprobe -v -d /opt x",
-            "modprobe -rv -d /opt x && modprobe -rv -d /opt dep",
+            ["modprobe", "-v", "-d", "/opt", "x"],
+            [["modprobe", "-rv", "-d", "/opt", "x"], ["modprobe", "-rv", "-d", "/opt", "dep"]],
         ),
         (
             {"moduleName": "x", "firmwarePath": "/fw"},
-            "cp -r /fw/. /var/lib/firmware && modprobe -v -d /opt x",
-            "modprobe -rv -d /opt x",
+            ["modprobe", "-v", "-d", "/opt", "x"],
+            [["modprobe", "-rv", "-d", "/opt", "x"]],
         ),
     ],
 )
-def test_modprobe_commands(modprobe: dict[str, Any], load: str, unload: str) -> None:
+def test_modprobe_commands(
+    modprobe: dict[str, Any], load: list[str], unload: list[list[str]]
+) -> None:
     raw = fixtures.module_raw()
     raw["spec"]["moduleLoader"]["container"]["modprobe"] = modprobe
-    ds = loader_builders.daemonset(fixtures.module(raw), _target("6.1.0-27-amd64", raw))
+    module = fixtures.module(raw)
+    spec = module.spec.module_loader
+    assert spec is not None
+    assert loader_builders.load_command(spec.container.modprobe) == load
+    assert loader_builders.unload_commands(spec.container.modprobe) == unload
+    ds = loader_builders.daemonset(module, _target("6.1.0-27-amd64", raw))
     lifecycle = ds["spec"]["template"]["spec"]["containers"][0]["lifecycle"]
-    assert lifecycle["postStart"]["exec"]["command"][-1] == load
-    assert lifecycle["preStop"]["exec"]["command"][-1] == unload
+    post_start = lifecycle["postStart"]["exec"]["command"][-1]
+    assert post_start.splitlines()[-2 if "moduleName" in modprobe else -1] == shlex.join(
+        ["kmm_run", shlex.join(load), *load]
+    )
+    assert ("kmm_run 'cp -r /fw/. /var/lib/firmware'" in post_start) == ("firmwarePath" in modprobe)
+    assert lifecycle["preStop"]["exec"]["command"][-1].splitlines()[-len(unload) :] == [
+        shlex.join(["kmm_run", shlex.join(command), *command]) for command in unload
+    ]
 
 
 @pytest.mark.parametrize(
@@ -118,17 +143,23 @@ def test_modprobe_commands_refuse_a_spec_without_module_name_or_both_raw_args(
     )
     target = _target("6.1.0-27-amd64")
     with pytest.raises(ValueError, match=r"rawArgs\.load and rawArgs\.unload must both be set"):
-        loader_builders.load_commands(modprobe, target)
+        loader_builders.load_script(modprobe, target)
     with pytest.raises(ValueError, match=r"rawArgs\.load and rawArgs\.unload must both be set"):
         loader_builders.unload_commands(modprobe)
 
 
-def test_in_tree_modules_removed_first() -> None:
+def test_in_tree_modules_removed_before_the_load() -> None:
+    """By the names the kernel shows (kmod's ``-`` is ``_``), once the load's
+    files are listed (``kmm_probe`` changes nothing) and before anything else."""
     raw = fixtures.module_raw()
-    raw["spec"]["moduleLoader"]["container"]["kernelMappings"][1]["inTreeModulesToRemove"] = ["old"]
+    mapping = raw["spec"]["moduleLoader"]["container"]["kernelMappings"][1]
+    mapping["inTreeModulesToRemove"] = ["old", "other-mod"]
     ds = loader_builders.daemonset(fixtures.module(raw), _target("6.1.0-27-amd64", raw))
     command = ds["spec"]["template"]["spec"]["containers"][0]["lifecycle"]["postStart"]["exec"]
-    assert command["command"][-1] == "modprobe -rva old && modprobe -v -d /opt kmod_x a=1"
+    steps = [line.split()[0] for line in command["command"][-1].splitlines()]
+    main = steps[steps.index("kmm_probe") :]
+    assert main == ["kmm_probe", "kmm_remove_in_tree", "kmm_unload_stale", "kmm_run", "kmm_verify"]
+    assert "\nkmm_remove_in_tree old other_mod\n" in command["command"][-1]
 
 
 def test_template_depends_only_on_pair_and_module_content() -> None:

@@ -23,6 +23,7 @@ import pytest
 from kmm.api import kernels, labels
 from kmm.operator import objects
 from kmm.operator.loader import builders as loader_builders
+from kmm.operator.loader import scripts as loader_scripts
 
 KERNEL = "6.1.0-27-amd64"
 CHAIN = ("kmm_a", "kmm_b", "kmm_c")
@@ -83,33 +84,39 @@ def test_loading_order_mounts_the_softdep_file() -> None:
         "readOnly": True,
     }
     lifecycle = container["lifecycle"]
-    assert lifecycle["postStart"]["exec"]["command"][-1] == (
-        "cp -r /fw/. /var/lib/firmware && modprobe -v -d /opt kmm_a debug=1"
-    )
-    assert lifecycle["preStop"]["exec"]["command"][-1] == (
-        "modprobe -rv -d /opt kmm_a && modprobe -rv -d /opt kmm_b && modprobe -rv -d /opt kmm_c"
-    )
+    assert lifecycle["postStart"]["exec"]["command"][-1].splitlines()[-5:] == [
+        "kmm_probe /opt kmm_a kmm_a",
+        "kmm_run 'cp -r /fw/. /var/lib/firmware' cp -r /fw/. /var/lib/firmware",
+        "kmm_unload_stale",
+        "kmm_run 'modprobe -v -d /opt kmm_a debug=1' modprobe -v -d /opt kmm_a debug=1",
+        "kmm_verify",
+    ]
+    assert lifecycle["preStop"]["exec"]["command"][-1].splitlines()[-3:] == [
+        f"kmm_run 'modprobe -rv -d /opt {name}' modprobe -rv -d /opt {name}" for name in CHAIN
+    ]
 
 
 # -- templates of Modules without modulesLoadingOrder: pinned ----------------
 
 # Spec hashes of the whole DaemonSet, computed by the builder after
-# modulesLoadingOrder got its softdep file (which left them as they were) and
-# after the main process became a shell exiting on SIGTERM (which changed
-# them, on purpose: loader_builders.MAIN_COMMAND). A changed value is one
+# modulesLoadingOrder got its softdep file (which left them as they were),
+# after the main process became a shell exiting on SIGTERM and after the
+# hooks became loader.scripts' scripts, which check the kernel and report
+# through the termination message (each changed them, on purpose:
+# loader_builders.MAIN_COMMAND, loader.scripts). A changed value is one
 # patch of every loader DaemonSet of such a Module on an operator upgrade,
 # and a new command for its pods made afterwards (OnDelete keeps the running ones).
 _PINNED = {
-    ("plain", "6.8.0-45-generic"): "c1f4676e8023a048f3fd",
-    ("plain", "6.1.0-27-amd64"): "eb89640e4ed1827a7be2",
-    ("args", "6.8.0-45-generic"): "67ba646897f5ed8077a0",
-    ("args", "6.1.0-27-amd64"): "5171f47142a877091af6",
-    ("raw", "6.8.0-45-generic"): "4cd709db08c1dc4fac56",
-    ("raw", "6.1.0-27-amd64"): "327c41ebfcfba1ddc181",
-    ("firmware", "6.8.0-45-generic"): "c00ed48564ad7c3225ac",
-    ("firmware", "6.1.0-27-amd64"): "f4a9eee500b00dd45fc9",
-    ("version", "6.8.0-45-generic"): "b22ccef438f3618f82bd",
-    ("version", "6.1.0-27-amd64"): "cb2d0b1529f25b9bd2c2",
+    ("plain", "6.8.0-45-generic"): "151f193eca0639eea6ee",
+    ("plain", "6.1.0-27-amd64"): "51bed26984e9da3ff237",
+    ("args", "6.8.0-45-generic"): "0a89d463f0205bbf1adf",
+    ("args", "6.1.0-27-amd64"): "540a3ba288e5b176d124",
+    ("raw", "6.8.0-45-generic"): "1affb2e7774c00fe1d2c",
+    ("raw", "6.1.0-27-amd64"): "25057b876d88d207f809",
+    ("firmware", "6.8.0-45-generic"): "7d12ed696a1fa34fb906",
+    ("firmware", "6.1.0-27-amd64"): "be407956c0cb35c7210a",
+    ("version", "6.8.0-45-generic"): "577d86dd4b580f972166",
+    ("version", "6.1.0-27-amd64"): "30ecf4f008db7ad0fdd8",
 }
 _VARIANTS: dict[str, dict[str, Any]] = {
     "plain": _module_raw(),
@@ -129,6 +136,13 @@ def test_template_without_loading_order_is_unchanged(variant: str, kernel: str) 
 
 def test_plain_template_is_byte_identical() -> None:
     """The same template, key order included (what is sent is json of it)."""
+    load = loader_scripts.load_script(
+        in_tree=(),
+        firmware=None,
+        load=["modprobe", "-v", "-d", "/opt", "kmod_x", "a=1"],
+        checked=("/opt", "kmod_x"),
+    )
+    unload = loader_scripts.unload_script([["modprobe", "-rv", "-d", "/opt", "kmod_x"]])
     expected = {
         "metadata": {
             "labels": {
@@ -151,13 +165,11 @@ def test_plain_template_is_byte_identical() -> None:
                         "runAsUser": 0,
                     },
                     "lifecycle": {
-                        "postStart": {
-                            "exec": {"command": ["/bin/sh", "-c", "modprobe -v -d /opt kmod_x a=1"]}
-                        },
-                        "preStop": {
-                            "exec": {"command": ["/bin/sh", "-c", "modprobe -rv -d /opt kmod_x"]}
-                        },
+                        "postStart": {"exec": {"command": ["/bin/sh", "-c", load]}},
+                        "preStop": {"exec": {"command": ["/bin/sh", "-c", unload]}},
                     },
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
                 }
             ],
             "nodeSelector": {
@@ -194,7 +206,12 @@ def _project(template: dict[str, Any], root: Path) -> None:
 
 
 class Node:
-    """One node: the fake kernel, the loader container's files, its hooks."""
+    """One node: the fake kernel, the loader container's files, its hooks.
+
+    The kernel has no module support (no ``/proc/modules``), as on the
+    sandbox's container nodes: the hooks run their ``modprobe`` commands as
+    written and check nothing (``test_loader_scripts`` checks a kernel that
+    has it). ``KMM_LOADER_ROOT`` points the hooks at the fake kernel's tree."""
 
     def __init__(self, tmp_path: Path, ds: dict[str, Any]) -> None:
         self.kernel = fakemodprobe.Kernel(tmp_path / "root")
@@ -204,9 +221,16 @@ class Node:
         template = ds["spec"]["template"]
         _project(template, self.kernel.root)
         self.lifecycle = template["spec"]["containers"][0]["lifecycle"]
+        self.report = self.kernel.root / "dev/termination-log"
+        self.report.parent.mkdir(parents=True, exist_ok=True)
+        self.report.touch()
 
     def run(self, hook: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}"}
+        env = {
+            **os.environ,
+            "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}",
+            "KMM_LOADER_ROOT": str(self.kernel.root),
+        }
         command = self.lifecycle[hook]["exec"]["command"]
         return subprocess.run(command, env=env, capture_output=True, text=True, check=False)
 
@@ -267,6 +291,9 @@ def test_unload_stops_at_a_module_in_use(tmp_path: Path, busy: str) -> None:
         node.kernel.load(name, refcnt=1 if name == busy else 0)
     result = node.run("preStop")
     assert result.returncode != 0
-    assert f"Module {busy} is in use" in result.stderr
+    # What the kubelet keeps of the container (its termination message).
+    assert node.report.read_text() == (
+        f"modprobe -rv -d /opt {busy}: modprobe: FATAL: Module {busy} is in use.\n"
+    )
     stays = set(CHAIN[CHAIN.index(busy) :])
     assert node.kernel.loaded() == stays
