@@ -25,6 +25,16 @@ Without a version, a targeted node is loaded when the loader pod of *its*
 pair is Ready. Wanted labels: ``kernel-version.full`` on selected nodes
 (shared by all Modules, never removed), ``.ready`` exactly where loaded.
 
+Ready means Ready in the node's current boot (``views.ModuleView.ready``,
+``kmm.operator.boots``): a reboot unloads the module, and until the kubelet
+reports the container it starts again (its ``postStart`` loads the module
+again), the pod's Ready condition is the earlier boot's. So ``.ready`` goes
+once the Node shows a new boot id and comes back once this boot's loader is
+Ready. The exception is a node whose version label was taken away (above):
+its ``.ready`` stays until the old loader pod is gone, reboot or not, since
+the kubelet may start that pod again (loading the old version) until its
+deletion reaches the node.
+
 Pinned images (``pins``: kernel -> digest of an image kmm built, from the
 build planner): the pair's DaemonSet runs ``image@digest``
 (``builders.daemonset``), so an image built again under the same tag
@@ -225,10 +235,10 @@ def plan(
     ]
 
     nodes = view.nodes()
+    # Ready in this boot of its node (``view.ready``): a pod Ready from an
+    # earlier boot loaded a module the reboot unloaded.
     ready_pods = [
-        (str((pod.get("spec") or {}).get("nodeName") or ""), pod)
-        for pod in pods
-        if views.is_pod_ready(pod)
+        (str((pod.get("spec") or {}).get("nodeName") or ""), pod) for pod in pods if view.ready(pod)
     ]
     if version is None:
         result.targeted = set(node_pairs)
