@@ -165,3 +165,46 @@ async def test_a_deleted_pod_leaves_no_mark(world: World) -> None:
     (pod,) = [p for p in world.cached.pods.objects() if p["spec"]["nodeName"] == "n0"]
     world.operator.pods.apply({"type": "DELETED", "object": pod})
     assert len(world.operator.boots) == 0
+
+
+async def test_a_kernel_upgrade_by_reboot_moves_the_node_and_reports_no_failure_of_the_old_loader(
+    world: World,
+) -> None:
+    old = world.loader("n0")
+    world.node("n0", K61, "boot-b")  # back on the other kernel
+    # The kubelet started the old kernel's loader again; its postStart fails
+    # there (no module for this kernel in its image) and it crash-loops.
+    failing = fixtures.pod(old, "n0", ready=False)
+    failing["status"]["containerStatuses"] = [
+        {
+            "name": "module-loader",
+            "ready": False,
+            "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {
+                "terminated": {
+                    "exitCode": 1,
+                    "message": f"modprobe: FATAL: Module kmod_x not found in directory "
+                    f"/opt/lib/modules/{K61}",
+                }
+            },
+        }
+    ]
+    world.pod(failing)
+    world.writer.calls.clear()
+    await world.reconcile()
+    assert world.ready_nodes() == {"n1"}
+    n0 = world.cached.nodes.get("n0")
+    assert n0 is not None
+    assert n0["metadata"]["labels"][labels.KERNEL_VERSION_FULL] == K61
+    # No node runs the old kernel: its DaemonSet goes, and its pod with it.
+    assert ("delete", old["metadata"]["name"]) in world.writer.calls
+    assert world.condition(conditions.DEGRADED)["status"] == "False"
+    assert world.condition(conditions.PROGRESSING)["status"] == "True"
+    assert not [c for c in world.writer.calls if c[0] == "event" and "Failed" in c[1][0]]
+    # The other kernel's loader starts there in this boot: loaded.
+    world.operator.pods.apply({"type": "DELETED", "object": caches.project_pod(failing)})
+    world.pod(fixtures.pod(world.loader("n0"), "n0", started=T2))
+    await world.reconcile()
+    assert world.ready_nodes() == {"n0", "n1"}
+    assert world.condition(conditions.READY)["status"] == "True"

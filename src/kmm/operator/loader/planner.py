@@ -35,6 +35,14 @@ its ``.ready`` stays until the old loader pod is gone, reboot or not, since
 the kubelet may start that pod again (loading the old version) until its
 deletion reaches the node.
 
+A node that rebooted into another kernel belongs to that kernel's pair:
+``kernel-version.full`` moves, the old kernel's DaemonSet no longer selects
+the node and its controller deletes its pod there. Until then the kubelet
+may start that pod again, and its ``postStart`` fails on a kernel its image
+has no module for. Such pods are ``leaving``: what they fail at on that
+node is not the Module's failure, and is never reported as one (nor as the
+node's problem in ``kmm status`` and ``kmm upgrade``: ``inspecting``).
+
 Pinned images (``pins``: kernel -> digest of an image kmm built, from the
 build planner): the pair's DaemonSet runs ``image@digest``
 (``builders.daemonset``), so an image built again under the same tag
@@ -61,7 +69,7 @@ from kmm.api import kernels, labels, scheduling
 from kmm.operator import objects, plans, views
 from kmm.operator.loader import builders as loader_builders
 
-__all__ = ["LoaderPlan", "keep_old_version", "plan"]
+__all__ = ["LoaderPlan", "keep_old_version", "leaving", "plan"]
 
 RawObject = dict[str, Any]
 _ROLE = "module-loader"
@@ -99,6 +107,18 @@ def _containers_ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "ContainersReady" and c.get("status") == "True" for c in conditions)
 
 
+def leaving(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """Whether ``pod``, a loader pod on ``node``, is of another kernel than
+    the one ``node`` reports (it rebooted into that one): it leaves the node,
+    and what it fails at there is not the Module's (nor the node's)."""
+    if _labels(pod).get(labels.ROLE) != _ROLE:
+        return False
+    kernel = _kernel_version(node)
+    return bool(kernel) and _labels(pod).get(labels.KERNEL_VERSION_FULL) != labels.kernel_value(
+        kernels.node_kernel(kernel)
+    )
+
+
 def keep_old_version(ds: Mapping[str, Any]) -> bool:
     """Whether a DaemonSet of a version the Module no longer has must stay:
     until its controller reports no node left (``desiredNumberScheduled`` 0)."""
@@ -128,6 +148,9 @@ class LoaderPlan(plans.Plan):
     unloading: set[str] = dataclasses.field(default_factory=set)
     # Loader pods of an older pinned image that never loaded: to delete.
     replace: list[RawObject] = dataclasses.field(default_factory=list)
+    # Names of loader pods on a node that now runs another kernel than
+    # theirs: leaving it, and what they fail at there is not the Module's.
+    leaving: set[str] = dataclasses.field(default_factory=set)
 
 
 def _candidates(
@@ -240,6 +263,12 @@ def plan(
     ready_pods = [
         (str((pod.get("spec") or {}).get("nodeName") or ""), pod) for pod in pods if view.ready(pod)
     ]
+    result.leaving = {
+        str(_meta(pod).get("name"))
+        for pod in pods
+        if (on := nodes.get(str((pod.get("spec") or {}).get("nodeName") or "")))
+        and leaving(pod, on)
+    }
     if version is None:
         result.targeted = set(node_pairs)
         result.loaded = {

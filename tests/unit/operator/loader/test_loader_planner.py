@@ -187,3 +187,25 @@ def test_with_a_version_a_loader_pod_from_an_earlier_boot_is_not_loaded_either()
     assert (stale.loaded, stale.versions, stale.unloading) == (set(), {}, set())
     assert stale.labels["n0"][ready] is None
     assert loader_planner.plan(fixtures.view(module, nodes, [ds], [pod])).versions == {"n0": "v1"}
+
+
+def test_a_loader_pod_of_the_kernel_its_node_left_is_leaving() -> None:
+    """A node rebooted from K68 onto K61: the old kernel's pod that the
+    kubelet started again fails there, and is not the Module's failure."""
+    module = fixtures.module()
+    by_kernel = _desired(loader_planner.plan(fixtures.view(module, _nodes())))
+    nodes = [fixtures.node("n0", K61, boot="b"), fixtures.node("n3", K68)]
+    old = fixtures.pod(by_kernel[K68], "n0", ready=False)  # its postStart failed
+    new = fixtures.pod(by_kernel[K61], "n0", ready=False)
+    kept = fixtures.pod(by_kernel[K68], "n3")
+    daemonsets = [by_kernel[K68], by_kernel[K61]]
+    plan = loader_planner.plan(fixtures.view(module, nodes, daemonsets, [old, new, kept]))
+    assert plan.leaving == {old["metadata"]["name"]}
+    assert plan.labels["n0"][labels.KERNEL_VERSION_FULL] == K61
+    assert plan.targeted == {"n0", "n3"}
+    assert plan.loaded == {"n3"}
+    # Ready or not (a stale condition of the earlier boot), it never loads n0.
+    ready_old = fixtures.pod(by_kernel[K68], "n0")
+    again = loader_planner.plan(fixtures.view(module, nodes, daemonsets, [ready_old, kept]))
+    assert again.leaving == {ready_old["metadata"]["name"]}
+    assert again.loaded == {"n3"}
