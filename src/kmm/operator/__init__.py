@@ -56,6 +56,8 @@ Shared, with I/O:
   ``reading``: the GETs made on demand, outside the informers;
 - ``podadmission``: whether admission lets in the pods of a Module's
   DaemonSets (a dry run of the template of one whose pods stay missing);
+- ``boots``: which pods of those DaemonSets are Ready from an earlier boot
+  of their node (memory fed by the Node and pod informers' events);
 - ``reconciler``: the Module reconciler: it drives the steps, asks the
   planners, has the senders send their answers, and writes the status;
 - the senders of a Module's objects, each refusal kept to its object:

@@ -22,6 +22,17 @@ failed hook's report of why the module did not load
 (``kmm.operator.loader.reports``); a loaded module's pod has none, so
 thousands of them keep nothing more.
 
+Boots (``kmm.operator.boots``): a Node's projection carries its
+``status.nodeInfo.bootID`` as ``BOOT_ID`` in its metadata (``boot_id``),
+and the pod of a Module's DaemonSet the start of its running container
+(``state.running.startedAt``) as ``STARTED`` (``started``): a reboot shows
+as a new boot id, the kubelet's restart of a container as a new start.
+Both go in the metadata, which is per object anyway: in ``status`` they
+would keep apart the kernel (Nodes) and the conditions (pods) that equal
+objects now share. Neither is interned: each is unique to its object, and
+the interpreter's table of interned strings would only grow. KWOK's nodes
+report an empty boot id, which is not kept.
+
 Which cached objects count as a Module's is ``ownership``'s to say: the
 labels these indexes read are anyone's to write, so they only say where to
 look.
@@ -54,6 +65,7 @@ controller owner's name). The ``modules_of_*`` functions and
 from __future__ import annotations
 
 import sys
+import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -61,6 +73,7 @@ from kmm.api import labels, preflight, scheduling
 from kmm.runtime import stores
 
 __all__ = [
+    "BOOT_ID",
     "BUILD_POD_FIELDS",
     "CLAIM_FIELDS",
     "CLASS_INDEX",
@@ -78,6 +91,8 @@ __all__ = [
     "PREFLIGHT_INDEX",
     "PREFLIGHT_POD_FIELDS",
     "SELECTOR_INDEX",
+    "STARTED",
+    "boot_id",
     "claim_driver_index",
     "controller_uid",
     "fake_node",
@@ -94,6 +109,7 @@ __all__ = [
     "project_daemonset",
     "project_node",
     "project_pod",
+    "started",
     "validations_of_module_change",
     "validations_of_pod",
 ]
@@ -163,6 +179,11 @@ _BUILD_ROLES: Final = frozenset({"build", "sign", labels.PULL_ROLE})
 # marker ``FAKE_NODE`` (a bool in the metadata kept) stands for it.
 KWOK_ANNOTATION: Final = "kwok.x-k8s.io/node"
 FAKE_NODE: Final = "fake"
+# In the projected metadata of Nodes: ``status.nodeInfo.bootID``; of the
+# pods of DaemonSets: their running container's ``startedAt`` (see above).
+BOOT_ID: Final = "bootID"
+STARTED: Final = "started"
+_DAEMON_ROLES: Final = frozenset(typing.get_args(labels.Role))
 _PREFLIGHT_ROLE: Final = "preflight"
 _node_fields = stores.keep_fields(*NODE_FIELDS)
 _daemonset_fields = stores.keep_fields(*DAEMONSET_FIELDS)
@@ -217,14 +238,21 @@ _CONDITION_TIMES: Final = frozenset({"lastTransitionTime", "lastProbeTime"})
 def project_node(obj: stores.RawObject) -> stores.RawObject:
     """The fields kept of a Node (``NODE_FIELDS``), its taints without
     ``timeAdded`` (which the node lifecycle controller sets per node on its
-    ``NoExecute`` taints), and ``FAKE_NODE`` when KWOK manages it (one
-    flag, not the annotations: a node has many)."""
+    ``NoExecute`` taints), ``FAKE_NODE`` when KWOK manages it (one flag,
+    not the annotations: a node has many) and ``BOOT_ID`` when it reports
+    one."""
     taints = (obj.get("spec") or {}).get("taints")
     if taints:
         obj = _replaced(obj, "spec", "taints", _timeless(taints, _TAINT_TIMES))
     projected = _node_fields(obj)
+    extra: dict[str, Any] = {}
     if KWOK_ANNOTATION in (_meta(obj).get("annotations") or {}):
-        projected["metadata"] = {**(projected.get("metadata") or {}), FAKE_NODE: True}
+        extra[FAKE_NODE] = True
+    boot = boot_id(obj)
+    if boot:
+        extra[BOOT_ID] = boot
+    if extra:
+        projected["metadata"] = {**(projected.get("metadata") or {}), **extra}
     return projected
 
 
@@ -232,6 +260,38 @@ def fake_node(node: Mapping[str, Any]) -> bool:
     """Whether KWOK manages ``node`` (projected, or whole)."""
     metadata = _meta(node)
     return bool(metadata.get(FAKE_NODE)) or KWOK_ANNOTATION in (metadata.get("annotations") or {})
+
+
+def boot_id(node: Mapping[str, Any]) -> str:
+    """``node``'s boot id (projected, or whole); "" when it reports none."""
+    kept = _meta(node).get(BOOT_ID)
+    if isinstance(kept, str):
+        return kept
+    found = ((node.get("status") or {}).get("nodeInfo") or {}).get("bootID")
+    return found if isinstance(found, str) else ""
+
+
+def _start(obj: Mapping[str, Any]) -> str | None:
+    """The latest ``startedAt`` of ``obj``'s running containers (RFC 3339
+    times of one clock, the node's, compare as strings)."""
+    found = [
+        at
+        for status in (obj.get("status") or {}).get("containerStatuses") or ()
+        if isinstance(
+            at := ((status.get("state") or {}).get("running") or {}).get("startedAt"), str
+        )
+    ]
+    return max(found) if found else None
+
+
+def started(pod: Mapping[str, Any]) -> str | None:
+    """When the running container of a DaemonSet's pod started (projected,
+    or whole); None while none runs, and for other pods. A new value is a
+    new container: one whose ``postStart`` ran since."""
+    if _labels(pod).get(labels.ROLE) not in _DAEMON_ROLES:
+        return None
+    kept = _meta(pod).get(STARTED)
+    return kept if isinstance(kept, str) else _start(pod)
 
 
 def project_daemonset(obj: stores.RawObject) -> stores.RawObject:
@@ -243,7 +303,8 @@ def project_pod(obj: stores.RawObject) -> stores.RawObject:
     """The fields kept of a pod, with its controller's uid: more of build,
     sign and preflight pods than of the many others, but not their registry
     CA annotation (up to 240 KiB each, which no planner reads); of loader
-    pods, their containers' termination messages too."""
+    pods, their containers' termination messages too; of the pods of
+    DaemonSets, ``STARTED`` while a container runs."""
     role = _labels(obj).get(labels.ROLE)
     if role in _BUILD_ROLES:
         return _with_controller(obj, _without_registry_ca(_build_pod_fields(obj)))
@@ -260,6 +321,9 @@ def project_pod(obj: stores.RawObject) -> stores.RawObject:
             # objects' equal ones (``stores.keep_fields``).
             status = {**(projected.get("status") or {}), "containerStatuses": statuses}
             projected = {**projected, "status": status}
+    start = started(obj)
+    if start is not None:
+        projected.setdefault("metadata", {})[STARTED] = start
     return projected
 
 

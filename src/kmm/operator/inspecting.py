@@ -5,7 +5,8 @@ with the planners' own rule (``upgrade.planner.step``): ``kmm status`` and
 ``kmm upgrade`` say what the operator does next on a node, in its words. A
 pod of the Module that cannot run there (an image that does not pull, a
 container that keeps crashing) is reported as the node's ``problem``: an
-upgrade waiting on it would wait forever. Init containers count as much as
+upgrade waiting on it would wait forever (but not a loader pod of another
+kernel than the node's: ``loader.planner.leaving``). Init containers count as much as
 the others (a device plugin's or DRA driver's init container whose image
 does not pull holds its pod back just the same); a container's last
 termination message comes with it (a loader's report of why its module did
@@ -29,6 +30,7 @@ from kmm.aio import tasks
 from kmm.api import kernels, labels
 from kmm.kube import client, listwatch, objects, reflecting, resources
 from kmm.operator import writing
+from kmm.operator.loader import planner as loader_planner
 from kmm.operator.upgrade import planner as upgrade_planner
 
 _PREFLIGHT_ROLE: Final = "preflight"
@@ -246,7 +248,9 @@ def states(
                     blocking_pods=blocking,
                     noun=noun,
                 ),
-                problem=_problem(on_node),
+                # The old kernel's loader on a node that rebooted into
+                # another fails there on its way out: not the node's problem.
+                problem=_problem(p for p in on_node if not loader_planner.leaving(p, node)),
                 images=tuple(by_kernel.get(kernel, ())),
             )
         )

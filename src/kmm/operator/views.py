@@ -14,6 +14,11 @@ as the Module's, to count, wait for, or delete. Its DeviceClasses are the
 ones the Module labelled (with its uid) and the ones ``spec.dra`` names,
 whoever owns them: ``ownership.class_owned`` tells which are the Module's, and
 a listed name taken by another is a conflict.
+
+Its ``stale`` pods are those whose shown container ran in an earlier boot of
+their node (``boots``): Ready by their conditions, they hold nothing since
+the reboot, and ``ready`` says so; planners ask ``ready``, not
+``is_pod_ready``, whether a pod of the Module's DaemonSets is Ready now.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kmm.api import labels, modules, scheduling
-from kmm.operator import caches, ownership
+from kmm.operator import boots, caches, ownership
 from kmm.runtime import stores
 
 __all__ = ["Caches", "ModuleView", "build", "containers_ready", "is_pod_ready", "read", "role"]
@@ -71,6 +76,9 @@ class Caches:
         )
     )
     resource_api: bool = True
+    # Pods Ready from an earlier boot of their node, fed by the Node and pod
+    # informers' events (``boots``); none marked when nothing feeds it.
+    boots: boots.Boots | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +100,12 @@ class ModuleView:
     resource_api: bool = True
     device_classes: Mapping[str, RawObject] = dataclasses.field(default_factory=dict)
     claims: Sequence[RawObject] = ()
+    # Uids of pods Ready from an earlier boot of their node (``boots``).
+    stale: frozenset[str] = frozenset()
+
+    def ready(self, pod: Mapping[str, Any]) -> bool:
+        """``is_pod_ready``, and its container started in its node's current boot."""
+        return is_pod_ready(pod) and _meta(pod).get("uid") not in self.stale
 
     @property
     def namespace(self) -> str:
@@ -148,10 +162,11 @@ def build(
     device_classes: Iterable[RawObject] = (),
     claims: Iterable[RawObject] = (),
     resource_api: bool = True,
+    stale: frozenset[str] = frozenset(),
 ) -> ModuleView:
     """The view of ``module`` from the caches (its own DaemonSets and pods,
     as ``ownership.owned`` counts them, its DeviceClasses and its driver's
-    claims given)."""
+    claims given; ``stale``: the uids ``boots`` marks)."""
     selected = sorted(
         (
             n
@@ -170,6 +185,7 @@ def build(
         resource_api=resource_api,
         device_classes={_meta(c)["name"]: c for c in device_classes},
         claims=list(claims),
+        stale=stale,
     )
 
 
@@ -199,4 +215,5 @@ def read(raw: RawObject, module: modules.Module, *, key: str, cached: Caches) ->
         device_classes=classes.values(),
         claims=claims,
         resource_api=cached.resource_api,
+        stale=cached.boots.stale(ours.pods) if cached.boots is not None else frozenset(),
     )

@@ -7,6 +7,11 @@ write), and puts everything under one ``runtime.manager.Manager``: informers
 on every replica, the controller only on the leader. ``running`` adds the
 HTTP endpoints and the process lifecycle around it.
 
+The Node and pod informers also feed ``boots`` (a Node's new boot id marks
+the containers of the pods kmm runs there as an earlier boot's), which the
+Module reconciler reads with the caches. Every replica keeps it, as it
+keeps the caches: a new leader knows the reboots its informers saw.
+
 A second, small controller keeps ``kernel-version.full`` true on nodes
 that carry it (``nodekernels``), keyed by node name, on the same caches.
 A third, ``preflight``, answers PreflightValidations (``preflight``), keyed
@@ -48,6 +53,7 @@ from kmm.aio import backoff
 from kmm.api import modules, preflight
 from kmm.kube import client, errors, listwatch, resources
 from kmm.operator import (
+    boots,
     caches,
     inflight,
     nodekernels,
@@ -234,6 +240,9 @@ class Operator:
             page_size=LIST_PAGE,
         )
         self.api = api
+        self.boots = boots.Boots(self.pods.store)
+        self.nodes.add_handler(self.boots.node_handler())
+        self.pods.add_handler(self.boots.pod_handler())
         self.caches = views.Caches(
             modules=self.modules.store,
             daemonsets=self.daemonsets.store,
@@ -241,6 +250,7 @@ class Operator:
             nodes=self.nodes.store,
             device_classes=self.device_classes.store,
             claims=self.claims.store,
+            boots=self.boots,
         )
         # Image existence for build and sign: its facts live as long as the
         # process (a restarted operator asks each registry once); its checks

@@ -81,10 +81,10 @@ def sync_daemonsets(
         into.apply.append(desired)
 
 
-def ready_nodes(pods: Sequence[RawObject]) -> set[str]:
-    """Nodes where one of ``pods`` is Ready."""
+def ready_nodes(view: views.ModuleView, pods: Sequence[RawObject]) -> set[str]:
+    """Nodes where one of ``pods`` is Ready in the node's current boot (``view.ready``)."""
     return {
         node
         for pod in pods
-        if (node := (pod.get("spec") or {}).get("nodeName")) and views.is_pod_ready(pod)
+        if (node := (pod.get("spec") or {}).get("nodeName")) and view.ready(pod)
     }

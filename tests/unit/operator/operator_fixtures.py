@@ -49,21 +49,30 @@ def module(raw: Obj | None = None) -> modules.Module:
 
 
 def node(
-    name: str, kernel: str, *, pick: bool = True, extra: dict[str, str] | None = None, **spec: Any
+    name: str,
+    kernel: str,
+    *,
+    pick: bool = True,
+    extra: dict[str, str] | None = None,
+    boot: str = "",
+    **spec: Any,
 ) -> Obj:
+    """A Node on ``kernel``; ``boot``: its ``bootID`` (KWOK's nodes report none)."""
     node_labels = {"kubernetes.io/hostname": name, **(extra or {})}
     if pick:
         node_labels["pick"] = "yes"
+    info = {"kernelVersion": kernel, **({"bootID": boot} if boot else {})}
     return {
         "metadata": {"name": name, "labels": node_labels, "resourceVersion": "1"},
         "spec": spec,
-        "status": {"nodeInfo": {"kernelVersion": kernel}},
+        "status": {"nodeInfo": info},
     }
 
 
-def pod(ds: Obj, node_name: str, *, ready: bool = True) -> Obj:
+def pod(ds: Obj, node_name: str, *, ready: bool = True, started: str | None = None) -> Obj:
     """A pod of ``ds`` on ``node_name``, its controller ``ds`` (by uid, when
-    ``ds`` has one: a desired DaemonSet has none, a cached one has)."""
+    ``ds`` has one: a desired DaemonSet has none, a cached one has);
+    ``started``: when its running container started (none runs without)."""
     owner = ds["metadata"].get("uid") or f"uid-ds-{ds['metadata']['name']}"
     return {
         "metadata": {
@@ -82,8 +91,15 @@ def pod(ds: Obj, node_name: str, *, ready: bool = True) -> Obj:
             ],
         },
         "spec": {"nodeName": node_name},
-        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            **({"containerStatuses": [_running(started, ready=ready)]} if started else {}),
+        },
     }
+
+
+def _running(started: str, *, ready: bool) -> Obj:
+    return {"name": "module-loader", "ready": ready, "state": {"running": {"startedAt": started}}}
 
 
 def view(
@@ -91,9 +107,12 @@ def view(
     nodes: list[dict],
     daemonsets: list[dict] | tuple[()] = (),
     pods: list[dict] | tuple[()] = (),
+    *,
+    stale: frozenset[str] = frozenset(),
 ) -> views.ModuleView:
     """What a reconcile of ``module`` would see: ``nodes`` cached, the given
-    DaemonSets and pods as the Module's."""
+    DaemonSets and pods as the Module's (``stale``: the uids of those Ready
+    from an earlier boot of their node)."""
     store = stores.Store()
     for node in nodes:
         store.put(node)
@@ -106,4 +125,5 @@ def view(
         daemonsets=daemonsets,
         pods=pods,
         labelled=labelled,
+        stale=stale,
     )

@@ -193,6 +193,24 @@ def test_a_preflight_pod_is_no_problem_of_the_node_it_runs_on() -> None:
     assert state.problem is not None
 
 
+def test_the_old_kernels_loader_leaving_a_rebooted_node_is_no_problem_of_it() -> None:
+    """n1 rebooted from 6.1 onto 6.8: the 6.1 loader the kubelet started again
+    crash-loops there (its postStart finds no module for 6.8) until its
+    DaemonSet's controller deletes it. A loader of the node's own kernel that
+    crash-loops is the node's problem."""
+    crashing = container("module-loader", waiting("CrashLoopBackOff", "back-off 40s"), restarts=3)
+    old = pod(None, crashing)
+    old["metadata"]["labels"].update(
+        {labels.ROLE: "module-loader", labels.KERNEL_VERSION_FULL: "6.1.0-27-amd64"}
+    )
+    [state] = inspecting.states(MODULE, [NODE], [old])
+    assert state.problem is None
+    old["metadata"]["labels"][labels.KERNEL_VERSION_FULL] = "6.8.0-45-generic"
+    [state] = inspecting.states(MODULE, [NODE], [old])
+    assert state.problem is not None
+    assert "CrashLoopBackOff" in state.problem
+
+
 IMAGES = [
     {"kernel": "6.8.0-45-generic", "image": "r:5000/ns/m:6.8.0-45-generic", "state": "Exists"},
     {

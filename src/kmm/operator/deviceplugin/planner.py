@@ -44,7 +44,7 @@ def plan(view: views.ModuleView, loader: loader_planner.LoaderPlan) -> PluginPla
 
     nodes = view.nodes()
     if result.enabled:
-        result.ready = workloads.ready_nodes(view.pods.get(_ROLE, ()))
+        result.ready = workloads.ready_nodes(view, view.pods.get(_ROLE, ()))
         if module.spec.module_loader is None:
             result.eligible = view.selected_names()
         else:

@@ -147,7 +147,7 @@ def plan(view: views.ModuleView, loader: loader_planner.LoaderPlan) -> DraPlan:
     target_key, ready_key = labels.dra_target(ns, name), labels.dra_ready(ns, name)
     nodes = view.nodes()
     pods = view.pods.get(_ROLE, ())
-    result.ready = workloads.ready_nodes(pods) if dra is not None else set()
+    result.ready = workloads.ready_nodes(view, pods) if dra is not None else set()
     targets: set[str] = set()
     if dra is not None:
         with_pod = {

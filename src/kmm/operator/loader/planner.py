@@ -25,6 +25,24 @@ Without a version, a targeted node is loaded when the loader pod of *its*
 pair is Ready. Wanted labels: ``kernel-version.full`` on selected nodes
 (shared by all Modules, never removed), ``.ready`` exactly where loaded.
 
+Ready means Ready in the node's current boot (``views.ModuleView.ready``,
+``kmm.operator.boots``): a reboot unloads the module, and until the kubelet
+reports the container it starts again (its ``postStart`` loads the module
+again), the pod's Ready condition is the earlier boot's. So ``.ready`` goes
+once the Node shows a new boot id and comes back once this boot's loader is
+Ready. The exception is a node whose version label was taken away (above):
+its ``.ready`` stays until the old loader pod is gone, reboot or not, since
+the kubelet may start that pod again (loading the old version) until its
+deletion reaches the node.
+
+A node that rebooted into another kernel belongs to that kernel's pair:
+``kernel-version.full`` moves, the old kernel's DaemonSet no longer selects
+the node and its controller deletes its pod there. Until then the kubelet
+may start that pod again, and its ``postStart`` fails on a kernel its image
+has no module for. Such pods are ``leaving``: what they fail at on that
+node is not the Module's failure, and is never reported as one (nor as the
+node's problem in ``kmm status`` and ``kmm upgrade``: ``inspecting``).
+
 Pinned images (``pins``: kernel -> digest of an image kmm built, from the
 build planner): the pair's DaemonSet runs ``image@digest``
 (``builders.daemonset``), so an image built again under the same tag
@@ -56,7 +74,7 @@ from kmm.operator import objects, plans, views
 from kmm.operator.loader import builders as loader_builders
 from kmm.operator.loader import reports as loader_reports
 
-__all__ = ["LoaderPlan", "keep_old_version", "plan"]
+__all__ = ["LoaderPlan", "keep_old_version", "leaving", "plan"]
 
 RawObject = dict[str, Any]
 _ROLE = "module-loader"
@@ -83,6 +101,18 @@ def _pair_of(obj: Mapping[str, Any]) -> tuple[str, str, str]:
         found.get(labels.KERNEL_VERSION_FULL, ""),
         found.get(labels.IMAGE_HASH, ""),
         found.get(labels.MODULE_VERSION, ""),
+    )
+
+
+def leaving(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """Whether ``pod``, a loader pod on ``node``, is of another kernel than
+    the one ``node`` reports (it rebooted into that one): it leaves the node,
+    and what it fails at there is not the Module's (nor the node's)."""
+    if _labels(pod).get(labels.ROLE) != _ROLE:
+        return False
+    kernel = _kernel_version(node)
+    return bool(kernel) and _labels(pod).get(labels.KERNEL_VERSION_FULL) != labels.kernel_value(
+        kernels.node_kernel(kernel)
     )
 
 
@@ -118,6 +148,9 @@ class LoaderPlan(plans.Plan):
     # Targeted nodes where the pod of their pair (and version) did not load,
     # and what its hook reported (``reports``): node -> report.
     failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Names of loader pods on a node that now runs another kernel than
+    # theirs: leaving it, and what they fail at there is not the Module's.
+    leaving: set[str] = dataclasses.field(default_factory=set)
 
 
 def _candidates(
@@ -227,7 +260,9 @@ def plan(
 
     nodes = view.nodes()
     on_nodes = [(str((pod.get("spec") or {}).get("nodeName") or ""), pod) for pod in pods]
-    ready_pods = [(node, pod) for node, pod in on_nodes if views.is_pod_ready(pod)]
+    # Ready in this boot of its node (``view.ready``): a pod Ready from an
+    # earlier boot loaded a module the reboot unloaded.
+    ready_pods = [(node, pod) for node, pod in on_nodes if view.ready(pod)]
     replaced = {id(pod) for pod in result.replace}
     # Reports of pods of the node's own pair (and version): an older
     # image's pod being replaced, or another kernel's leaving the node, is
@@ -237,6 +272,12 @@ def plan(
         for node, pod in on_nodes
         if id(pod) not in replaced and (text := loader_reports.report(pod)) is not None
     ]
+    result.leaving = {
+        str(_meta(pod).get("name"))
+        for pod in pods
+        if (on := nodes.get(str((pod.get("spec") or {}).get("nodeName") or "")))
+        and leaving(pod, on)
+    }
     if version is None:
         result.targeted = set(node_pairs)
         result.loaded = {

@@ -148,3 +148,64 @@ def test_loader_pods_of_an_older_digest_are_replaced_only_when_they_never_loaded
     # Unpinned (an image kmm did not build): nothing is replaced.
     plain = loader_planner.plan(fixtures.view(module, nodes, [new], pods))
     assert plain.replace == []
+
+
+def _uid(pod: dict) -> str:
+    return str(pod["metadata"]["uid"])
+
+
+def test_a_ready_loader_pod_from_an_earlier_boot_of_its_node_is_not_loaded() -> None:
+    """``stale``: pods ``boots`` marks (their container ran before the node's
+    new boot id); Ready by their conditions, they hold nothing since the reboot."""
+    module = fixtures.module()
+    nodes = [fixtures.node("n0", K68), fixtures.node("n3", K68)]
+    (ds,) = loader_planner.plan(fixtures.view(module, nodes)).apply
+    before = fixtures.pod(ds, "n0", started="2026-01-01T00:00:00Z")
+    pods = [before, fixtures.pod(ds, "n3", started="2026-01-01T00:00:00Z")]
+    rebooted = fixtures.view(module, nodes, [ds], pods, stale=frozenset({_uid(before)}))
+    plan = loader_planner.plan(rebooted)
+    assert plan.targeted == {"n0", "n3"}
+    assert plan.loaded == {"n3"}
+    assert plan.labels["n0"][labels.ready("ns", "m")] is None
+    assert (plan.replace, plan.delete) == ([], [])  # the kubelet starts it again
+    # Its container started again in this boot (no longer marked): loaded.
+    assert loader_planner.plan(fixtures.view(module, nodes, [ds], pods)).loaded == {"n0", "n3"}
+
+
+def test_with_a_version_a_loader_pod_from_an_earlier_boot_is_not_loaded_either() -> None:
+    raw = fixtures.module_raw()
+    raw["spec"]["moduleLoader"]["container"]["version"] = "v1"
+    module = fixtures.module(raw)
+    loader_label = labels.module_loader_version("ns", "m")
+    ready = labels.ready("ns", "m")
+    nodes = [fixtures.node("n0", K68, extra={loader_label: "v1", ready: ""})]
+    (ds,) = loader_planner.plan(fixtures.view(module, nodes)).apply
+    pod = fixtures.pod(ds, "n0", started="2026-01-01T00:00:00Z")
+    stale = loader_planner.plan(
+        fixtures.view(module, nodes, [ds], [pod], stale=frozenset({_uid(pod)}))
+    )
+    assert (stale.loaded, stale.versions, stale.unloading) == (set(), {}, set())
+    assert stale.labels["n0"][ready] is None
+    assert loader_planner.plan(fixtures.view(module, nodes, [ds], [pod])).versions == {"n0": "v1"}
+
+
+def test_a_loader_pod_of_the_kernel_its_node_left_is_leaving() -> None:
+    """A node rebooted from K68 onto K61: the old kernel's pod that the
+    kubelet started again fails there, and is not the Module's failure."""
+    module = fixtures.module()
+    by_kernel = _desired(loader_planner.plan(fixtures.view(module, _nodes())))
+    nodes = [fixtures.node("n0", K61, boot="b"), fixtures.node("n3", K68)]
+    old = fixtures.pod(by_kernel[K68], "n0", ready=False)  # its postStart failed
+    new = fixtures.pod(by_kernel[K61], "n0", ready=False)
+    kept = fixtures.pod(by_kernel[K68], "n3")
+    daemonsets = [by_kernel[K68], by_kernel[K61]]
+    plan = loader_planner.plan(fixtures.view(module, nodes, daemonsets, [old, new, kept]))
+    assert plan.leaving == {old["metadata"]["name"]}
+    assert plan.labels["n0"][labels.KERNEL_VERSION_FULL] == K61
+    assert plan.targeted == {"n0", "n3"}
+    assert plan.loaded == {"n3"}
+    # Ready or not (a stale condition of the earlier boot), it never loads n0.
+    ready_old = fixtures.pod(by_kernel[K68], "n0")
+    again = loader_planner.plan(fixtures.view(module, nodes, daemonsets, [ready_old, kept]))
+    assert again.leaving == {ready_old["metadata"]["name"]}
+    assert again.loaded == {"n3"}
