@@ -94,9 +94,11 @@ sandbox-build-deps:
 	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
-# What `make image` and `make test-images` build with, from Debian's packages;
-# as root, as on CI, and only when one is missing.
-IMAGE_TOOLS := mmdebstrap buildah gcc kmod
+# What `make image` and `make test-images` build with, from Debian's packages,
+# and busybox, the third shell the loader hooks' unit tests run under (an
+# Alpine or busybox image's sh and od); as root, as on CI, and only when one
+# is missing.
+IMAGE_TOOLS := mmdebstrap buildah gcc kmod busybox
 image-tools:
 	@for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
