@@ -6,8 +6,8 @@ with no one's help), but until it reports them the API still shows the old
 container, Ready: a pod's Ready condition outlives a reboot shorter than the
 node controller's grace period, and the kubelet of the new boot posts its
 Node's status (the new ``status.nodeInfo.bootID``) as it starts, before it
-has restarted any container. Taken as it is, that
-condition would have ``.ready`` claim a module the reboot unloaded.
+has restarted any container. Taken as it is, that condition would have
+``.ready`` claim a module the reboot unloaded.
 
 ``Boots`` remembers, when a cached Node's boot id changes from one non-empty
 value to another (``on_update`` of its node handler: the kubelet of a new
@@ -26,11 +26,10 @@ Limits. The marks are the process's memory (every replica keeps its own,
 fed by its informers, so a standby that becomes the leader has them): an
 operator that starts after a node's new boot id was posted does not see it
 change, and takes a pod the kubelet has not reported yet (seconds) as its
-list shows it. A
-node watch that lags behind the pod watch by the whole of a container's
-restart (a relist) marks the new container too: ``PATIENCE`` ends that, and
-the Module's next reconcile (its resync at the latest) labels the node
-again. ``PATIENCE`` is far above the time a kubelet takes from its first
+list shows it. A node watch that lags behind the pod watch by the whole of
+a container's restart (a relist) marks the new container too: ``PATIENCE``
+ends that, and the Module's next reconcile (its resync at the latest)
+labels the node again. ``PATIENCE`` is far above the time a kubelet takes from its first
 Node status to its first pod status; past it, a pod still shown Ready with
 the old container would be a kubelet that reports its node and not its
 pods.
