@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import crdpruning
 import pytest
 import yaml
 
@@ -132,33 +133,13 @@ def test_the_dockerfile_builds_from_the_toolkit_kmm_passes() -> None:
 # -- admission ---------------------------------------------------------------
 
 
-def _pruned(schema: Obj, obj: Any, path: str = "") -> list[str]:
-    """Paths the API server's pruning would drop from ``obj``."""
-    if schema.get("x-kubernetes-preserve-unknown-fields") and "properties" not in schema:
-        return []
-    if isinstance(obj, dict):
-        if "additionalProperties" in schema:
-            return []
-        props = schema.get("properties", {})
-        dropped = []
-        for key, value in obj.items():
-            if key in props:
-                dropped += _pruned(props[key], value, f"{path}.{key}")
-            elif not schema.get("x-kubernetes-preserve-unknown-fields"):
-                dropped.append(f"{path}.{key}")
-        return dropped
-    if isinstance(obj, list):
-        return [p for i, item in enumerate(obj) for p in _pruned(schema["items"], item, f"{path}[{i}]")]  # fmt: skip
-    return []
-
-
 @pytest.mark.parametrize("name", ["module.yaml", "module-v2.yaml"])
 def test_the_modules_pass_admission(name: str) -> None:
     raw = _module(name)
     module = validation.parse_module(copy.deepcopy(raw))
     (version,) = crd.render()["spec"]["versions"]
     spec_schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert _pruned(spec_schema, raw["spec"]) == []
+    assert crdpruning.pruned(spec_schema, raw["spec"]) == []
     metadata = raw["metadata"]
     assert len(metadata["name"]) + len(metadata["namespace"]) <= labels.MAX_NAME_AND_NAMESPACE
     # Nothing the warnings policy names (kmm.api.admission.warnings).

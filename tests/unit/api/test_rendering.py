@@ -7,6 +7,7 @@ import pathlib
 from collections.abc import Iterator
 from typing import Any
 
+import crdpruning
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -303,38 +304,16 @@ def test_status_subresource_and_columns() -> None:
     }
 
 
-def _pruned(schema: Schema, obj: Any, path: str = "") -> list[str]:
-    """Paths the apiserver's pruning would drop from ``obj``."""
-    if schema.get("x-kubernetes-preserve-unknown-fields") and "properties" not in schema:
-        return []
-    if isinstance(obj, dict):
-        if "additionalProperties" in schema:
-            return []
-        props = schema.get("properties", {})
-        dropped = []
-        for key, value in obj.items():
-            if key in props:
-                dropped += _pruned(props[key], value, f"{path}.{key}")
-            elif not schema.get("x-kubernetes-preserve-unknown-fields"):
-                dropped.append(f"{path}.{key}")
-        return dropped
-    if isinstance(obj, list):
-        return [
-            p for i, item in enumerate(obj) for p in _pruned(schema["items"], item, f"{path}[{i}]")
-        ]
-    return []
-
-
 def test_nothing_in_kmm_manifests_is_pruned(
     upstream_style: dict[str, Any], build_sign: dict[str, Any]
 ) -> None:
     # metadata is the apiserver's own business; spec is what pruning touches.
     spec = _root()["properties"]["spec"]
-    assert _pruned(spec, upstream_style["spec"]) == []
-    assert _pruned(spec, examples.module()["spec"]) == []
-    assert _pruned(spec, build_sign["spec"]) == []
+    assert crdpruning.pruned(spec, upstream_style["spec"]) == []
+    assert crdpruning.pruned(spec, examples.module()["spec"]) == []
+    assert crdpruning.pruned(spec, build_sign["spec"]) == []
     upstream_style["spec"]["moduleLoader"]["container"]["typo"] = 1
-    assert _pruned(spec, upstream_style["spec"]) == [".moduleLoader.container.typo"]
+    assert crdpruning.pruned(spec, upstream_style["spec"]) == [".moduleLoader.container.typo"]
 
 
 def test_admission_policy_checks_the_label_budget() -> None:
