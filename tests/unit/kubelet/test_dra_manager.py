@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
+import grpcservers
 import pytest
 from grpc import aio
 
@@ -114,4 +115,4 @@ async def test_the_call_log_is_bounded_and_the_counts_keep_counting(directory: P
         assert manager.recent[-1] == dra.Call("NodeUnprepareResources", DRIVER, (f"u{calls - 1}",))
     finally:
         await registry.close()
-        await server.stop(None)
+        await grpcservers.stop(server)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpcservers
 import pytest
 from grpc import aio
 
@@ -31,7 +32,7 @@ class FakePlugin(pluginregistration_pb2_grpc.RegistrationServicer):
         await self.server.start()
 
     async def stop(self) -> None:
-        await self.server.stop(None)
+        await grpcservers.stop(self.server)
         self.socket.unlink(missing_ok=True)
 
     async def GetInfo(self, request: Any, context: Any) -> pluginregistration_pb2.PluginInfo:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import grpcservers
 import operator_fixtures as fixtures
 import pytest
 from grpc import aio
@@ -114,4 +115,4 @@ async def test_a_driver_whose_health_server_knows_only_liveness_is_ready(
         own = {"grpc": {"port": port, "service": "readiness"}}
         assert not await probes.check(own, container, _no_exec)
     finally:
-        await server.stop(None)
+        await grpcservers.stop(server)
