@@ -448,6 +448,8 @@ async def _reboot(sandbox: Started, api: kube_client.Client, kernel: str) -> Non
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{NODE} Ready on kernel {kernel} after" in " ".join(done.stdout.split())
     after = await sandbox.node.status()
+    # As the kernel says it, brackets and all ("none [integrity] confidentiality").
+    assert f"lockdown {after.lockdown};" in done.stdout
     assert after.kernel == kernel
     assert after.boot_id != before.boot_id
     assert after.secure_boot

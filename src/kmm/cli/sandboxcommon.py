@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import markup
 from rich.console import Console
 
 __all__ = ["DirOption", "console", "error_console", "fail"]
@@ -31,5 +32,5 @@ error_console = Console(stderr=True)
 
 
 def fail(err: Exception) -> typer.Exit:
-    error_console.print(f"[bold red]error:[/] {err}", highlight=False)
+    error_console.print(f"[bold red]error:[/] {markup.escape(str(err))}", highlight=False)
     return typer.Exit(1)

@@ -105,6 +105,9 @@ def reboot(
         f"(boot {rebooted.boot_id}; Secure Boot {'on' if rebooted.secure_boot else 'off'}, "
         f"lockdown {rebooted.lockdown}; {rebooted.accel})",
         soft_wrap=True,
+        # The kernel brackets the lockdown mode in force ("none [integrity]
+        # confidentiality"): text, not rich markup, which would drop it.
+        markup=False,
     )
 
 

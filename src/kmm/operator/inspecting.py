@@ -152,7 +152,12 @@ def _stuck(status: Mapping[str, Any], *, init: bool) -> str | None:
         # why its module did not load (``loader.scripts``).
         said = ((status.get("lastState") or {}).get("terminated") or {}).get("message") or ""
         said = "; ".join(line.strip() for line in said.splitlines() if line.strip())
-        return waiting_reason + (f" ({message})" if message else "") + (f": {said}" if said else "")
+        if said:
+            # The container's own words say it all: the kubelet's message
+            # repeats them after the hook's whole command (a loader's script,
+            # for PostStartHookError) or names the back-off.
+            return f"{waiting_reason}: {said}"
+        return waiting_reason + (f" ({message})" if message else "")
     # An init container that failed is run again (a DaemonSet's pods restart
     # always) and the pod waits on it; failing again after a restart, it is
     # crash-looping even in the moment before the kubelet says CrashLoopBackOff.

@@ -91,6 +91,15 @@ async def _no_exec(argv: list[str], timeout: float) -> bool:
     raise AssertionError("no exec probe here")
 
 
+def test_the_drivers_probes_wait_longer_than_the_kubelets_default_second() -> None:
+    """On a VM node under TCG the driver's health check answered in more than
+    a second ("failed to connect service ... within 1s"): three liveness
+    timeouts in a row would restart a driver that serves claims."""
+    container = _dra_pod()["containers"][0]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["timeoutSeconds"] == dra_builders.PROBE_TIMEOUT_SECONDS > 1
+
+
 @pytest.mark.parametrize("services", [(), ("liveness",)], ids=["default", "liveness-only"])
 async def test_a_driver_whose_health_server_knows_only_liveness_is_ready(
     services: tuple[str, ...],

@@ -170,15 +170,29 @@ def test_a_pod_that_cannot_run_is_the_nodes_problem(
 
 @pytest.mark.parametrize("reason", ["PostStartHookError", "CrashLoopBackOff"])
 def test_a_loader_that_did_not_load_says_why(reason: str) -> None:
-    """Its failed hook's report, the container's last termination message."""
+    """Its failed hook's report, the container's last termination message,
+    and not the kubelet's message beside it: for PostStartHookError that is
+    the hook's whole command (the loader's script, seen on a VM node), then
+    the same report again."""
     said = "modprobe -v -d /opt kmod_x: insmod /opt/x.ko\nmodprobe: ERROR: could not insert 'kmod_x': Key was rejected by service\n"  # fmt: skip
-    loader = container("module-loader", waiting(reason, "back-off 10s"))
+    kubelets = {
+        "PostStartHookError": "Exec lifecycle hook ([/bin/sh -c kmm_report() {\n...]) for "
+        f'Container "module-loader" failed - error: command exited with 1: , message: "{said}"',
+        "CrashLoopBackOff": "back-off 10s restarting failed container=module-loader",
+    }
+    loader = container("module-loader", waiting(reason, kubelets[reason]))
     loader["lastState"] = {"terminated": {"exitCode": 0, "reason": "Completed", "message": said}}
     [state] = inspecting.states(MODULE, [NODE], [pod(None, loader)])
     assert state.problem == (
-        f"pod m-dp-x7k2p: {reason} (back-off 10s): modprobe -v -d /opt kmod_x: insmod /opt/x.ko; "
+        f"pod m-dp-x7k2p: {reason}: modprobe -v -d /opt kmod_x: insmod /opt/x.ko; "
         "modprobe: ERROR: could not insert 'kmod_x': Key was rejected by service"
     )
+
+
+def test_a_loader_that_left_no_report_shows_the_kubelets_message() -> None:
+    loader = container("module-loader", waiting("CrashLoopBackOff", "back-off 10s"))
+    [state] = inspecting.states(MODULE, [NODE], [pod(None, loader)])
+    assert state.problem == "pod m-dp-x7k2p: CrashLoopBackOff (back-off 10s)"
 
 
 def test_a_preflight_pod_is_no_problem_of_the_node_it_runs_on() -> None:

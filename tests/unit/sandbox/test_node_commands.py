@@ -15,6 +15,7 @@ from kmm import cli
 from kmm.cli import sandboxnodes
 from kmm.sandbox import state
 from kmm.sandbox.vmnodes import agent
+from kmm.sandbox.vmnodes import nodes as vmnodes
 
 
 class _FakeVmNodes:
@@ -26,6 +27,16 @@ class _FakeVmNodes:
     async def exec(self, name: str, argv: Sequence[str], *, timeout: float) -> agent.ExecResult:
         self.asked.append((name, list(argv)))
         return agent.ExecResult(exit_code=3, stdout=b"out\n", stderr=b"err\n")
+
+    async def reboot(self, name: str, *, kernel: str | None, timeout: float) -> vmnodes.Status:
+        self.asked.append((name, ["reboot", kernel or ""]))
+        return vmnodes.Status(
+            kernel=kernel or "6.1.0-57-amd64",
+            boot_id="b00t",
+            secure_boot=True,
+            lockdown="none [integrity] confidentiality",
+            accel="tcg",
+        )
 
 
 def _invoke(args: list[str]) -> Any:
@@ -49,6 +60,27 @@ def test_exec_runs_what_follows_the_double_dash_and_exits_with_its_code(
     assert fake.asked == [("kmm-vm-0", ["sh", "-c", "exit 3", "-x"])]
     assert result.exit_code == 3
     assert "out" in result.stdout
+
+
+def test_reboot_prints_what_the_node_runs_as_its_kernel_says_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lockdown mode in force is bracketed by the kernel: printed as
+    text, not taken for rich markup (which printed "none  confidentiality")."""
+    fake = _FakeVmNodes()
+    monkeypatch.setattr(sandboxnodes, "_vm_nodes", lambda directory, node: fake)
+    result = _invoke(["node", "reboot", "--dir", str(tmp_path), "kmm-vm-0", "--kernel", "6.12.1"])
+    assert result.exit_code == 0, result.output
+    assert fake.asked == [("kmm-vm-0", ["reboot", "6.12.1"])]
+    said = _said(result)
+    assert "kmm-vm-0 Ready on kernel 6.12.1 after" in said
+    assert "(boot b00t; Secure Boot on, lockdown none [integrity] confidentiality; tcg)" in said
+
+
+def test_an_error_is_printed_as_it_was_said(tmp_path: Path) -> None:
+    result = _invoke(["node", "reboot", "--dir", str(tmp_path / "[none]"), "kmm-vm-0"])
+    assert result.exit_code == 1
+    assert "[none]" in _said(result)
 
 
 def test_a_container_node_is_named_for_what_it_is(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "CDI_DIR",
     "HEALTHCHECK_PORT",
     "PLUGINS_DIR",
+    "PROBE_TIMEOUT_SECONDS",
     "REGISTRY_DIR",
     "daemonset",
     "device_class",
@@ -46,6 +47,8 @@ PLUGINS_DIR: Final = "/var/lib/kubelet/plugins"
 REGISTRY_DIR: Final = "/var/lib/kubelet/plugins_registry"
 CDI_DIR: Final = "/var/run/cdi"
 HEALTHCHECK_PORT: Final = 51515  # KMM's
+#: Seconds the driver's probes wait for an answer (the kubelet's default is 1).
+PROBE_TIMEOUT_SECONDS: Final = 5
 _ROLE: Final[workloadbuilders.Role] = "dra"
 _PLUGINS_VOLUME, _REGISTRY_VOLUME, _CDI_VOLUME = devices.DRA_VOLUMES
 
@@ -96,10 +99,15 @@ def daemonset(module: modules.Module) -> RawObject:
         {"name": _CDI_VOLUME, "mountPath": CDI_DIR},
         *podspecs.mounts(dra.container.volume_mounts),
     ]
+    # Both probes allow PROBE_TIMEOUT_SECONDS for an answer, not the
+    # kubelet's default second: on a busy node (a VM node under TCG) a
+    # driver's health check took longer, and three liveness timeouts in a row
+    # would restart a driver that is serving claims.
     container["livenessProbe"] = {
         "grpc": {"port": HEALTHCHECK_PORT, "service": "liveness"},
         "failureThreshold": 3,
         "periodSeconds": 10,
+        "timeoutSeconds": PROBE_TIMEOUT_SECONDS,
     }
     # Upstream KMM's DaemonSet has the liveness probe only, so a driver is
     # Ready (and counted, and its node labelled) before the kubelet has
@@ -112,6 +120,7 @@ def daemonset(module: modules.Module) -> RawObject:
         "grpc": {"port": HEALTHCHECK_PORT},
         "failureThreshold": 3,
         "periodSeconds": 5,
+        "timeoutSeconds": PROBE_TIMEOUT_SECONDS,
     }
     pod_spec: RawObject = {
         **podspecs.base(

@@ -202,7 +202,12 @@ kmm_probe() {
             *) kmm_m="$kmm_m$kmm_base"; break ;;
             esac
         done
-        kmm_list="$kmm_list $kmm_m=$kmm_path"
+        # Once each: modprobe -D lists a module that is both a softdep
+        # (modulesLoadingOrder) and a dependency (modules.dep) twice.
+        case " $kmm_list " in
+        *" $kmm_m="*) ;;
+        *) kmm_list="$kmm_list $kmm_m=$kmm_path" ;;
+        esac
     done <<KMM_EOF
 $kmm_out
 KMM_EOF
@@ -236,7 +241,14 @@ kmm_unload_stale() {
         kmm_m=${kmm_e%%=*}
         kmm_state "$kmm_m"
         case $kmm_r in absent | builtin) continue ;; esac
-        kmm_run "unloading $kmm_m, held by the kernel before this load${kmm_stale}" rmmod "$kmm_m"
+        # Each module's own reason, so a failure says which build is held.
+        kmm_compare "$kmm_m" "${kmm_e#*=}"
+        if [ "$kmm_same" = yes ]; then
+            kmm_reason="the image's own build, unloaded as it uses one that is not"
+        else
+            kmm_reason=$kmm_detail
+        fi
+        kmm_run "unloading $kmm_m, loaded before this load ($kmm_reason)" rmmod "$kmm_m"
     done
 }
 # kmm_verify NAME: every listed module is live, and the image's build.

@@ -102,21 +102,22 @@ def test_loading_order_mounts_the_softdep_file() -> None:
 # modulesLoadingOrder got its softdep file (which left them as they were),
 # after the main process became a shell exiting on SIGTERM and after the
 # hooks became loader.scripts' scripts, which check the kernel and report
-# through the termination message (each changed them, on purpose:
+# through the termination message, and after a stale module's unload named
+# its own build once (each changed them, on purpose:
 # loader_builders.MAIN_COMMAND, loader.scripts). A changed value is one
 # patch of every loader DaemonSet of such a Module on an operator upgrade,
 # and a new command for its pods made afterwards (OnDelete keeps the running ones).
 _PINNED = {
-    ("plain", "6.8.0-45-generic"): "151f193eca0639eea6ee",
-    ("plain", "6.1.0-27-amd64"): "51bed26984e9da3ff237",
-    ("args", "6.8.0-45-generic"): "0a89d463f0205bbf1adf",
-    ("args", "6.1.0-27-amd64"): "540a3ba288e5b176d124",
-    ("raw", "6.8.0-45-generic"): "1affb2e7774c00fe1d2c",
-    ("raw", "6.1.0-27-amd64"): "25057b876d88d207f809",
-    ("firmware", "6.8.0-45-generic"): "7d12ed696a1fa34fb906",
-    ("firmware", "6.1.0-27-amd64"): "be407956c0cb35c7210a",
-    ("version", "6.8.0-45-generic"): "577d86dd4b580f972166",
-    ("version", "6.1.0-27-amd64"): "30ecf4f008db7ad0fdd8",
+    ("plain", "6.8.0-45-generic"): "9928e6e39ec7816670fe",
+    ("plain", "6.1.0-27-amd64"): "8b1090881f02a51a772c",
+    ("args", "6.8.0-45-generic"): "884b73c2b005264d71ad",
+    ("args", "6.1.0-27-amd64"): "05eb6262311a916c9840",
+    ("raw", "6.8.0-45-generic"): "f809c53524492eb79991",
+    ("raw", "6.1.0-27-amd64"): "e4cd6f7bbf84f2e2a9d5",
+    ("firmware", "6.8.0-45-generic"): "dbd4a2c891b66582d5cb",
+    ("firmware", "6.1.0-27-amd64"): "e96def174ef2e71157a3",
+    ("version", "6.8.0-45-generic"): "4bb8ab04c69ebbaacc29",
+    ("version", "6.1.0-27-amd64"): "7018b680edba5e8fb8db",
 }
 _VARIANTS: dict[str, dict[str, Any]] = {
     "plain": _module_raw(),

@@ -174,8 +174,8 @@ def test_another_build_in_use_fails_and_is_retried(tmp_path: Path, shell: str) -
     assert failed.returncode == 1
     assert node.kernel.events() == []
     assert node.report.read_text() == (
-        f"unloading {NAME}, held by the kernel before this load; {NAME}: the kernel holds "
-        f"build {_hex(NAME, 'v0')}, the image's {node.ko()} is build {_hex(NAME, 'v1')}: "
+        f"unloading {NAME}, loaded before this load (the kernel holds "
+        f"build {_hex(NAME, 'v0')}, the image's {node.ko()} is build {_hex(NAME, 'v1')}): "
         f"rmmod: ERROR: Module {NAME} is in use\n"
     )
     # The kubelet runs preStop after a failed postStart: its own failure
@@ -189,6 +189,31 @@ def test_another_build_in_use_fails_and_is_retried(tmp_path: Path, shell: str) -
     _ok(node.run("postStart"))
     assert node.kernel.events() == [f"rmmod {NAME}", f"insmod {NAME} a=1"]
     assert node.report.read_text() == ""
+
+
+def test_a_module_modprobe_lists_twice_is_checked_and_reported_once(
+    tmp_path: Path, shell: str
+) -> None:
+    """kmod's ``modprobe -D`` lists a module twice when it is both a softdep
+    and a dependency of the one loaded (seen on Debian's kmod with
+    kmmdemo_peer: ``softdep kmmdemo_peer pre: kmmdemo`` and modules.dep):
+    the stale build it names is unloaded and described once."""
+    node = Node(tmp_path, shell)
+    node.kernel.load(NAME, build="v0", refcnt=1)
+    listing = node.bin / "modprobe"
+    fake = node.bin / "modprobe-fake"
+    listing.rename(fake)
+    listing.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = -D ]; then out=$("$0-fake" "$@") || exit; printf "%s\\n%s\\n" "$out" "$out"; exit; fi\n'
+        'exec "$0-fake" "$@"\n'
+    )
+    listing.chmod(0o755)
+    failed = node.run("postStart")
+    assert failed.returncode == 1
+    report = node.report.read_text()
+    assert report.count(_hex(NAME, "v0")) == 1, report
+    assert report.startswith(f"unloading {NAME}, loaded before this load (the kernel holds")
 
 
 def test_the_images_build_already_loaded_stays(tmp_path: Path, shell: str) -> None:
