@@ -40,6 +40,7 @@ KUBELET_NODE_MODULES: Final = frozenset(
         "test_sandbox_relay",
         "test_upgrade_in_containers",
         "test_upstream_build_sign_manifest",
+        "test_vm_modules",
         "test_vm_nodes",
     }
 )

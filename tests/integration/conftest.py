@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import test_operator_support as support
+import vmsandbox
 from kubernetes_asyncio import client
 
 from kmm.cli import paths
@@ -66,3 +67,10 @@ async def kmm_api(sandbox: testing.RunningSandbox) -> AsyncIterator[kube_client.
 async def namespace(api_client: client.ApiClient) -> AsyncIterator[str]:
     async with support.own_namespace(api_client) as name:
         yield name
+
+
+@pytest.fixture(scope="session")
+def vm_sandbox() -> Iterator[vmsandbox.Started]:
+    """The one sandbox with a VM node (``vmsandbox``), for the tests that need a real kernel."""
+    with vmsandbox.started() as found:
+        yield found

@@ -1,9 +1,9 @@
 """VM nodes in the sandbox's cluster (kmm.sandbox.vmnodes): Debian's kernels
 under Secure Boot, each guest a real Kubernetes node.
 
-One sandbox for the module, owned by it, started as a user starts it
-(``kmm sandbox up --vm-nodes 1 --accel tcg``): no KWOK node, one VM node
-booted under TCG with Secure Boot on, its NIC a tap bridged onto the
+On the session's VM sandbox (``vmsandbox``: ``kmm sandbox up --nodes 0
+--kubelet-nodes 1 --runtime containerd --vm-nodes 1 --accel tcg``): one VM
+node booted under TCG with Secure Boot on, its NIC a tap bridged onto the
 sandbox's fabric. The tests read what its kernel says (Secure Boot,
 lockdown), run commands in its OS (``kmm sandbox node exec``), check that
 its Node is Ready on the kernel the guest runs and that a pod from the
@@ -13,133 +13,61 @@ the sandbox key and refused unsigned, check that its registry serves each
 kernel's driver toolkit image (``make vm-toolkit-images``), seeded from the
 cache rather than pushed, and that the node runs the one of its kernel,
 reboot it onto the other kernel line
-(``kmm sandbox node reboot --kernel``) and back to the first (last: the
-tests before read the kernel they run on rather than assume it; the last
-one leaves the node on the kernel it started with).
+(``kmm sandbox node reboot --kernel``; the tests before read the kernel
+they run on rather than assume it), and last take the sandbox down: this
+module sorts after every other user of it, so its node need not be
+rebooted back (``test_vm_modules`` reboots onto a chosen kernel and back).
 
-Needs ``make vm-image vm-test-modules vm-toolkit-images test-images`` first (no test
-downloads or builds an image) and the host-wide lock
-(``/work/notes/nodes-lock``): its sandbox starts network namespaces and
-keeps one core busy. Cost on this 2-core machine: the sandbox's start with
-the node Ready about 1 to 2.5 minutes, two reboots about 1 to 2 minutes
-each, the driver toolkit pod (a 120 MiB pull unpacked under TCG) about 2
-minutes, the rest under a minute: about 5 to 9 minutes (5.3 measured on a
-quiet machine; more when it is busy).
+Cost on this 2-core machine: a reboot about 1 to 2 minutes, the
+driver toolkit pod (a 120 MiB pull unpacked under TCG) about 2 minutes
+when ``test_vm_modules`` has not pulled it already, the rest under a
+minute; the sandbox's start (1 to 2.5 minutes) is paid by its first user.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
-import shutil
 import subprocess
-import sys
-import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import containersandbox
 import namespacing
 import pytest
+import vmsandbox
 
 from kmm.cli import paths
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
 from kmm.oci import layouts
-from kmm.sandbox import addressing, cluster, registryseeding, state
+from kmm.sandbox import addressing, cluster, registryseeding
 from kmm.sandbox import registry as sandbox_registry
-from kmm.sandbox.vmnodes import agent, firmware, images, kernels, qemu, toolkitimages
+from kmm.sandbox.vmnodes import agent, firmware, images, qemu, toolkitimages
 from kmm.sandbox.vmnodes import kind as vmkind
 from kmm.sandbox.vmnodes import nodes as vm
-from kmm.sandbox.vmnodes import planning as vmplanning
 
-ROOT = Path(__file__).resolve().parents[2]
-MODULES = ROOT / "build" / "vm" / "modules"
-IMAGES = ROOT / "build" / "images"
-MODULE = "kmm_vm_test"
-NODE = f"{vmkind.NODE_PREFIX}0"
-NAMESPACE = "default"
-WORKLOAD = f"{addressing.GATEWAY}:{addressing.REGISTRY_PORT}/workload:1"
-_KMM = Path(sys.executable).with_name("kmm")
-# A VM's start, and each reboot, under TCG on a busy 2-core machine.
-UP_TIMEOUT = 1200.0
-REBOOT_TIMEOUT = 540.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Started:
-    """The module's sandbox: its record, what ``up`` printed, its VM nodes."""
-
-    record: state.SandboxState
-    up_output: str
-    vms: vmkind.VmNodes
-
-    @property
-    def directory(self) -> Path:
-        return self.record.directory
-
-    @property
-    def node(self) -> vm.VmNode:
-        return self.vms.handle(NODE)
-
-    @property
-    def key(self) -> firmware.SigningKey:
-        return vmplanning.signing_key_path(self.directory)
-
-
-def _kmm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(_KMM), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, "COLUMNS": "250"},
-    )
+MODULES = vmsandbox.MODULES
+MODULE = vmsandbox.TEST_MODULE
+NODE = vmsandbox.NODE
+NAMESPACE = vmsandbox.NAMESPACE
+WORKLOAD = vmsandbox.WORKLOAD
+REBOOT_TIMEOUT = vmsandbox.REBOOT_TIMEOUT
+Started = vmsandbox.Started
+_kmm = vmsandbox.kmm
 
 
 @pytest.fixture(scope="module")
-def image() -> images.NodeImage:
-    cache = paths.cache_dir()
-    chosen = kernels.load(cache)
-    found = images.find(cache, chosen) if chosen is not None else None
-    assert found is not None, "no VM node image: run `make vm-image vm-test-modules` first"
-    for kernel in found.kernels.versions:
-        assert (MODULES / kernel / f"{MODULE}.ko").is_file(), "run `make vm-test-modules` first"
-    assert (IMAGES / "pause.tar").is_file(), "run `make test-images` first"
-    for kernel in found.kernels.versions:
-        toolkit = toolkitimages.find(cache, found.kernels, kernel)
-        assert toolkit is not None, "run `make vm-toolkit-images` first"
-    return found
+def sandbox(vm_sandbox: Started) -> Started:
+    return vm_sandbox
 
 
 @pytest.fixture(scope="module")
-def sandbox(image: images.NodeImage) -> Iterator[Started]:
-    # Short: the sandbox's unix sockets live below it.
-    directory = Path(os.path.realpath(tempfile.mkdtemp(prefix="kv", dir="/tmp")))
-    try:
-        up = _kmm(
-            "sandbox", "up", "--dir", str(directory), "--nodes", "0", "--vm-nodes", "1",
-            "--accel", "tcg", "--pause-image", str(IMAGES / "pause.tar"),
-            timeout=UP_TIMEOUT,
-        )  # fmt: skip
-        assert up.returncode == 0, up.stdout + up.stderr
-        pushed = containersandbox.push(directory, IMAGES / "workload.tar", "workload:1")
-        assert pushed == WORKLOAD
-        yield Started(
-            record=cluster.status(directory),
-            up_output=up.stdout,
-            vms=cluster.vm_nodes(directory),
-        )
-    finally:
-        with contextlib.suppress(Exception):
-            cluster.down(directory)
-        shutil.rmtree(directory, ignore_errors=True)
+def image(sandbox: Started) -> images.NodeImage:
+    return sandbox.image
 
 
 @pytest.fixture
@@ -166,9 +94,9 @@ def test_up_says_what_the_vm_node_runs_and_where_the_signing_key_is(
     sandbox: Started, image: images.NodeImage
 ) -> None:
     output = " ".join(sandbox.up_output.split())
-    assert "0 node(s) and 1 VM node(s) Ready" in output
+    assert "0 node(s) and 1 kubelet node(s) and 1 VM node(s) Ready" in output
     assert (
-        f"VM node {NODE} ({addressing.node_address(0)}): kernel {image.kernels.default}, "
+        f"VM node {NODE} ({sandbox.address}): kernel {image.kernels.default}, "
         "Secure Boot on, accelerator tcg"
     ) in output
     key = sandbox.key
@@ -205,7 +133,7 @@ async def test_the_node_is_ready_on_the_kernel_its_guest_runs(
     assert info["containerRuntimeVersion"].startswith("containerd://")
     assert found["metadata"]["labels"][vmkind.LABEL] == "true"
     addresses = {a["type"]: a["address"] for a in found["status"]["addresses"]}
-    assert addresses["InternalIP"] == str(addressing.node_address(0))
+    assert addresses["InternalIP"] == sandbox.address
 
 
 def test_node_exec_runs_as_root_in_the_nodes_os_with_output_and_exit_code(
@@ -232,14 +160,14 @@ async def test_the_guests_one_nic_is_the_tap_on_the_sandboxs_fabric(sandbox: Sta
     assert f"ifname={node.machine.tap}" in network
     # The guest holds the node's address and reaches the fabric's gateway.
     addresses = (await _run(node, "ip -o -4 addr show")).stdout.decode()
-    assert f"{addressing.node_address(0)}/24" in addresses
+    assert f"{sandbox.address}/24" in addresses
     result = await _run(node, f"ping -c 1 -W 10 {addressing.GATEWAY}")
     assert result.exit_code == 0, result.output
     # Nothing of it in the host's namespace: no tap, no address of the sandbox's.
     host = _host_addresses()
     assert node.machine.tap not in host
     assert str(addressing.GATEWAY) not in host
-    assert str(addressing.node_address(0)) not in host
+    assert sandbox.address not in host
 
 
 def _host_addresses() -> str:
@@ -298,7 +226,9 @@ async def test_a_pod_from_the_sandbox_registry_runs_in_a_real_container_on_the_n
     status = await sandbox.node.status()
     # A container on the guest's kernel, with an address of the node's pod subnet.
     assert f"KMM-TEST kernel {status.kernel}" in log
-    assert pod["status"]["podIP"] in {str(a) for a in addressing.pod_subnet(0).hosts()}
+    assert pod["status"]["podIP"] in {
+        str(a) for a in addressing.pod_subnet(vmsandbox.NODE_INDEX).hosts()
+    }
     # The image came from the sandbox registry into the guest's containerd.
     listed = await _run(sandbox.node, "ctr --namespace k8s.io images ls -q")
     assert WORKLOAD in listed.stdout.decode().split()
@@ -383,7 +313,7 @@ def test_status_shows_the_vm_nodes_kernel_secure_boot_and_accelerator(sandbox: S
         sandbox.node.saved_kernel(),
         "on",
         "tcg",
-        str(addressing.node_address(0)),
+        sandbox.address,
         "True",
     ]
 
@@ -469,13 +399,6 @@ async def test_node_reboot_onto_the_other_kernel_line(
     await _reboot(sandbox, api, other)
     # The sandbox key is trusted on this kernel too (its module built for it).
     await _load_and_unload(sandbox.node, sandbox.key, tmp_path, "after-reboot")
-
-
-async def test_node_reboot_back_onto_the_first_kernel(
-    sandbox: Started, api: kube_client.Client, image: images.NodeImage
-) -> None:
-    # The node ends where it started (a node shared by tests leaves as it came).
-    await _reboot(sandbox, api, image.kernels.default)
 
 
 def test_down_stops_qemu_and_removes_the_nodes_tap_and_disks(sandbox: Started) -> None:

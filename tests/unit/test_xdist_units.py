@@ -11,10 +11,11 @@ from pathlib import Path
 TESTS = Path(__file__).parents[1]
 # How a module starts them: a sandbox with kubelet nodes (directly or through
 # containersandbox.started), the fabric's or a node's namespaces, or VM nodes
-# (`kmm sandbox up --vm-nodes`: kubelets in guests on the fabric).
+# (`kmm sandbox up --vm-nodes`: kubelets in guests on the fabric, directly
+# or through the session's vm_sandbox fixture).
 STARTS = re.compile(
     r"kubelet_nodes=|containersandbox\.started\(|fabric\.create\("
-    r"|namespaces\.start_holder\(|\"--vm-nodes\""
+    r"|namespaces\.start_holder\(|\"--vm-nodes\"|\bvm_sandbox\b"
 )
 
 
