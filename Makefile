@@ -1,5 +1,5 @@
 # The two commands the README opens with:
-#   make demo   runs kmm on the embedded default (a local sandbox control plane)
+#   make demo   runs kmm on the embedded default (a local sandbox: a VM node, a real kernel)
 #   make test   runs every check and every test, from a fresh clone
 # Everything installs from this repo's own files into .venv.
 
@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo demo-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images vm-tools vm-image vm-test-modules vm-toolkit-images deploy reference docs test test-builds test-checks-and-images lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-builds demo-stop demo-fleet demo-fleet-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images vm-tools vm-image vm-test-modules vm-toolkit-images deploy reference docs test test-builds test-checks-and-images lint typecheck layers unit integration protos clean
 
 all: test
 
@@ -19,24 +19,49 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-# The operator on the sandbox: CRDs + admission policy, `kmm operator` in the
-# background, the demo Module (deploy/operator/examples), then where it is loaded.
+# kmm's example Module on a real kernel (scripts/demo_kmmdemo.sh): a sandbox
+# with a VM node booting Debian's signed kernel under Secure Boot and a
+# containerd node for builds, the operator, examples/kmmdemo's Module built,
+# signed and loaded, a workload reading its device through DRA; it prints the
+# node's lsmod lines, the signer and what the pod read. Root, and what it
+# runs on built first (the Debian packages of vm-tools and image-tools, the
+# sandbox binaries, the VM node image and toolkits, kmm's image, the pause image).
 DEMO_DIR ?= $(HOME)/.local/state/kmm/demo
 DEMO_KUBECONFIG := $(DEMO_DIR)/kubeconfig
 
-demo: venv demo-stop
-	$(BIN)/kmm sandbox up --dir $(DEMO_DIR) --nodes 4 --kernel 6.8.0-45-generic --kernel 6.1.0-27-amd64 --kernel 5.14.0-427.el9.x86_64+
-	$(BIN)/kmm apply --kubeconfig $(DEMO_KUBECONFIG) -f deploy/crd/modules.kmm.sigs.x-k8s.io.yaml -f deploy/crd/preflightvalidations.kmm.sigs.x-k8s.io.yaml -f deploy/admission/modules.kmm.sigs.x-k8s.io.yaml
-	$(BIN)/kmm operator --kubeconfig $(DEMO_KUBECONFIG) --bind-address 127.0.0.1 --metrics-port 0 --health-port 0 --no-leader-election >$(DEMO_DIR)/operator.log 2>&1 & echo $$! >$(DEMO_DIR)/operator.pid
-	$(BIN)/kmm apply --kubeconfig $(DEMO_KUBECONFIG) -f deploy/operator/examples/demo-module.yaml
-	$(BIN)/kmm modules --kubeconfig $(DEMO_KUBECONFIG) --wait 120
-	@echo "operator: pid $$(cat $(DEMO_DIR)/operator.pid), JSON logs in $(DEMO_DIR)/operator.log"
-	@echo "try: KUBECONFIG=$(DEMO_KUBECONFIG) kubectl get ds,pods -o wide; stop it all: make demo-stop"
+demo: venv sandbox-build-deps image-tools vm-tools demo-stop
+	@test "$$(id -u)" = 0 || { echo "make demo: needs root (network namespaces, qemu's tap, containerd)" >&2; exit 1; }
+	$(MAKE) --no-print-directory -j2 demo-builds image
+	$(MAKE) --no-print-directory test-images
+	mkdir -p $(dir $(DEMO_DIR))
+	DEMO_DIR=$(DEMO_DIR) BIN=$(BIN) scripts/demo_kmmdemo.sh
 
-# Stops the demo's operator and sandbox, whatever state a previous run left.
+demo-builds:
+	$(MAKE) --no-print-directory -j1 sandbox-binaries vm-toolkit-images
+
+# Stops a demo's operator and sandbox, whatever state a previous run left.
 demo-stop:
 	-@test -f $(DEMO_DIR)/operator.pid && kill $$(cat $(DEMO_DIR)/operator.pid) 2>/dev/null; rm -f $(DEMO_DIR)/operator.pid
 	-@test -x $(BIN)/kmm && $(BIN)/kmm sandbox down --dir $(DEMO_DIR) >/dev/null 2>&1; true
+
+# The operator on a KWOK fleet (the demo before VM nodes): CRDs + admission
+# policy, `kmm operator` in the background, the demo Module
+# (deploy/operator/examples), then where it is loaded. Fake nodes: nothing loads.
+FLEET_DIR ?= $(HOME)/.local/state/kmm/demo-fleet
+FLEET_KUBECONFIG := $(FLEET_DIR)/kubeconfig
+
+demo-fleet: venv demo-fleet-stop
+	$(BIN)/kmm sandbox up --dir $(FLEET_DIR) --nodes 4 --kernel 6.8.0-45-generic --kernel 6.1.0-27-amd64 --kernel 5.14.0-427.el9.x86_64+
+	$(BIN)/kmm apply --kubeconfig $(FLEET_KUBECONFIG) -f deploy/crd/modules.kmm.sigs.x-k8s.io.yaml -f deploy/crd/preflightvalidations.kmm.sigs.x-k8s.io.yaml -f deploy/admission/modules.kmm.sigs.x-k8s.io.yaml
+	$(BIN)/kmm operator --kubeconfig $(FLEET_KUBECONFIG) --bind-address 127.0.0.1 --metrics-port 0 --health-port 0 --no-leader-election >$(FLEET_DIR)/operator.log 2>&1 & echo $$! >$(FLEET_DIR)/operator.pid
+	$(BIN)/kmm apply --kubeconfig $(FLEET_KUBECONFIG) -f deploy/operator/examples/demo-module.yaml
+	$(BIN)/kmm modules --kubeconfig $(FLEET_KUBECONFIG) --wait 120
+	@echo "operator: pid $$(cat $(FLEET_DIR)/operator.pid), JSON logs in $(FLEET_DIR)/operator.log"
+	@echo "try: KUBECONFIG=$(FLEET_KUBECONFIG) kubectl get ds,pods -o wide; stop it all: make demo-fleet-stop"
+
+demo-fleet-stop:
+	-@test -f $(FLEET_DIR)/operator.pid && kill $$(cat $(FLEET_DIR)/operator.pid) 2>/dev/null; rm -f $(FLEET_DIR)/operator.pid
+	-@test -x $(BIN)/kmm && $(BIN)/kmm sandbox down --dir $(FLEET_DIR) >/dev/null 2>&1; true
 
 # DRA on the sandbox: an emulated node (`kmm kubelet`, a fake kernel module
 # "kmmdemo" with two devices under its root), the operator, the example DRA
