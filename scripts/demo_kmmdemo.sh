@@ -61,12 +61,13 @@ say "an in-tree module for the Module to remove: modprobe dummy on $NODE"
 "$KMM" sandbox node exec --dir "$DEMO_DIR" "$NODE" -- modprobe dummy
 
 say "the Module (examples/kmmdemo/module.yaml; builds pinned to $BUILD_NODE), and $NODE moved to version 1"
-"$BIN/python" - "$BUILD_NODE" <examples/kmmdemo/module.yaml >"$DEMO_DIR/module.yaml" <<'EOF'
+"$BIN/python" - "$BUILD_NODE" examples/kmmdemo/module.yaml >"$DEMO_DIR/module.yaml" <<'EOF'
 import sys
 
 import yaml
 
-documents = list(yaml.safe_load_all(sys.stdin))
+with open(sys.argv[2]) as source:
+    documents = list(yaml.safe_load_all(source))
 for document in documents:
     if document["kind"] == "Module":
         for mapping in document["spec"]["moduleLoader"]["container"]["kernelMappings"]:
