@@ -428,20 +428,22 @@ async def test_a_reboot_with_a_prepared_claim_reloads_with_no_help(
         after = await sandbox.node.status()
         assert after.boot_id != before.boot_id
 
+        def this_boot() -> list[bool]:
+            return [ready for boot, ready in seen if boot == after.boot_id]
+
         async def reloaded() -> bool:
-            return any(boot == after.boot_id and ready for boot, ready in seen)
+            # The Node's first update on the new boot is the kubelet's, with
+            # the label of the old boot still on it: the operator takes it
+            # off once it sees the new boot id, and puts it back only after
+            # this boot's load. Reloaded: the label back after it went.
+            labels_seen = this_boot()
+            return False in labels_seen and True in labels_seen[labels_seen.index(False) :]
 
         await _until(reloaded, "the ready label back on the new boot")
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    this_boot = [ready for boot, ready in seen if boot == after.boot_id]
-    # The Node's first update on the new boot is the kubelet's, with the
-    # label of the old boot still on it: the operator takes it off once it
-    # sees the new boot id, and puts it back only after this boot's load.
-    assert False in this_boot, seen
-    assert True in this_boot[this_boot.index(False) :], seen
     assert (await _sh(sandbox, "cat /sys/module/kmmdemo/version")).strip() == "2"
 
     async def workload_back() -> bool:
