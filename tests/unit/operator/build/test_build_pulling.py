@@ -85,6 +85,24 @@ def test_a_pull_pod_asks_without_privileges_and_with_the_modules_credentials() -
     assert security["capabilities"] == {"drop": ["ALL"]}
 
 
+def test_a_pull_pod_tolerates_what_the_module_tolerates() -> None:
+    """As KMM's pull pods do: a node the Module's workloads may run on, tainted
+    or not, can be asked (and the node chosen by choose_node is such a one)."""
+    raw = cases._raw(sign=False)
+    toleration = {"key": "accel", "operator": "Equal", "value": "x", "effect": "NoSchedule"}
+    raw["spec"]["tolerations"] = [toleration]
+    pod = pulling.pull_pod(fixtures.module(raw), image=IMAGE, kernel=cases.K1, node="n1")
+    assert pod["spec"]["tolerations"] == [toleration]
+    tainted = fixtures.node("tainted", cases.K1, taints=[{**toleration, "value": "x"}])
+    assert (
+        pulling.choose_node(fixtures.view(fixtures.module(raw), [tainted]), cases.K1) == "tainted"
+    )
+    untolerating = pulling.pull_pod(
+        fixtures.module(cases._raw(sign=False)), image=IMAGE, kernel=cases.K1, node="n1"
+    )
+    assert "tolerations" not in untolerating["spec"]
+
+
 def _kwok(name: str, kernel: str) -> Obj:
     node = fixtures.node(name, kernel)
     node["metadata"]["annotations"] = {caches.KWOK_ANNOTATION: "fake"}
