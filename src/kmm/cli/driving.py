@@ -3,7 +3,7 @@
 Turns flags (each also read from the environment the operator's DRA
 DaemonSet sets: ``NODE_NAME``, ``DRIVER_NAME``, ``CDI_ROOT``,
 ``KUBELET_REGISTRAR_DIRECTORY_PATH``, ``KUBELET_PLUGINS_DIRECTORY_PATH``,
-``HEALTHCHECK_PORT``, ``POD_UID``) and the optional ``--config`` file into a
+``HEALTHCHECK_PORT``, ``POD_UID``, ``KMM_MODULE_NAME``) and the optional ``--config`` file into a
 ``kmm.driver.config.Config`` (a flag given wins over the file), follows the
 file while running (``kmm.driver.reloading``), builds the API client
 (``--kubeconfig``/``--context`` as everywhere, else ``$KUBECONFIG``,
@@ -71,6 +71,7 @@ async def _run(
             poll_interval=config.poll_interval,
             sys_dir=config.sys_dir,
             dev_dir=config.dev_dir,
+            kernel_module=config.kernel_module,
         )
         driver = owning.Driver(config, policy=policy, api=api, rescan_interval=config.poll_interval)
         if settings_file is not None:
@@ -145,6 +146,15 @@ def driver(
     pod_uid: Annotated[
         str | None, typer.Option(envvar="POD_UID", help="The driver pod's uid (logged).")
     ] = None,
+    kernel_module: Annotated[
+        str | None,
+        typer.Option(
+            envvar="KMM_MODULE_NAME",
+            help="The loaded kernel module the devices need (kmm's DRA DaemonSet sets the "
+            "Module's moduleName): while it is not loaded every device is reported Unhealthy. "
+            "Unset: only the devices' /dev nodes count.",
+        ),
+    ] = None,
     settings: Annotated[
         Path | None,
         typer.Option(
@@ -186,6 +196,7 @@ def driver(
             dev_dir=dev_dir,
             health_port=health_port,
             pod_uid=pod_uid,
+            kernel_module=kernel_module or None,
             poll_interval=file.poll_interval,
             log_level="debug" if verbose else file.log_level,
         )

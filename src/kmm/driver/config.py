@@ -3,7 +3,7 @@
 ``Config`` is what ``kmm driver`` runs with: flags, the environment the
 operator's DRA DaemonSet sets (``NODE_NAME``, ``DRIVER_NAME``, ``CDI_ROOT``,
 ``KUBELET_REGISTRAR_DIRECTORY_PATH``, ``KUBELET_PLUGINS_DIRECTORY_PATH``,
-``HEALTHCHECK_PORT``, ``POD_UID``) and the optional settings file
+``HEALTHCHECK_PORT``, ``POD_UID``, ``KMM_MODULE_NAME``) and the optional settings file
 (``--config FILE``, ``FileSettings``):
 
 .. code-block:: yaml
@@ -78,6 +78,9 @@ class Config:
     dev_dir: pathlib.Path | None = None  # the host's /dev; default <root>/dev
     health_port: int | None = None  # gRPC health (liveness) on this port; None: not served
     pod_uid: str | None = None  # the driver pod's, when it runs in one
+    # The loaded kernel module the devices need (the Module's moduleName): while
+    # it is not loaded every device is Unhealthy. None: only /dev nodes count.
+    kernel_module: str | None = None
     poll_interval: float = 10.0
     log_level: Literal["info", "debug"] = "info"
 
@@ -158,6 +161,7 @@ def check_reconfigure(old: Config, new: Config) -> None:
         "sys_dir",
         "dev_dir",
         "health_port",
+        "kernel_module",
     ):
         if getattr(old, field) != getattr(new, field):
             raise ConfigError(f"changing {field} needs a restart of the driver")

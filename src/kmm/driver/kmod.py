@@ -17,9 +17,15 @@ sysfs ``dev`` or the node's ``st_rdev``) and NUMA node (sysfs
 ``device/numa_node`` when not -1). A device is allocated to one claim at a
 time; a prepared claim gets CDI ``deviceNodes`` for its devices, and for
 each an environment variable naming its node (``KMM_DEVICE_FOO0=/dev/foo0``,
-``env_name``), so a workload knows which of the module's devices it holds. A device
-that disappears is reported UNHEALTHY on the health stream, which reports
-every device at each poll (the kubelet holds a report only for its timeout).
+``env_name``), so a workload knows which of the module's devices it holds.
+
+Health: a device that disappears is reported UNHEALTHY on the health stream,
+which reports every device at each poll (the kubelet holds a report only for
+its timeout). Given ``kernel_module``, every device is UNHEALTHY while that
+module is not loaded (``kernelmodules.not_loaded``: ``/sys/module/<name>``
+gone, or ``/proc/modules`` without it), whether or not its ``/dev`` node is
+left behind, and HEALTHY again once it is back; without one, only the
+``/dev`` nodes count.
 
 The policy only reads files; it never loads modules.
 """
@@ -38,6 +44,7 @@ import stat
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 
+from kmm.driver import kernelmodules
 from kmm.kubeletplugin import cdi, checkpointing, claims, owners, publishing
 
 __all__ = ["KmodDevice", "KmodPolicy", "env_name"]
@@ -95,11 +102,16 @@ class KmodPolicy:
         poll_interval: float = 10.0,
         sys_dir: pathlib.Path | None = None,
         dev_dir: pathlib.Path | None = None,
+        proc_dir: pathlib.Path | None = None,
+        kernel_module: str | None = None,
     ) -> None:
         self._root = root
         # Where the host's /sys and /dev are (a container mounts them elsewhere).
         self._sys = sys_dir or root / "sys"
         self._dev = dev_dir or root / "dev"
+        # A container's own /proc shows the kernel's modules: no host mount needed.
+        self._proc = proc_dir or root / "proc"
+        self._kernel_module = kernel_module
         # The same /dev as the container runtime sees it, for the CDI spec's
         # hostPath: the runtime reads the node's device there (its mode, with
         # the numbers given), in its own mount namespace, where a dev_dir
@@ -128,7 +140,7 @@ class KmodPolicy:
         self.poke()
 
     def _kernel_version(self) -> str:
-        return _read(self._root / "proc/sys/kernel/osrelease") or os.uname().release
+        return _read(self._proc / "sys/kernel/osrelease") or os.uname().release
 
     # -- discovery -----------------------------------------------------------
 
@@ -292,21 +304,39 @@ class KmodPolicy:
         self._poke.set()
 
     def health(self) -> list[owners.DeviceHealthReport]:
-        """Every device seen so far: HEALTHY if present, UNHEALTHY if it disappeared."""
+        """Every device seen so far: HEALTHY if present, UNHEALTHY if it
+        disappeared or its kernel module is not loaded."""
         present = self.discover()
         self._known.update(present)
+        unloaded = (
+            kernelmodules.not_loaded(self._kernel_module, sys_dir=self._sys, proc_dir=self._proc)
+            if self._kernel_module
+            else None
+        )
         now = int(time.time())
-        return [
-            owners.DeviceHealthReport(
-                pool_name=self._node,
-                device_name=name,
-                health=owners.Health.HEALTHY if name in present else owners.Health.UNHEALTHY,
-                message="" if name in present else f"{self._known[name].node} disappeared",
-                last_updated=now,
-                timeout_seconds=self._health_timeout(),
+        reports: list[owners.DeviceHealthReport] = []
+        for name in sorted(self._known):
+            problem = self._problem(name, present, unloaded)
+            reports.append(
+                owners.DeviceHealthReport(
+                    pool_name=self._node,
+                    device_name=name,
+                    health=owners.Health.HEALTHY if problem is None else owners.Health.UNHEALTHY,
+                    message=problem or "",
+                    last_updated=now,
+                    timeout_seconds=self._health_timeout(),
+                )
             )
-            for name in sorted(self._known)
-        ]
+        return reports
+
+    def _problem(
+        self, name: str, present: Mapping[str, KmodDevice], unloaded: str | None
+    ) -> str | None:
+        # The module's absence is the cause when both hold: unloading it
+        # takes its /dev nodes with it.
+        if unloaded is not None:
+            return unloaded
+        return None if name in present else f"{self._known[name].node} disappeared"
 
     def _health_timeout(self) -> int:
         # The kubelet trusts a report this long (its default is 30 s): three
@@ -316,13 +346,14 @@ class KmodPolicy:
     async def watch_health(self) -> AsyncIterator[Sequence[owners.DeviceHealthReport]]:
         """Every device at once: on a change at once, and unchanged at every
         poll, because the kubelet holds a report only for its timeout."""
-        last: list[tuple[str, owners.Health]] | None = None
+        last: list[tuple[str, owners.Health, str]] | None = None
         sent = -math.inf
         while True:
             # Cleared before the scan, so a poke during the yield is not lost.
             self._poke.clear()
             reports = self.health()
-            summary = [(r.device_name, r.health) for r in reports]
+            # A new message (another cause) is news to the kubelet too.
+            summary = [(r.device_name, r.health, r.message) for r in reports]
             now = time.monotonic()
             if summary != last or now - sent >= self._poll_interval:
                 last, sent = summary, now

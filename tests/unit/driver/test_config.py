@@ -38,6 +38,13 @@ def test_changing_dra_enabled_at_runtime_is_refused() -> None:
     config.check_reconfigure(old, dataclasses.replace(old, dev_pattern="x*"))
 
 
+def test_changing_the_watched_kernel_module_needs_a_restart() -> None:
+    # The policy is built with it once; a reload must not pretend to change it.
+    old = config.Config(node="n", driver_name="d.example.com", module="m", kernel_module="m")
+    with pytest.raises(config.ConfigError, match="changing kernel_module needs a restart"):
+        config.check_reconfigure(old, dataclasses.replace(old, kernel_module=None))
+
+
 def test_the_settings_file_sets_the_tri_state_and_discovery(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "settings.yaml"
     path.write_text(

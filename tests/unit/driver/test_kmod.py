@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import shutil
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
@@ -173,5 +175,87 @@ async def test_unchanged_health_is_sent_again_within_the_kubelets_timeout(
             (r.device_name, r.health) for r in first
         ]
         assert all(r.timeout_seconds >= 30 for r in again)  # never below the kubelet's default
+    finally:
+        await stream.aclose()
+
+
+async def _next_health(
+    stream: AsyncIterator[Sequence[owners.DeviceHealthReport]],
+) -> dict[str, tuple[owners.Health, str]]:
+    reports = await asyncio.wait_for(anext(stream), timeout=10)
+    return {r.device_name: (r.health, r.message) for r in reports}
+
+
+async def test_every_device_is_unhealthy_while_its_module_is_unloaded(
+    root: pathlib.Path,
+) -> None:
+    make_tree(root)
+    (root / "sys/module/foo/initstate").write_text("live\n")
+    (root / "proc/modules").write_text("foo 16384 0 - Live 0x0\n")
+    p = policy(root, poll_interval=3600, kernel_module="foo")
+    stream = p.watch_health()
+    healthy = {name: (owners.Health.HEALTHY, "") for name in ("foo0", "foo1")}
+    try:
+        assert await _next_health(stream) == healthy
+        # rmmod: the module leaves sysfs and /proc/modules; the /dev nodes
+        # are left behind here, and count for nothing without their module.
+        shutil.rmtree(root / "sys/module/foo")
+        (root / "proc/modules").write_text("")
+        p.poke()
+        gone = f"kernel module foo is not loaded ({root}/sys/module/foo is gone)"
+        assert await _next_health(stream) == {
+            "foo0": (owners.Health.UNHEALTHY, gone),
+            "foo1": (owners.Health.UNHEALTHY, gone),
+        }
+        # Loaded again: healthy again.
+        make_tree(root)
+        (root / "sys/module/foo/initstate").write_text("live\n")
+        (root / "proc/modules").write_text("foo 16384 0 - Live 0x0\n")
+        p.poke()
+        assert await _next_health(stream) == healthy
+    finally:
+        await stream.aclose()
+
+
+async def test_proc_modules_without_the_module_makes_its_devices_unhealthy(
+    root: pathlib.Path,
+) -> None:
+    make_tree(root)
+    (root / "sys/module/foo/initstate").write_text("live\n")
+    (root / "proc/modules").write_text("bar 100 0 - Live 0x0\n")
+    reports = policy(root, kernel_module="foo").health()
+    assert {r.health for r in reports} == {owners.Health.UNHEALTHY}
+    assert all("does not list it" in r.message for r in reports)
+
+
+def test_without_a_kernel_module_only_the_dev_nodes_count(root: pathlib.Path) -> None:
+    make_tree(root)
+    shutil.rmtree(root / "sys/module/foo")
+    reports = policy(root).health()
+    assert {r.health for r in reports} == {owners.Health.HEALTHY}
+
+
+async def test_a_new_cause_is_sent_at_once(root: pathlib.Path) -> None:
+    # Unhealthy either way, but the kubelet shows the message: a device whose
+    # node went first and whose module went after is reported again at once.
+    make_tree(root)
+    p = policy(root, poll_interval=3600, kernel_module="foo")
+    stream = p.watch_health()
+    try:
+        await _next_health(stream)
+        (root / "dev/foo0").unlink()
+        (root / "dev/foo1").unlink()
+        p.poke()
+        assert (await _next_health(stream))["foo1"] == (
+            owners.Health.UNHEALTHY,
+            "/dev/foo1 disappeared",
+        )
+        shutil.rmtree(root / "sys/module/foo")
+        p.poke()
+        health, message = (await _next_health(stream))["foo1"]
+        assert (health, message.split(" (")[0]) == (
+            owners.Health.UNHEALTHY,
+            "kernel module foo is not loaded",
+        )
     finally:
         await stream.aclose()

@@ -7,8 +7,10 @@ and registration directories and the CDI directory from the host; in the
 environment ``NODE_NAME`` and ``POD_UID`` (downward API), ``DRIVER_NAME``,
 ``CDI_ROOT``, ``KUBELET_REGISTRAR_DIRECTORY_PATH``,
 ``KUBELET_PLUGINS_DIRECTORY_PATH`` and ``HEALTHCHECK_PORT`` (the gRPC
-liveness and readiness probes'), the user's ``env`` after them, a variable the user sets
-replacing the preset one (``podspecs.environment``);
+liveness and readiness probes'), with a ``moduleLoader`` also kmm's own
+``KMM_MODULE_NAME`` (its ``moduleName``: ``kmm driver`` reports every device
+Unhealthy while that module is not loaded), the user's ``env`` after them, a
+variable the user sets replacing the preset one (``podspecs.environment``);
 privileged and root, whatever user the image names (a driver creates device
 nodes and sockets on the host). It runs
 where the module is loaded and the node is a DRA target (``.ready`` and
@@ -67,7 +69,9 @@ def node_selector(module: modules.Module) -> dict[str, str]:
     return workloadbuilders.node_selector(module, {labels.dra_target(*_ids(module)): ""})
 
 
-def _environment(dra: devices.DraSpec) -> list[RawObject]:
+def _environment(module: modules.Module) -> list[RawObject]:
+    dra = _dra(module)
+
     def field(path: str) -> RawObject:
         return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
 
@@ -80,6 +84,11 @@ def _environment(dra: devices.DraSpec) -> list[RawObject]:
         {"name": "KUBELET_PLUGINS_DIRECTORY_PATH", "value": PLUGINS_DIR},
         {"name": "HEALTHCHECK_PORT", "value": str(HEALTHCHECK_PORT)},
     ]
+    loader = module.spec.module_loader
+    if loader is not None:
+        # Not in upstream KMM's layout (hence the prefix): the module the
+        # driver's devices need, so that it can tell when it is unloaded.
+        presets.append({"name": "KMM_MODULE_NAME", "value": loader.container.modprobe.module_name})
     # Upstream KMM appends the user's list to its presets as it is, so a
     # preset the user sets too (its own CI Module sets DRIVER_NAME, which
     # upstream does not preset) is there twice: a server-side apply refuses
@@ -91,7 +100,7 @@ def daemonset(module: modules.Module) -> RawObject:
     """The desired DRA driver DaemonSet, hash-stamped. Needs ``spec.dra``."""
     dra = _dra(module)
     container = podspecs.container(dra.container, "dra-driver")
-    container["env"] = _environment(dra)
+    container["env"] = _environment(module)
     container["securityContext"] = dict(podspecs.ROOT)
     container["volumeMounts"] = [
         {"name": _PLUGINS_VOLUME, "mountPath": PLUGINS_DIR},

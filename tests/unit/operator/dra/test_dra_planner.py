@@ -210,11 +210,14 @@ def test_daemonset_carries_what_driver_images_expect() -> None:
         "KUBELET_REGISTRAR_DIRECTORY_PATH",
         "KUBELET_PLUGINS_DIRECTORY_PATH",
         "HEALTHCHECK_PORT",
+        "KMM_MODULE_NAME",
         "LOG",  # the user's, after ours
     ]
     assert container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert container["env"][1]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert container["env"][2]["value"] == DRIVER
+    # The module the driver watches: the loader's moduleName, as modprobe names it.
+    assert container["env"][7] == {"name": "KMM_MODULE_NAME", "value": "kmod_x"}
     assert container["securityContext"] == {"privileged": True, "runAsUser": 0}
     assert container["livenessProbe"]["grpc"] == {"port": 51515, "service": "liveness"}
     # Readiness asks the server as a whole (gRPC's empty service name).
@@ -232,6 +235,9 @@ def test_daemonset_carries_what_driver_images_expect() -> None:
 
 def test_selector_without_a_loader_and_with_a_version() -> None:
     without = dra_builders.daemonset(_module(loader=False))
+    # No moduleLoader, no module name kmm knows: the driver watches no module.
+    env = without["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert "KMM_MODULE_NAME" not in [e["name"] for e in env]
     # The target label gates a loader-less driver too: it is what cordon removes.
     assert without["spec"]["template"]["spec"]["nodeSelector"] == {"pick": "yes", TARGET: ""}
     # The same name either way: adding or removing moduleLoader updates one DaemonSet.
