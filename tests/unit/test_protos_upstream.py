@@ -1,17 +1,20 @@
-"""Our .proto files are wire-compatible with the kubelet's own.
+"""Our .proto files are wire-compatible with the kubelet's own, in every
+Kubernetes minor kmm supports.
 
-The kubelet's api.proto files come from k8s.io/kubelet at the version the
-sandbox's Kubernetes tools module pins (already in the Go module cache once
-the sandbox binaries are built; the Go proxy otherwise). Both sides are
-compiled to descriptors and compared on what the wire and a third-party stub
-see: package, services and method names with their streaming shape, and every
-message's fields by number, name, type and label. Fields we declare beyond
-the kubelet's (DeviceHealth.message, per DESIGN §6) are allowed, as proto3
-readers skip unknown fields; a missing or changed one is not.
+The kubelet's api.proto files come from k8s.io/kubelet at each version of
+``KUBELET_VERSIONS``, found in the Go module cache (``go mod download -json``
+answers from the cache without the network once the sandbox's build has
+fetched them; the Go proxy otherwise). Both sides are compiled to
+descriptors and compared on what the wire and a third-party stub see:
+package, services and method names with their streaming shape, and every
+message's fields by number, name, type and label. A field we declare beyond
+a kubelet's (``EXTRA_FIELDS``) is allowed, as proto3 readers skip unknown
+fields; a missing or changed one is not.
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 import subprocess
@@ -21,43 +24,52 @@ import pytest
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
-from kmm.sandbox import components
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-# Our file -> the kubelet's, relative to the k8s.io/kubelet module root.
+# k8s.io/kubelet of the oldest and newest supported minors (and the one
+# between): what a kubelet of each dials must match what we serve.
+KUBELET_VERSIONS = ("v0.35.4", "v0.36.3", "v0.37.2")
+# Our file -> the kubelet's (relative to the k8s.io/kubelet module root), and
+# the first version that has it.
 PAIRS = {
-    "pluginregistration.proto": "pkg/apis/pluginregistration/v1/api.proto",
-    "dra_v1.proto": "pkg/apis/dra/v1/api.proto",
-    "dra_v1beta1.proto": "pkg/apis/dra/v1beta1/api.proto",
-    "dra_health_v1alpha1.proto": "pkg/apis/dra-health/v1alpha1/api.proto",
+    "pluginregistration.proto": ("pkg/apis/pluginregistration/v1/api.proto", "v0.35.4"),
+    "dra_v1.proto": ("pkg/apis/dra/v1/api.proto", "v0.35.4"),
+    "dra_v1beta1.proto": ("pkg/apis/dra/v1beta1/api.proto", "v0.35.4"),
+    "dra_health_v1alpha1.proto": ("pkg/apis/dra-health/v1alpha1/api.proto", "v0.35.4"),
+    "dra_health_v1.proto": ("pkg/apis/dra-health/v1/api.proto", "v0.37.2"),
 }
-# Fields DESIGN §6 adds on top of the kubelet 1.35 definitions.
-EXTRA_FIELDS = {("DeviceHealth", 5)}
+# (file, message, field number) we declare where a kubelet may not:
+# DeviceHealth.message (DESIGN §6), which the kubelet's v1alpha1 gained in 1.36.
+EXTRA_FIELDS = {("dra_health_v1alpha1.proto", "DeviceHealth", 5)}
 
 
-def _kubelet_module() -> pathlib.Path:
+def _number(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.removeprefix("v").split("."))
+
+
+CASES = [
+    (ours, version)
+    for ours, (_, since) in sorted(PAIRS.items())
+    for version in KUBELET_VERSIONS
+    if _number(version) >= _number(since)
+]
+
+
+def _kubelet_module(version: str, scratch: pathlib.Path) -> pathlib.Path:
     go = shutil.which("go")
     if go is None:
         pytest.fail("Go is needed to locate k8s.io/kubelet (the sandbox needs it too)")
+    # Outside any module, so no go.mod's requirements get in the way.
     found = subprocess.run(
-        [go, "list", "-m", "-f", "{{.Dir}}", "k8s.io/kubelet"],
-        cwd=components.KUBERNETES.directory,
+        [go, "mod", "download", "-json", f"k8s.io/kubelet@{version}"],
+        cwd=scratch,
         capture_output=True,
         text=True,
         check=False,
         timeout=600,
     )
-    directory = found.stdout.strip()
-    if found.returncode != 0 or not directory:
-        subprocess.run(
-            [go, "mod", "download", "k8s.io/kubelet"],
-            cwd=components.KUBERNETES.directory,
-            check=True,
-            timeout=600,
-        )
-        return _kubelet_module()
-    return pathlib.Path(directory)
+    assert found.returncode == 0, found.stderr or found.stdout
+    return pathlib.Path(json.loads(found.stdout)["Dir"])
 
 
 def _descriptor(proto: pathlib.Path, out: pathlib.Path) -> descriptor_pb2.FileDescriptorProto:
@@ -95,11 +107,16 @@ def _shape(file: descriptor_pb2.FileDescriptorProto) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("ours", sorted(PAIRS))
-def test_matches_the_kubelet_proto(ours: str, tmp_path: pathlib.Path) -> None:
-    theirs = _kubelet_module() / PAIRS[ours]
+@pytest.mark.parametrize(("ours", "version"), CASES)
+def test_matches_the_kubelet_proto(ours: str, version: str, tmp_path: pathlib.Path) -> None:
+    theirs = _kubelet_module(version, tmp_path) / PAIRS[ours][0]
     ours_shape = _shape(_descriptor(ROOT / "proto" / ours, tmp_path / "ours.pb"))
     theirs_shape = _shape(_descriptor(theirs, tmp_path / "theirs.pb"))
-    for message, number in EXTRA_FIELDS:
-        ours_shape["messages"].get(message, {}).pop(number, None)
+    for file, message, number in EXTRA_FIELDS:
+        if file == ours and number not in theirs_shape["messages"].get(message, {}):
+            ours_shape["messages"].get(message, {}).pop(number, None)
     assert ours_shape == theirs_shape
+
+
+def test_every_proto_is_compared() -> None:
+    assert sorted(PAIRS) == sorted(p.name for p in (ROOT / "proto").glob("*.proto"))

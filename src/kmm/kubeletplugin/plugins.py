@@ -52,7 +52,10 @@ logger = logging.getLogger(__name__)
 
 V1 = "v1.DRAPlugin"
 V1BETA1 = "v1beta1.DRAPlugin"
-HEALTH = "v1alpha1.DRAResourceHealth"
+# Health services, newest first: a 1.37 kubelet picks the newest it knows
+# among those advertised (v1alpha1 it keeps until 1.40); 1.35 and 1.36
+# kubelets ignore the v1 entry and call v1alpha1 whether advertised or not.
+HEALTH_VERSIONS = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 KUBELET_TIMEOUT = 45.0
 # How long the API lookups of one call may wait, in all (claimcache).
 LOOKUP_BUDGET = 1.0
@@ -281,7 +284,7 @@ class Plugin:
     # -- serving.Handler ---------------------------------------------------
 
     def plugin_info(self) -> tuple[str, list[str]]:
-        versions = [V1, V1BETA1] + ([HEALTH] if self._serve_health else [])
+        versions = [V1, V1BETA1, *(HEALTH_VERSIONS if self._serve_health else ())]
         return str(self.paths.dra_socket.absolute()), versions
 
     def registration_status(self, registered: bool, error: str) -> None:

@@ -4,8 +4,9 @@
   socket in the kubelet's plugin registry: ``GetInfo`` and
   ``NotifyRegistrationStatus``.
 - ``DRAPlugin`` v1 and v1beta1 (same messages; v1beta1 has no ``share_id``)
-  and, when the policy serves it, ``DRAResourceHealth`` v1alpha1, all on the
-  DRA socket in the plugin's data directory.
+  and, when the policy serves it, ``DRAResourceHealth`` v1 and v1alpha1 (the
+  same messages: a 1.37 kubelet uses v1, 1.35 and 1.36 only know v1alpha1),
+  all on the DRA socket in the plugin's data directory.
 
 Servicers only translate protobuf to the plugin's calls (``Handler``) and
 back: the claim logic lives in ``plugins`` and ``preparing``. ``Server`` owns one
@@ -30,6 +31,8 @@ from grpc import aio
 
 from kmm.kubeletplugin import checkpointing, claims, errors, owners
 from kmm.kubeletplugin.protos import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
@@ -148,14 +151,19 @@ class _DRA:
         return response
 
 
-class _Health(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
-    def __init__(self, handler: Handler, stopping: asyncio.Event) -> None:
+class _Health:
+    """One servicer for both health versions: v1 (Kubernetes 1.37) declares
+    v1alpha1's messages in another package, so only the module holding the
+    message classes differs."""
+
+    def __init__(
+        self, handler: Handler, stopping: asyncio.Event, messages: types.ModuleType
+    ) -> None:
         self._handler = handler
         self._stopping = stopping
+        self._messages = messages
 
-    async def NodeWatchResources(
-        self, request: dra_health_v1alpha1_pb2.NodeWatchResourcesRequest, context: Context
-    ) -> AsyncIterator[dra_health_v1alpha1_pb2.NodeWatchResourcesResponse]:
+    async def NodeWatchResources(self, request: Any, context: Context) -> AsyncIterator[Any]:
         if not self._handler.health_supported():
             # UNIMPLEMENTED tells the kubelet to stop asking.
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "device health is not reported")
@@ -176,7 +184,7 @@ class _Health(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
                     batch = following.result()
                 except StopAsyncIteration:
                     return
-                yield _health_response(batch)
+                yield _health_response(self._messages, batch)
         finally:
             stopping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -186,16 +194,14 @@ class _Health(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
                 await aclose()
 
 
-def _health_response(
-    batch: Sequence[owners.DeviceHealthReport],
-) -> dra_health_v1alpha1_pb2.NodeWatchResourcesResponse:
-    response = dra_health_v1alpha1_pb2.NodeWatchResourcesResponse()
+def _health_response(messages: types.ModuleType, batch: Sequence[owners.DeviceHealthReport]) -> Any:
+    response = messages.NodeWatchResourcesResponse()
     for report in batch:
         response.devices.add(
-            device=dra_health_v1alpha1_pb2.DeviceIdentifier(
+            device=messages.DeviceIdentifier(
                 pool_name=report.pool_name, device_name=report.device_name
             ),
-            health=dra_health_v1alpha1_pb2.HealthStatus.ValueType(int(report.health)),
+            health=int(report.health),
             last_updated_time=report.last_updated,
             health_check_timeout_seconds=report.timeout_seconds,
             message=report.message,
@@ -218,8 +224,19 @@ def add_dra_services(
         cast("dra_v1beta1_pb2_grpc.DRAPluginServicer", _DRA(handler, dra_v1beta1_pb2)), server
     )
     if health:
+        dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+            cast(
+                "dra_health_v1_pb2_grpc.DRAResourceHealthServicer",
+                _Health(handler, stopping, dra_health_v1_pb2),
+            ),
+            server,
+        )
         dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-            _Health(handler, stopping), server
+            cast(
+                "dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer",
+                _Health(handler, stopping, dra_health_v1alpha1_pb2),
+            ),
+            server,
         )
 
 

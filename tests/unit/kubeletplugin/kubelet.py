@@ -10,6 +10,8 @@ from grpc import aio
 
 from kmm.kubeletplugin import claims
 from kmm.kubeletplugin.protos import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
@@ -23,6 +25,10 @@ from kmm.kubeletplugin.protos import (
 VERSIONS: dict[str, tuple[Any, Any]] = {
     "v1": (dra_v1_pb2, dra_v1_pb2_grpc),
     "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
+}
+HEALTH_VERSIONS: dict[str, tuple[Any, Any]] = {
+    "v1": (dra_health_v1_pb2, dra_health_v1_pb2_grpc),
+    "v1alpha1": (dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc),
 }
 
 
@@ -89,9 +95,10 @@ class Kubelet:
         response = await stub.NodeUnprepareResources(request, timeout=45)
         return {uid: answer.error for uid, answer in response.claims.items()}
 
-    def health(self, endpoint: str) -> Any:
-        stub = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(self._channel(endpoint))
-        return stub.NodeWatchResources(dra_health_v1alpha1_pb2.NodeWatchResourcesRequest())
+    def health(self, endpoint: str, version: str = "v1alpha1") -> Any:
+        pb2, grpc_mod = HEALTH_VERSIONS[version]
+        stub = grpc_mod.DRAResourceHealthStub(self._channel(endpoint))
+        return stub.NodeWatchResources(pb2.NodeWatchResourcesRequest())
 
 
 def _claim(pb2: Any, ref: claims.ClaimRef | claims.ResourceClaim) -> Any:

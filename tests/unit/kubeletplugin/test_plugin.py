@@ -553,7 +553,8 @@ async def test_corrupted_checkpoint_stops_start_with_a_clear_error(root: pathlib
     assert not plugin.started
 
 
-async def test_health_stream(root: pathlib.Path) -> None:
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+async def test_health_stream(root: pathlib.Path, version: str) -> None:
     from kmm.kubeletplugin import owners
 
     policy = fakes.FakePolicy(health=True)
@@ -562,8 +563,15 @@ async def test_health_stream(root: pathlib.Path) -> None:
     try:
         async with Kubelet(plugin.paths.registration_socket(fakes.DRIVER)) as kubelet:
             info = await kubelet.get_info()
-            assert list(info.supported_versions)[-1] == "v1alpha1.DRAResourceHealth"
-            call = kubelet.health(info.endpoint)
+            # Both advertised, the newest first: a 1.37 kubelet calls v1, and
+            # 1.35/1.36 kubelets (which know only v1alpha1) v1alpha1.
+            assert list(info.supported_versions) == [
+                "v1.DRAPlugin",
+                "v1beta1.DRAPlugin",
+                "v1.DRAResourceHealth",
+                "v1alpha1.DRAResourceHealth",
+            ]
+            call = kubelet.health(info.endpoint, version)
             policy.health_queue.put_nowait(
                 [owners.DeviceHealthReport(fakes.NODE, "dev0", owners.Health.UNHEALTHY, "gone")]
             )
