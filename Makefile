@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo demo-builds demo-stop demo-fleet demo-fleet-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images vm-tools vm-image vm-test-modules vm-toolkit-images deploy reference docs test test-builds test-checks-and-images lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-builds demo-stop demo-fleet demo-fleet-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images vm-tools vm-image vm-test-modules vm-toolkit-images deploy reference docs test test-compat test-builds test-checks-and-images lint typecheck layers unit integration protos clean
 
 all: test
 
@@ -218,6 +218,17 @@ test-builds:
 
 test-checks-and-images:
 	$(MAKE) --no-print-directory -j1 lint typecheck layers docs image image-again test-images
+
+# The compatibility subset (tests marked compat: a Module converging, DRA end
+# to end on a container node's real kubelet, an ordered upgrade) on another
+# supported Kubernetes release, e.g. `make test-compat K8S=1.36`: that
+# release's control plane, kubelet and kube-proxy are built first (cached per
+# version, ~15 min cold). Not in `make test`: each release costs a cold build.
+test-compat: venv sandbox-build-deps image-tools
+	@test -n "$(K8S)" || { echo "make test-compat needs K8S=VERSION (e.g. K8S=1.36)"; exit 2; }
+	$(BIN)/kmm sandbox build --kubernetes-version $(K8S) --no-clients
+	$(MAKE) --no-print-directory image test-images
+	KMM_TEST_KUBERNETES_VERSION=$(K8S) $(BIN)/pytest -n0 -m compat tests/integration
 
 protos: venv
 	$(BIN)/python scripts/gen_protos.py

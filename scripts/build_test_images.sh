@@ -96,8 +96,11 @@ if [ ! -f "$KBUILD" ]; then
     find "$CACHE" -maxdepth 1 -name "kbuild-$KBUILD_SUITE-*.tar" ! -name "$(basename "$KBUILD")" -delete
 fi
 
-# 2. pause, from the Kubernetes module the sandbox pins (go.mod names its version).
-KUBERNETES=$(cd src/kmm/sandbox/gotools/kubernetes && go mod download -json k8s.io/kubernetes |
+# 2. pause, from the Kubernetes module the sandbox pins (go.mod names its
+# version): the newest wrapper, the default release's (kubereleases.DEFAULT;
+# tests/unit/sandbox/test_kubereleases.py checks that they agree).
+WRAPPER=$(ls -d src/kmm/sandbox/gotools/kubernetes/v1.* | sort -V | tail -n 1)
+KUBERNETES=$(cd "$WRAPPER" && go mod download -json k8s.io/kubernetes |
     sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
 PAUSE_C=$KUBERNETES/build/pause/linux/pause.c
 PAUSE_TAG=$(sed -n 's/^TAG ?= //p' "$KUBERNETES/build/pause/Makefile")

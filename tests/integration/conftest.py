@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import compatibility
 import pytest
 import test_operator_support as support
 import vmsandbox
@@ -40,7 +41,11 @@ NODE_COUNT = 4
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testing.RunningSandbox]:
     directory = tmp_path_factory.mktemp("sandbox")
     options = cluster.Options(
-        directory=directory, cache_dir=paths.cache_dir(), nodes=NODE_COUNT, kernels=KERNELS
+        directory=directory,
+        cache_dir=paths.cache_dir(),
+        nodes=NODE_COUNT,
+        kernels=KERNELS,
+        kubernetes_version=compatibility.version(),
     )
     record = asyncio.run(cluster.up(options))
     try:

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import compatibility
+
 from kmm.cli import paths
 from kmm.sandbox import cluster
 
@@ -37,6 +39,7 @@ def started(prefix: str, **options: Any) -> Iterator[cluster.state.SandboxState]
         "nodes": 0,
         "runtime": "containerd",
         "pause_image": (IMAGES / "pause.tar").resolve(),
+        "kubernetes_version": compatibility.version(),
         **options,
     }
     try:

@@ -38,6 +38,9 @@ from kmm.kube import resources
 from kmm.sandbox import cluster, testing
 from kmm.sandbox.containernodes import nodes as containernodes
 
+# In `make test-compat`: kmm on each supported Kubernetes release.
+pytestmark = pytest.mark.compat
+
 IMAGES = Path("build/images")
 KMM_IMAGE = Path("build/kmm-image.tar")
 NAMESPACE = "default"

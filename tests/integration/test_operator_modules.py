@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import pytest
 import test_operator_support as support
 from kubernetes_asyncio import client
 
@@ -16,6 +17,9 @@ from kmm.api import kernels, labels, modules
 from kmm.sandbox import testing
 
 manifests = support.manifests
+
+# In `make test-compat`: kmm on each supported Kubernetes release.
+pytestmark = pytest.mark.compat
 
 
 def _kernel(sandbox: testing.RunningSandbox, index: int) -> str:

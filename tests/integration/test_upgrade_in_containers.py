@@ -58,6 +58,9 @@ from kmm.kube import errors as kube_errors
 from kmm.kube import objects, resources
 from kmm.sandbox import addressing, cluster, testing
 
+# In `make test-compat`: kmm on each supported Kubernetes release.
+pytestmark = pytest.mark.compat
+
 IMAGES = Path("build/images")
 REGISTRY = f"{addressing.GATEWAY}:{addressing.REGISTRY_PORT}"
 NODES = [f"kmm-kubelet-{i}" for i in range(2)]

@@ -371,9 +371,14 @@ def _chart_text() -> str:
                 "description": "Kernel module management and DRA for Kubernetes: the kmm operator",
                 "type": "application",
                 "version": _VERSION,
-                # No kubeVersion (the admission policy needs 1.30): `helm
-                # template` checks it against v1.20 unless told otherwise.
+                # No kubeVersion: `helm template` checks it against v1.20
+                # unless told otherwise. The tested range is said instead.
                 "appVersion": _VERSION,
+                "annotations": {
+                    "kmm.sigs.x-k8s.io/tested-kubernetes": "{} to {}".format(
+                        *installation.KUBERNETES_TESTED
+                    )
+                },
             }
         ]
     )

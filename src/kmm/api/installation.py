@@ -19,6 +19,7 @@ __all__ = [
     "DRA_DRIVER_ACCOUNT",
     "HEALTH_PORT",
     "IMAGE",
+    "KUBERNETES_TESTED",
     "METRICS_PORT",
     "NAMESPACE",
     "SERVICE_ACCOUNT",
@@ -32,6 +33,11 @@ __all__ = [
 ]
 
 NAMESPACE = "kmm-system"
+# The Kubernetes minors kmm is tested on, oldest and newest: the sandbox's
+# releases (``kmm.sandbox.kubereleases``; a unit test keeps the two equal),
+# the newest by every test, the others by `make test-compat`. DRA's v1 API,
+# which the DRA part needs, is served from 1.34.
+KUBERNETES_TESTED = ("1.35", "1.37")
 SERVICE_ACCOUNT = "kmm-operator"
 _APP = {"app.kubernetes.io/name": "kmm-operator"}
 _METRICS = {**_APP, "app.kubernetes.io/component": "metrics"}

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TimeE
 
 from kmm.cli import paths, sandboxcommon, sandboxcomponents, sandboxnodes, sandboxstatus
 from kmm.oci import errors as oci_errors
-from kmm.sandbox import building, cluster, components, errors, pushing
+from kmm.sandbox import building, cluster, components, controlplane, errors, kubereleases, pushing
 from kmm.sandbox import registry as sandbox_registry
 from kmm.sandbox.containernodes import fakemodules
 
@@ -77,6 +77,18 @@ def _progress() -> Progress:
 def register(parent: typer.Typer) -> None:
     app.add_typer(sandboxnodes.app, name="node")
     parent.add_typer(app, name="sandbox")
+
+
+KubernetesVersionOption = Annotated[
+    str,
+    typer.Option(
+        metavar="VERSION",
+        help=f"The Kubernetes release of the control plane and kubelets: {kubereleases.supported()} "
+        f"(a minor or its pinned patch; default {kubereleases.DEFAULT.minor}). Each is built "
+        "once into the cache.",
+        show_default=False,
+    ),
+]
 
 
 def up(
@@ -207,6 +219,7 @@ def up(
             "boot of the node image under it reaches userspace (the verdict is cached), else TCG.",
         ),
     ] = "auto",
+    kubernetes_version: KubernetesVersionOption = "",
 ) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and KWOK with fake nodes."""
     target = directory or paths.sandbox_dir()
@@ -236,6 +249,7 @@ def up(
         secure_boot=secure_boot,
         node_kernel=node_kernel or "",
         accel=accel,
+        kubernetes_version=kubernetes_version,
     )
     started = time.monotonic()
     with _progress() as progress:
@@ -257,7 +271,7 @@ def up(
     sandboxcommon.console.print(
         f"Use it with:  export KUBECONFIG={record.kubeconfig}", soft_wrap=True
     )
-    sandboxcommon.console.print(_kubectl_hint(), soft_wrap=True)
+    sandboxcommon.console.print(_kubectl_hint(options.release), soft_wrap=True)
     if record.registry is not None:
         sandboxcommon.console.print(sandboxstatus.registry_line(record), soft_wrap=True)
     sandboxcommon.console.print(
@@ -265,13 +279,14 @@ def up(
     )
 
 
-def _kubectl_hint() -> str:
+def _kubectl_hint(release: kubereleases.Release) -> str:
     """How to reach the kubectl ``up`` built, and the kubectl-kmm plugin
     installed beside this kmm, from a shell."""
-    kubectl = building.binary_dir(paths.cache_dir(), components.KUBECTL)
+    tool = components.kubernetes(release).kubectl
+    kubectl = building.binary_dir(paths.cache_dir(), tool)
     plugin = Path(sysconfig.get_path("scripts"))
     return (
-        f"kubectl {components.KUBECTL.version}, this cluster's own: "
+        f"kubectl {tool.version}, this cluster's own: "
         f"export PATH={kubectl}:{plugin}:$PATH; then e.g. kubectl get nodes, kubectl kmm modules"
     )
 
@@ -293,14 +308,20 @@ def build(
             "and the registry they pull from."
         ),
     ] = True,
+    kubernetes_version: KubernetesVersionOption = "",
 ) -> None:
     """Build the sandbox binaries into the cache now (up does it when needed)."""
+    try:
+        release = kubereleases.find(kubernetes_version)
+    except ValueError as err:
+        raise sandboxcommon.fail(err) from err
+    kubernetes = components.kubernetes(release)
     tools = (
-        cluster.TOOLS
-        + ((components.KUBELET,) if kubelet else ())
-        + (components.PEERS if peers else ())
+        controlplane.tools(release)
+        + ((kubernetes.kubelet,) if kubelet else ())
+        + ((kubernetes.dra_test_driver,) if peers else ())
         + ((components.HELM,) if clients else ())
-        + ((*components.CONTAINER_NODE, components.REGISTRY) if container_nodes else ())
+        + ((*components.container_node(release), components.REGISTRY) if container_nodes else ())
     )
     with _progress() as progress:
         try:

@@ -183,11 +183,13 @@ async def _version_ldflags(tool: components.GoTool) -> list[str]:
         "gitTreeState": "clean",
         "buildDate": build_date,
     }
+    # gitCommit is stamped even when not known: empty, not the source's
+    # "$Format:%H$" placeholder.
     flags = [
         f"-X {package}.{name}={value}"
         for package in tool.version_packages
         for name, value in values.items()
-        if value
+        if value or name == "gitCommit"
     ]
     return ["-ldflags", " ".join(flags)]
 

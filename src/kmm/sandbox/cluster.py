@@ -124,8 +124,10 @@ def _vm_boot(directory: Path, chosen: options.Options) -> vmplanning.Boot | None
 
 
 def _tools(chosen: options.Options) -> tuple[components.GoTool, ...]:
-    tools = TOOLS + ((components.KUBELET,) if chosen.kubelet_nodes else ())
-    tools += components.CONTAINER_NODE if chosen.containers else ()
+    release = chosen.release
+    tools = controlplane.tools(release)
+    tools += (components.kubernetes(release).kubelet,) if chosen.kubelet_nodes else ()
+    tools += components.container_node(release) if chosen.containers else ()
     tools += (components.REGISTRY,) if chosen.wants_registry else ()
     return tools
 
@@ -190,8 +192,9 @@ async def up(
     boot = _vm_boot(directory, chosen)
     tools = _tools(chosen)
     binaries = await building.ensure_built(chosen.cache_dir, tools, progress=progress)
+    gates = chosen.release.gates
     pinned = (
-        building.pinned_dir(chosen.cache_dir, components.CONTAINER_NODE)
+        building.pinned_dir(chosen.cache_dir, components.container_node(chosen.release))
         if chosen.containers
         else None
     )
@@ -270,6 +273,7 @@ async def up(
             api_port=api_port,
             timeout=chosen.start_timeout,
             cache_dir=chosen.cache_dir,
+            kubelet_feature_gates=gates.kubelet,
         )
         vms = next((kind for kind in planned if isinstance(kind, vmkind.VmNodes)), None)
         if vms is not None:
@@ -277,7 +281,7 @@ async def up(
         apiserver = launcher.launch(
             "kube-apiserver",
             controlplane.apiserver_argv(
-                binaries["kube-apiserver"], credentials, etcd_port, api_port, network
+                binaries["kube-apiserver"], credentials, etcd_port, api_port, network, gates=gates
             )
             + chosen.apiserver_flags(),
             health_url=f"{server}/readyz",
@@ -296,6 +300,7 @@ async def up(
                     controlplane.CONTROLLER_MANAGER, directory / "controller-manager.kubeconfig"
                 ),
                 port=cm_port,
+                gates=gates,
             ),
             health_url=f"https://{ports.HOST}:{cm_port}/healthz",
         )
@@ -307,6 +312,7 @@ async def up(
                     controlplane.SCHEDULER, directory / "scheduler.kubeconfig"
                 ),
                 port=scheduler_port,
+                gates=gates,
             ),
             health_url=f"https://{ports.HOST}:{scheduler_port}/healthz",
         )

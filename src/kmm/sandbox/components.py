@@ -16,6 +16,8 @@ import re
 from importlib import resources
 from pathlib import Path
 
+from kmm.sandbox import kubereleases
+
 __all__ = [
     "ALL",
     "CNI_PLUGINS",
@@ -33,19 +35,15 @@ __all__ = [
     "REGISTRY",
     "RUNC",
     "GoTool",
+    "KubernetesTools",
+    "container_node",
+    "kubernetes",
     "tools_dir",
 ]
 
 # Packages holding the version variables the Kubernetes build stamps
 # (hack/lib/version.sh): what /version and nodeInfo.kubeletVersion report.
 KUBERNETES_VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
-# The commit each pinned Kubernetes release was tagged at, stamped as
-# gitCommit. The module proxy's origin record says it too, but not every
-# proxy serves that record (the one of 2026-12-01's test machine did not), and
-# without it the binaries report "$Format:%H$". Corroborated by the release's
-# own /version: gitCommit with buildDate 2026-04-15T18:01:23Z, one second
-# after the module's publication time.
-KUBERNETES_COMMITS = {"v1.35.4": "7b8c6cf0edd376b3d7c2f255142977c7f93db258"}
 # Bumped when the way binaries are built changes (a new cache entry).
 _RECIPE = "2"
 
@@ -85,6 +83,9 @@ class GoTool:
     # C libraries cgo needs: (pkg-config name, Debian package with its headers),
     # checked before building so a missing one is named, not a compiler error.
     c_libraries: tuple[tuple[str, str], ...] = ()
+    # Further directories whose files are part of the build (a local module
+    # the tool's module replaces a requirement with): digested into the key.
+    local_modules: tuple[Path, ...] = ()
 
     @property
     def version(self) -> str:
@@ -99,10 +100,9 @@ class GoTool:
             raise RuntimeError(f"{self.directory}/go.mod does not require {self.required_module}")
         return match.group(1)
 
-    @property
-    def commit(self) -> str:
-        """The pinned Kubernetes release's commit, if known ("" otherwise)."""
-        return KUBERNETES_COMMITS.get(self.version, "") if self.version_packages else ""
+    # The commit a Kubernetes release's tag points at ("" when not known:
+    # kubereleases), stamped as gitCommit.
+    commit: str = ""
 
     @property
     def cache_key(self) -> str:
@@ -111,13 +111,16 @@ class GoTool:
         rebuilds."""
         digest = hashlib.sha256(_RECIPE.encode())
         digest.update(self.commit.encode())
-        for path in [
-            self.directory / "go.mod",
-            self.directory / "go.sum",
-            *sorted(self.directory.rglob("*.go")),
-        ]:
-            digest.update(str(path.relative_to(self.directory)).encode())
-            digest.update(path.read_bytes())
+        for root in (self.directory, *self.local_modules):
+            for path in [root / "go.mod", root / "go.sum", *sorted(root.rglob("*.go"))]:
+                if path.exists():
+                    # Paths relative to the module itself (as keys always
+                    # were), a local module's under its own directory name.
+                    where = path.relative_to(root)
+                    digest.update(
+                        str(where if root == self.directory else root.name / where).encode()
+                    )
+                    digest.update(path.read_bytes())
         for _, package in self.packages:
             digest.update(package.encode())
         settings = self.build_settings
@@ -144,49 +147,89 @@ class GoTool:
         return tuple(binary for binary, _ in self.packages)
 
 
-KUBERNETES = GoTool(
-    name="kubernetes",
-    directory=tools_dir() / "kubernetes",
-    required_module="k8s.io/kubernetes",
-    packages=(
-        ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
-        ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"),
-        ("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
-    ),
-    version_packages=KUBERNETES_VERSION_PACKAGES,
-)
-# Built only for sandboxes with kubelet nodes: the kubelet of the same pin,
-# and the fake CRI runtime it runs on (``fakecri/`` in the same module).
-KUBELET = GoTool(
-    name="kubelet",
-    directory=tools_dir() / "kubernetes",
-    required_module="k8s.io/kubernetes",
-    packages=(
-        ("kubelet", "k8s.io/kubernetes/cmd/kubelet"),
-        ("kmm-fake-cri", "kmm.local/sandbox/kubernetes/fakecri"),
-    ),
-    version_packages=KUBERNETES_VERSION_PACKAGES,
-)
-# Not part of a sandbox: the Kubernetes project's own DRA test driver (its
-# kubelet-plugin subcommand), a second, independent driver that `kmm kubelet`
-# is checked with.
-DRA_TEST_DRIVER = GoTool(
-    name="dra-test-driver",
-    directory=tools_dir() / "kubernetes",
-    required_module="k8s.io/kubernetes",
-    packages=(("dra-test-driver", "k8s.io/kubernetes/test/e2e/dra/test-driver"),),
-    version_packages=KUBERNETES_VERSION_PACKAGES,
-)
-# Not part of a sandbox: the kubectl of the same pin, inside the supported
-# version skew whatever kubectl the machine has (kubectl is supported within
-# one minor version of the API server).
-KUBECTL = GoTool(
-    name="kubectl",
-    directory=tools_dir() / "kubernetes",
-    required_module="k8s.io/kubernetes",
-    packages=(("kubectl", "k8s.io/kubernetes/cmd/kubectl"),),
-    version_packages=KUBERNETES_VERSION_PACKAGES,
-)
+@dataclasses.dataclass(frozen=True)
+class KubernetesTools:
+    """The binaries built from one release's wrapper module
+    (``gotools/kubernetes/v<minor>``, ``kubereleases``)."""
+
+    release: kubereleases.Release
+    # The control plane every sandbox runs.
+    control_plane: GoTool
+    # Built only for sandboxes with kubelet nodes: the kubelet, and the fake
+    # CRI runtime of the fake-runtime nodes (``gotools/fakecri``, a local
+    # module each wrapper builds with its release's CRI packages).
+    kubelet: GoTool
+    # The kube-proxy of container and VM nodes (static: the node image
+    # carries it).
+    kube_proxy: GoTool
+    # Not part of a sandbox: the kubectl of the release, inside the supported
+    # version skew whatever kubectl the machine has (kubectl is supported
+    # within one minor version of the API server).
+    kubectl: GoTool
+    # Not part of a sandbox: the Kubernetes project's own DRA test driver
+    # (its kubelet-plugin subcommand), a second, independent driver that
+    # `kmm kubelet` is checked with.
+    dra_test_driver: GoTool
+
+
+def kubernetes(release: kubereleases.Release = kubereleases.DEFAULT) -> KubernetesTools:
+    """The Kubernetes binaries of ``release`` (the default one unless told)."""
+    directory = tools_dir() / "kubernetes" / release.directory_name
+
+    def tool(
+        name: str,
+        packages: tuple[tuple[str, str], ...],
+        *,
+        cgo: bool | None = None,
+        local_modules: tuple[Path, ...] = (),
+    ) -> GoTool:
+        return GoTool(
+            name=name,
+            directory=directory,
+            required_module="k8s.io/kubernetes",
+            packages=packages,
+            version_packages=KUBERNETES_VERSION_PACKAGES,
+            commit=release.commit,
+            cgo=cgo,
+            local_modules=local_modules,
+        )
+
+    return KubernetesTools(
+        release=release,
+        control_plane=tool(
+            "kubernetes",
+            (
+                ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
+                ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"),
+                ("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
+            ),
+        ),
+        kubelet=tool(
+            "kubelet",
+            (
+                ("kubelet", "k8s.io/kubernetes/cmd/kubelet"),
+                ("kmm-fake-cri", "kmm.local/sandbox/fakecri"),
+            ),
+            local_modules=(tools_dir() / "fakecri",),
+        ),
+        kube_proxy=tool(
+            "kube-proxy", (("kube-proxy", "k8s.io/kubernetes/cmd/kube-proxy"),), cgo=False
+        ),
+        kubectl=tool("kubectl", (("kubectl", "k8s.io/kubernetes/cmd/kubectl"),)),
+        dra_test_driver=tool(
+            "dra-test-driver",
+            (("dra-test-driver", "k8s.io/kubernetes/test/e2e/dra/test-driver"),),
+        ),
+    )
+
+
+# The default release's, which everything but `kmm sandbox up
+# --kubernetes-version` and `make test-compat` runs.
+_DEFAULT = kubernetes()
+KUBERNETES = _DEFAULT.control_plane
+KUBELET = _DEFAULT.kubelet
+DRA_TEST_DRIVER = _DEFAULT.dra_test_driver
+KUBECTL = _DEFAULT.kubectl
 ETCD = GoTool(
     name="etcd",
     directory=tools_dir() / "etcd",
@@ -261,16 +304,16 @@ CNI_PLUGINS = GoTool(
     ),
     cgo=False,
 )
-# In the Kubernetes module, like the kubelet: the same pin and version stamp.
-KUBE_PROXY = GoTool(
-    name="kube-proxy",
-    directory=tools_dir() / "kubernetes",
-    required_module="k8s.io/kubernetes",
-    packages=(("kube-proxy", "k8s.io/kubernetes/cmd/kube-proxy"),),
-    version_packages=KUBERNETES_VERSION_PACKAGES,
-    cgo=False,
-)
+KUBE_PROXY = _DEFAULT.kube_proxy
 CONTAINER_NODE = (CONTAINERD, RUNC, CNI_PLUGINS, KUBE_PROXY)
+
+
+def container_node(release: kubereleases.Release) -> tuple[GoTool, ...]:
+    """What a container node of ``release`` runs: containerd, runc and the
+    CNI plugins (one pin for every release) and the release's kube-proxy."""
+    return (CONTAINERD, RUNC, CNI_PLUGINS, kubernetes(release).kube_proxy)
+
+
 # The CNCF distribution registry the sandbox serves images from.
 REGISTRY = GoTool(
     name="registry",

@@ -13,7 +13,17 @@ from importlib import resources
 from pathlib import Path
 
 from kmm.kube import kubeconfigs as kube_access
-from kmm.sandbox import addressing, components, health, networking, pki, ports, processes, state
+from kmm.sandbox import (
+    addressing,
+    components,
+    health,
+    kubereleases,
+    networking,
+    pki,
+    ports,
+    processes,
+    state,
+)
 from kmm.sandbox.kwoknodes import nodes as kwoknodes
 
 __all__ = [
@@ -33,6 +43,7 @@ __all__ = [
     "insecure",
     "kwok_argv",
     "scheduler_argv",
+    "tools",
 ]
 
 ADMIN = pki.ClientIdentity("admin", "kmm-sandbox-admin", ("system:masters",))
@@ -48,9 +59,16 @@ KUBELET_CLIENT = pki.ClientIdentity(
 )
 
 SERVICE_CIDR = "10.96.0.0/12"
-# What every ``up`` builds: the control plane and the kubectl of its release,
-# which ``up`` offers because a machine's own may be outside the version skew.
+# What every ``up`` of the default release builds: the control plane and the
+# kubectl of its release, which ``up`` offers because a machine's own may be
+# outside the version skew.
 TOOLS = (*components.ALL, components.KUBECTL)
+
+
+def tools(release: kubereleases.Release) -> tuple[components.GoTool, ...]:
+    """What every ``up`` of ``release`` builds (``TOOLS`` for the default)."""
+    kubernetes = components.kubernetes(release)
+    return (components.ETCD, kubernetes.control_plane, components.KWOK, kubernetes.kubectl)
 
 
 def admin(credentials: pki.Pki, server: str) -> kube_access.Access:
@@ -107,6 +125,8 @@ def apiserver_argv(
     etcd_port: int,
     port: int,
     network: networking.Network | None = None,
+    *,
+    gates: kubereleases.FeatureGates = kubereleases.DEFAULT.gates,
 ) -> list[str]:
     # With kubelet nodes, as in a real cluster: kubelets are judged by the
     # Node authorizer and NodeRestriction, everyone else by RBAC. (Without
@@ -151,15 +171,21 @@ def apiserver_argv(
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--allow-privileged=true",
         "--profiling=false",
-        # Alpha in 1.35: without it the server drops the device health a
-        # kubelet (or `kmm kubelet --resource-health-status`) reports.
-        "--feature-gates=ResourceHealthStatus=true",
+        # The release's (kubereleases): e.g. ResourceHealthStatus in 1.35,
+        # without which the server drops the device health a kubelet (or
+        # `kmm kubelet --resource-health-status`) reports.
+        *kubereleases.flag(gates.apiserver),
         *kubelets,
     ]
 
 
 def controller_manager_argv(
-    binary: Path, credentials: pki.Pki, *, kubeconfig: Path, port: int
+    binary: Path,
+    credentials: pki.Pki,
+    *,
+    kubeconfig: Path,
+    port: int,
+    gates: kubereleases.FeatureGates = kubereleases.DEFAULT.gates,
 ) -> list[str]:
     return [
         str(binary),
@@ -175,16 +201,24 @@ def controller_manager_argv(
         # KWOK's status heartbeats are jittered up to 35 s; a grace
         # above that keeps a busy machine from marking nodes NotReady.
         "--node-monitor-grace-period=60s",
+        *kubereleases.flag(gates.controller_manager),
     ]
 
 
-def scheduler_argv(binary: Path, *, kubeconfig: Path, port: int) -> list[str]:
+def scheduler_argv(
+    binary: Path,
+    *,
+    kubeconfig: Path,
+    port: int,
+    gates: kubereleases.FeatureGates = kubereleases.DEFAULT.gates,
+) -> list[str]:
     return [
         str(binary),
         f"--kubeconfig={kubeconfig}",
         f"--bind-address={ports.HOST}",
         f"--secure-port={port}",
         "--leader-elect=false",
+        *kubereleases.flag(gates.scheduler),
     ]
 
 

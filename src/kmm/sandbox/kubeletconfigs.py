@@ -13,16 +13,26 @@ varies).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["base"]
 
 
-def base(*, port: int, healthz_address: str, healthz_port: int, client_ca: str) -> dict[str, Any]:
+def base(
+    *,
+    port: int,
+    healthz_address: str,
+    healthz_port: int,
+    client_ca: str,
+    feature_gates: Mapping[str, bool] | None = None,
+) -> dict[str, Any]:
     """The shared part: the kubelet's port on every address of its node, its
     health on ``healthz_address``, clients' certificates checked against
-    ``client_ca``."""
+    ``client_ca``, the release's ``feature_gates`` (``kubereleases``)."""
+    gates = {"featureGates": dict(feature_gates)} if feature_gates else {}
     return {
+        **gates,
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "address": "0.0.0.0",

@@ -73,6 +73,9 @@ class Starting:
     api_port: int
     timeout: float
     cache_dir: Path
+    # KubeletConfiguration.featureGates of every kubelet node started
+    # (the release's: ``kubereleases``).
+    kubelet_feature_gates: Mapping[str, bool] = dataclasses.field(default_factory=dict)
 
     @property
     def record(self) -> state.SandboxState:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from kmm.sandbox import addressing
+from kmm.sandbox import addressing, kubereleases
 from kmm.sandbox.containernodes import fakemodules
 from kmm.sandbox.containernodes import nodes as containernodes
 from kmm.sandbox.registry import Auth as RegistryAuth
@@ -73,6 +73,14 @@ class Options:
     secure_boot: bool = True
     node_kernel: str = ""
     accel: str = "auto"
+    # The Kubernetes release of the control plane and of every kubelet node
+    # (``kubereleases``): "" the default, else a minor or its pinned patch.
+    kubernetes_version: str = ""
+
+    @property
+    def release(self) -> kubereleases.Release:
+        """The release ``kubernetes_version`` names (ValueError if none)."""
+        return kubereleases.find(self.kubernetes_version)
 
     @property
     def containers(self) -> bool:
@@ -138,6 +146,13 @@ class Options:
             if value is not None and value < 1:
                 raise ValueError(f"{flag} must be 1 or more")
         self._check_vm_nodes()
+        release = self.release
+        if self.vm_nodes and release != kubereleases.DEFAULT:
+            raise ValueError(
+                f"--kubernetes-version {self.kubernetes_version}: VM nodes run the node image's "
+                f"kubelet, built for Kubernetes {kubereleases.DEFAULT.minor} only; drop "
+                "--vm-nodes or the version"
+            )
         if any(entry.startswith("resource.k8s.io/") for entry in self.runtime_config) and (
             self.kubelet_nodes or self.vm_nodes
         ):

@@ -6,25 +6,56 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from kmm.sandbox import components
+import pytest
+
+from kmm.sandbox import components, kubereleases
 
 
 def test_versions_come_from_the_pinned_go_mod_files() -> None:
-    assert components.KUBERNETES.version == "v1.35.4"
+    assert components.KUBERNETES.version == "v1.37.2"
     assert components.ETCD.version.startswith("v3.6.")
     assert components.KWOK.version == "v0.8.0"
 
 
-def test_every_staging_module_is_replaced_with_the_kubernetes_version() -> None:
-    go_mod = (components.KUBERNETES.directory / "go.mod").read_text()
+@pytest.mark.parametrize("minor", list(kubereleases.RELEASES))
+def test_every_staging_module_is_replaced_with_the_kubernetes_version(minor: str) -> None:
+    tools = components.kubernetes(kubereleases.RELEASES[minor])
+    assert tools.control_plane.version.startswith(f"v{minor}.")
+    go_mod = (tools.control_plane.directory / "go.mod").read_text()
     replaced = [line.split() for line in go_mod.splitlines() if "=>" in line]
     assert len(replaced) >= 30
-    staging_version = "v0" + components.KUBERNETES.version[2:]
-    for module, arrow, target, version in replaced:
+    staging_version = "v0" + tools.control_plane.version[2:]
+    for module, arrow, target, *version in replaced:
         assert arrow == "=>"
+        if module == "kmm.local/sandbox/fakecri":  # the local fake CRI module
+            assert (target, version) == ("../../fakecri", [])
+            continue
         assert module == target
         assert module.startswith("k8s.io/")
-        assert version == staging_version
+        assert version == [staging_version]
+
+
+def test_every_release_builds_its_own_binaries_from_its_own_module() -> None:
+    keys = set()
+    for release in kubereleases.RELEASES.values():
+        tools = components.kubernetes(release)
+        for tool in (tools.control_plane, tools.kubelet, tools.kube_proxy, tools.kubectl):
+            assert tool.version == release.version
+            assert tool.directory.name == f"v{release.minor}"
+            assert tool.commit == release.commit
+            keys.add(tool.cache_key)
+    assert len(keys) == 4 * len(kubereleases.RELEASES)
+
+
+def test_the_fake_runtime_is_part_of_the_kubelets_key(tmp_path: Path) -> None:
+    copy = tmp_path / "fakecri"
+    shutil.copytree(components.tools_dir() / "fakecri", copy)
+    tool = dataclasses.replace(components.KUBELET, local_modules=(copy,))
+    before = tool.cache_key
+    assert before == components.KUBELET.cache_key
+    with (copy / "main.go").open("a") as stream:
+        stream.write("// changed\n")
+    assert tool.cache_key != before
 
 
 def test_cache_key_changes_when_go_sum_changes(tmp_path: Path) -> None:

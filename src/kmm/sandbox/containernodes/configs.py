@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -229,12 +230,14 @@ def write_cni_files(node: nodes.ContainerNode, binaries: dict[str, Path]) -> Non
 # --- kubelet and kube-proxy ----------------------------------------------------
 
 
-def kubelet_config(node: nodes.ContainerNode, *, ca_cert: Path) -> dict[str, Any]:
+def kubelet_config(
+    node: nodes.ContainerNode, *, ca_cert: Path, feature_gates: Mapping[str, bool] | None = None
+) -> dict[str, Any]:
     """The fake-runtime node's KubeletConfiguration, changed for containerd:
     its socket, cgroups under the sandbox's parent (QOS cgroups on: they work
     on v1 hybrid hosts with cgroupfs, and pods get the limits a cluster gives
     them), listening on the node's namespace, a resolv.conf naming nothing."""
-    path = kubeletnodes.write_config(node.kubelet, ca_cert=ca_cert)
+    path = kubeletnodes.write_config(node.kubelet, ca_cert=ca_cert, feature_gates=feature_gates)
     config: dict[str, Any] = json.loads(path.read_text())
     resolv = node.directory / "resolv.conf"
     resolv.write_text("# kmm sandbox: no name server (nothing outside is reachable)\n")
@@ -256,9 +259,12 @@ def kubelet_config(node: nodes.ContainerNode, *, ca_cert: Path) -> dict[str, Any
     return config
 
 
-def write_kubelet_config(node: nodes.ContainerNode, *, ca_cert: Path) -> Path:
+def write_kubelet_config(
+    node: nodes.ContainerNode, *, ca_cert: Path, feature_gates: Mapping[str, bool] | None = None
+) -> Path:
     path = node.directory / "kubelet-config.yaml"
-    path.write_text(json.dumps(kubelet_config(node, ca_cert=ca_cert), indent=2))
+    config = kubelet_config(node, ca_cert=ca_cert, feature_gates=feature_gates)
+    path.write_text(json.dumps(config, indent=2))
     return path
 
 

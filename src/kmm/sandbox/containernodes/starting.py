@@ -134,7 +134,11 @@ async def start(
                     binaries["kubelet"],
                     node,
                     kubeconfig=kubeconfig,
-                    config=configs.write_kubelet_config(node, ca_cert=starting.credentials.ca_cert),
+                    config=configs.write_kubelet_config(
+                        node,
+                        ca_cert=starting.credentials.ca_cert,
+                        feature_gates=starting.kubelet_feature_gates,
+                    ),
                     labels=labels,
                 ),
                 health_url=node.kubelet.health_url,

@@ -107,7 +107,11 @@ class KubeletNodes:
                         node,
                         holder=starting.holder(node.name),
                         kubeconfig=kubeconfig,
-                        config=nodes.write_config(node, ca_cert=starting.credentials.ca_cert),
+                        config=nodes.write_config(
+                            node,
+                            ca_cert=starting.credentials.ca_cert,
+                            feature_gates=starting.kubelet_feature_gates,
+                        ),
                         address=str(addressing.node_address(_index(node))),
                         labels={nodekinds.KUBELET_NODE_LABEL: "true"},
                     ),

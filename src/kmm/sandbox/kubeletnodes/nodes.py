@@ -1,7 +1,7 @@
 """Real kubelet nodes: the pinned kubelet on a fake container runtime.
 
 Each node is a kubelet built from the pinned Kubernetes module and
-``kmm-fake-cri`` (``gotools/kubernetes/fakecri``): pods bound to it go
+``kmm-fake-cri`` (``gotools/fakecri``): pods bound to it go
 Running as far as the API can tell, nothing executes, and the kubelet's DRA
 manager is the real one, so drivers (``kmm driver``, anyone's) are called the
 way a cluster calls them.
@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
@@ -176,7 +177,9 @@ def check_directory(directory: Path) -> None:
             )
 
 
-def write_config(node: KubeletNode, *, ca_cert: Path) -> Path:
+def write_config(
+    node: KubeletNode, *, ca_cert: Path, feature_gates: Mapping[str, bool] | None = None
+) -> Path:
     """The node's KubeletConfiguration (JSON is YAML), written to its directory."""
     # Inside the node's namespace: its fabric address (the API server's way
     # in) and its loopback (the relay's way in from the host).
@@ -185,6 +188,7 @@ def write_config(node: KubeletNode, *, ca_cert: Path) -> Path:
         healthz_address="127.0.0.1",
         healthz_port=node.healthz_port,
         client_ca=str(ca_cert),
+        feature_gates=feature_gates,
     )
     config.update(
         {

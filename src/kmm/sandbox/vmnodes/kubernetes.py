@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from kmm.sandbox import addressing, kubeconfigs, kubeletconfigs
+from kmm.sandbox import addressing, kubeconfigs, kubeletconfigs, kubereleases
 from kmm.sandbox.containernodes import configs
 
 __all__ = ["CONTAINERD_SOCKET", "NodeFiles", "files", "kubelet_config"]
@@ -82,6 +82,8 @@ def kubelet_config(node: NodeFiles) -> dict[str, Any]:
         healthz_address=node.address,
         healthz_port=node.healthz_port,
         client_ca=f"{_PKI}/ca.crt",
+        # VM nodes run the default release only (options.check).
+        feature_gates=kubereleases.DEFAULT.gates.kubelet,
     )
     config.update(
         {

@@ -1,16 +1,11 @@
-// Wrapper module that builds the Kubernetes control-plane binaries for kmm sandbox.
-// k8s.io/kubernetes points its staging modules at ./staging with replace lines,
-// which 'go install pkg@version' refuses; this module repeats them as published versions.
-module kmm.local/sandbox/kubernetes
+// Wrapper module that builds Kubernetes v1.35.4 for kmm sandbox (scripts/kubernetes_wrapper.py).
+module kmm.local/sandbox/kubernetes35
 
 go 1.25.0
 
-require (
-	google.golang.org/grpc v1.72.2
-	k8s.io/cri-api v0.35.4
-	k8s.io/cri-client v0.0.0
-	k8s.io/kubernetes v1.35.4
-)
+require k8s.io/kubernetes v1.35.4
+
+require kmm.local/sandbox/fakecri v0.0.0
 
 require (
 	cel.dev/expr v0.24.0 // indirect
@@ -145,6 +140,7 @@ require (
 	golang.org/x/tools v0.38.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20250303144028-a0af3efb3deb // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20250528174236-200df99c418a // indirect
+	google.golang.org/grpc v1.72.2 // indirect
 	google.golang.org/protobuf v1.36.8 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/go-jose/go-jose.v2 v2.6.3 // indirect
@@ -162,6 +158,8 @@ require (
 	k8s.io/component-base v0.35.4 // indirect
 	k8s.io/component-helpers v0.35.4 // indirect
 	k8s.io/controller-manager v0.35.4 // indirect
+	k8s.io/cri-api v0.35.4 // indirect
+	k8s.io/cri-client v0.35.4 // indirect
 	k8s.io/csi-translation-lib v0.0.0 // indirect
 	k8s.io/dynamic-resource-allocation v0.35.4 // indirect
 	k8s.io/endpointslice v0.0.0 // indirect
@@ -222,4 +220,5 @@ replace (
 	k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.35.4
 	k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.35.4
 	k8s.io/sample-controller => k8s.io/sample-controller v0.35.4
+	kmm.local/sandbox/fakecri => ../../fakecri
 )
