@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo demo-builds demo-stop demo-fleet demo-fleet-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images vm-tools vm-image vm-test-modules vm-toolkit-images deploy reference docs test test-compat test-builds test-checks-and-images lint typecheck layers unit integration protos clean
+.PHONY: all venv demo demo-builds demo-stop demo-fleet demo-fleet-stop demo-dra demo-dra-stop sandbox-binaries sandbox-build-deps image image-again image-tools test-images vm-tools vm-image vm-test-modules vm-toolkit-images deploy reference docs test test-compat test-builds kubelet-protos test-checks-and-images lint typecheck layers unit integration protos clean
 
 all: test
 
@@ -214,7 +214,13 @@ test: venv sandbox-build-deps image-tools vm-tools
 	$(BIN)/pytest -n 2 --dist loadscope
 
 test-builds:
-	$(MAKE) --no-print-directory -j1 sandbox-binaries vm-test-modules vm-toolkit-images
+	$(MAKE) --no-print-directory -j1 sandbox-binaries kubelet-protos vm-test-modules vm-toolkit-images
+
+# The kubelet's .proto files of every supported release, which
+# tests/unit/test_protos_upstream.py compares kmm's with: k8s.io/kubelet of
+# each wrapper module into the Go module cache (a small module each).
+kubelet-protos:
+	for wrapper in src/kmm/sandbox/gotools/kubernetes/v1.*; do (cd $$wrapper && go mod download k8s.io/kubelet) || exit 1; done
 
 test-checks-and-images:
 	$(MAKE) --no-print-directory -j1 lint typecheck layers docs image image-again test-images

@@ -1,10 +1,11 @@
 """Our .proto files are wire-compatible with the kubelet's own, in every
 Kubernetes minor kmm supports.
 
-The kubelet's api.proto files come from k8s.io/kubelet at each version of
-``KUBELET_VERSIONS``, found in the Go module cache (``go mod download -json``
-answers from the cache without the network once the sandbox's build has
-fetched them; the Go proxy otherwise). Both sides are compiled to
+The kubelet's api.proto files come from k8s.io/kubelet of each supported
+release (``kubereleases``), found in the Go module cache, where `make
+kubelet-protos` (part of `make test`'s builds) puts them: the test asks
+with ``GOPROXY=off``, so it never downloads, and names that step when a
+module is missing. Both sides are compiled to
 descriptors and compared on what the wire and a third-party stub see:
 package, services and method names with their streaming shape, and every
 message's fields by number, name, type and label. A field we declare beyond
@@ -15,6 +16,7 @@ fields; a missing or changed one is not.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -24,11 +26,15 @@ import pytest
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
+from kmm.sandbox import kubereleases
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-# k8s.io/kubelet of the oldest and newest supported minors (and the one
-# between): what a kubelet of each dials must match what we serve.
-KUBELET_VERSIONS = ("v0.35.4", "v0.36.3", "v0.37.2")
+# k8s.io/kubelet of every supported release (its staging version, v0.M.P
+# for v1.M.P): what a kubelet of each dials must match what we serve.
+KUBELET_VERSIONS = tuple(
+    "v0" + release.version.removeprefix("v1") for release in kubereleases.RELEASES.values()
+)
 # Our file -> the kubelet's (relative to the k8s.io/kubelet module root), and
 # the first version that has it.
 PAIRS = {
@@ -63,12 +69,16 @@ def _kubelet_module(version: str, scratch: pathlib.Path) -> pathlib.Path:
     found = subprocess.run(
         [go, "mod", "download", "-json", f"k8s.io/kubelet@{version}"],
         cwd=scratch,
+        env={**os.environ, "GOPROXY": "off"},  # never a download in a test
         capture_output=True,
         text=True,
         check=False,
-        timeout=600,
+        timeout=60,
     )
-    assert found.returncode == 0, found.stderr or found.stdout
+    assert found.returncode == 0, (
+        f"k8s.io/kubelet@{version} is not in the Go module cache: run `make kubelet-protos` "
+        f"({found.stderr or found.stdout})"
+    )
     return pathlib.Path(json.loads(found.stdout)["Dir"])
 
 
