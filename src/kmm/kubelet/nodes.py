@@ -25,7 +25,9 @@ __all__ = ["KUBELET_VERSION", "Heartbeat", "NodeSpec", "node_body", "register"]
 
 _log = logging.getLogger(__name__)
 
-KUBELET_VERSION: Final = "v1.35.4-kmm-emulator"
+# The kubelet release whose behaviour the emulator follows (its DRA manager,
+# plugin watcher and probes), as the Node reports it.
+KUBELET_VERSION: Final = "v1.37.2-kmm-emulator"
 LEASE_NAMESPACE: Final = "kube-node-lease"
 LEASE_SECONDS: Final = 40
 
