@@ -88,6 +88,13 @@ def kubelet(
             "health streams and report device health in containerStatuses."
         ),
     ] = False,
+    optional_node_operations: Annotated[
+        bool,
+        typer.Option(
+            help="The kubelet's DRAOptionalNodeOperations feature gate (alpha, off in 1.37): "
+            "skip the calls a claim's devices say they need not, and declare the feature."
+        ),
+    ] = False,
     process_image: Annotated[
         str,
         typer.Option(
@@ -117,6 +124,7 @@ def kubelet(
         retry=retry,
         metrics_port=metrics_port,
         resource_health=resource_health_status,
+        optional_node_operations=optional_node_operations,
         process_image=process_image or None,
     )
     try:

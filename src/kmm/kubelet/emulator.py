@@ -47,6 +47,7 @@ from kmm.kubelet import (
     checkpoint,
     dra,
     health,
+    nodeoperations,
     nodes,
     podstatuses,
     podworkers,
@@ -76,8 +77,20 @@ class Options:
     health_retry: float = health.RETRY_PERIOD
     # Containers of this image run as local processes (None: none do).
     process_image: str | None = installation.IMAGE
+    # The kubelet's DRAOptionalNodeOperations gate (alpha in 1.37, off):
+    # devices may skip NodePrepareResources / NodeUnprepareResources, and the
+    # Node declares the feature (nodeoperations).
+    optional_node_operations: bool = False
     restart_backoff: float = 10.0  # the kubelet's initial CrashLoopBackOff
     volume_refresh: float = 60.0  # ConfigMap and Secret volumes rewritten this often
+
+    @property
+    def node_spec(self) -> nodes.NodeSpec:
+        """The node as registered: its declared features follow the gates."""
+        declared = set(self.node.declared_features)
+        if self.optional_node_operations:
+            declared.add(nodeoperations.FEATURE)
+        return dataclasses.replace(self.node, declared_features=tuple(sorted(declared)))
 
     @property
     def kubelet_dir(self) -> Path:
@@ -99,7 +112,11 @@ class Emulator:
         self.registry = registration.Registry()
         self.metrics = kubelet_metrics.Metrics()
         self.manager = dra.Manager(
-            api, self.registry, checkpoint.Store(options.kubelet_dir), self.metrics
+            api,
+            self.registry,
+            checkpoint.Store(options.kubelet_dir),
+            self.metrics,
+            optional_node_operations=options.optional_node_operations,
         )
         self.metrics_server: httpserving.Server | None = None
         # Pod syncs and restarts take turns: a restart swaps the state a sync reads.
@@ -235,7 +252,7 @@ class Emulator:
             self.options.kubelet_dir / "plugins",
         ):
             path.mkdir(parents=True, exist_ok=True)
-        node = await nodes.register(self.api, self.options.node)
+        node = await nodes.register(self.api, self.options.node_spec)
         await self.wiper.wipe()
         self.manager.load()
         reflector = reflecting.Reflector(
@@ -264,7 +281,7 @@ class Emulator:
                 else []
             ),
             tasks.guard(
-                nodes.Heartbeat(self.api, self.options.node, node["metadata"]["uid"]).run(),
+                nodes.Heartbeat(self.api, self.options.node_spec, node["metadata"]["uid"]).run(),
                 name="heartbeat",
                 on_error=failed,
             ),
