@@ -27,6 +27,7 @@ def test_regenerating_the_stubs_changes_nothing(tmp_path: pathlib.Path) -> None:
 
 def test_the_kubelet_names_are_kept() -> None:
     from kmm.kubeletplugin.protos import (
+        dra_health_v1_pb2,
         dra_health_v1alpha1_pb2,
         dra_v1_pb2,
         dra_v1beta1_pb2,
@@ -42,6 +43,10 @@ def test_the_kubelet_names_are_kept() -> None:
     assert dra_v1beta1_pb2.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1beta1"
     assert dra_health_v1alpha1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == (
         "v1alpha1.DRAResourceHealth"
+    )
+    # The names plugins list in GetInfo: the 1.37 kubelet picks the first it knows.
+    assert dra_health_v1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == (
+        "v1.DRAResourceHealth"
     )
     device = dra_v1_pb2.Device.DESCRIPTOR.fields_by_name
     assert {name: f.number for name, f in device.items()} == {

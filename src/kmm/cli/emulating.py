@@ -84,10 +84,10 @@ def kubelet(
     resource_health_status: Annotated[
         bool,
         typer.Option(
-            help="The kubelet's ResourceHealthStatus feature gate: follow the drivers' "
-            "health streams and report device health in containerStatuses."
+            help="The kubelet's ResourceHealthStatus feature gate (on by default since 1.36): "
+            "follow the drivers' health streams and report device health in containerStatuses."
         ),
-    ] = False,
+    ] = True,
     optional_node_operations: Annotated[
         bool,
         typer.Option(

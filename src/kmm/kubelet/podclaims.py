@@ -10,7 +10,8 @@ claim the scheduler made for extended resources backed by DRA
 and locked on in 1.37). ``container_requests`` is what ``GetResources``
 hands the runtime for one container: per claim name, the requests it uses
 (``""``: the whole claim), extended resource requests mapped through the
-status' ``requestMappings``.
+status' ``requestMappings``. ``status_claim_name`` is how the kubelet finds a
+container's claim when it writes the devices' health.
 
 The names of the API objects' fields are the API's; errors carry the
 library's words.
@@ -30,6 +31,7 @@ __all__ = [
     "container_requests",
     "is_dra_extended_resource",
     "pod_claims",
+    "status_claim_name",
 ]
 
 # resourceapi.ResourceDeviceClassPrefix: an extended resource named after a DeviceClass.
@@ -74,6 +76,26 @@ def pod_claims(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         # The kubelet makes a nameless pod claim of it (manager.go: prepareResources).
         found.append({"resourceClaimName": extended.get("resourceClaimName")})
     return found
+
+
+def status_claim_name(pod: Mapping[str, Any], pod_claim: str) -> str | None:
+    """The ResourceClaim of a pod claim as ``UpdateAllocatedResourcesStatus``
+    finds it: through ``pod.status.resourceClaimStatuses``, else from the pod
+    spec (1.37 added that: a claim named directly in the spec gets health
+    entries too, where 1.35 gave it none); None when neither names one."""
+    found = None
+    for status in (pod.get("status") or {}).get("resourceClaimStatuses") or ():
+        if status.get("name") == pod_claim and status.get("resourceClaimName"):
+            found = str(status["resourceClaimName"])  # the last one, as Go's map keeps
+    if found is not None:
+        return found
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+        if entry.get("name") == pod_claim:
+            try:
+                return claim_name(pod, entry)[0]
+            except UnknownClaim:
+                return None
+    return None
 
 
 def base_request(reference: str) -> str:

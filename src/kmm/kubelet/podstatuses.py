@@ -5,8 +5,9 @@ given), the pod conditions, the container statuses (``processes.PodRun``),
 the node's address as host and pod IP, and the start time. With
 ``resource_health`` (the kubelet's ``ResourceHealthStatus`` gate) each
 running container's ``allocatedResourcesStatus`` says the health of its
-claims' devices (``health``), the claims found as the 1.35 kubelet finds
-them. When a status is written is the pod workers' call (``podworkers``).
+claims' devices, with their messages (``health``), the claims found as the
+1.37 kubelet finds them. When a status is written is the pod workers' call
+(``podworkers``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kmm.kube import client, errors, resources
-from kmm.kubelet import checkpoint, dra, health, processes
+from kmm.kubelet import checkpoint, dra, health, podclaims, processes
 
 __all__ = ["StatusWriter"]
 
@@ -92,7 +93,7 @@ class StatusWriter:
             allocated = health.resource_statuses(
                 specs[status["name"]],
                 lambda name: self._prepared_devices(pod, name),
-                cache.get,
+                cache.read,
             )
             if allocated:
                 status["allocatedResourcesStatus"] = allocated
@@ -101,13 +102,9 @@ class StatusWriter:
     def _prepared_devices(
         self, pod: Mapping[str, Any], pod_claim: str
     ) -> Mapping[str, list[checkpoint.Device]] | None:
-        """A pod claim's devices by driver, found as the 1.35 kubelet finds them
-        for health: only through ``pod.status.resourceClaimStatuses``, so a
-        claim named directly in the pod spec gets no health entry there."""
-        for status in (pod.get("status") or {}).get("resourceClaimStatuses") or ():
-            if status.get("name") == pod_claim and status.get("resourceClaimName"):
-                info = self._manager.claims.get(
-                    (pod["metadata"]["namespace"], status["resourceClaimName"])
-                )
-                return None if info is None else info.drivers
-        return None
+        """A pod claim's devices by driver (None: not prepared here)."""
+        name = podclaims.status_claim_name(pod, pod_claim)
+        if name is None:
+            return None
+        info = self._manager.claims.get((pod["metadata"]["namespace"], name))
+        return None if info is None else info.drivers

@@ -84,3 +84,12 @@ def test_dra_extended_resource_names() -> None:
     assert not podclaims.is_dra_extended_resource("hugepages.kubernetes.io/2Mi")
     assert not podclaims.is_dra_extended_resource("requests.example.com/gpu")
     assert podclaims.base_request("r/sub") == "r"
+
+
+def test_health_finds_a_claim_through_the_status_or_else_the_spec() -> None:
+    pod = _pod(resourceClaimStatuses=[{"name": "templated", "resourceClaimName": "p-templated-x"}])
+    assert podclaims.status_claim_name(pod, "templated") == "p-templated-x"
+    # Named directly in the spec: 1.35 found nothing here, 1.37 finds it.
+    assert podclaims.status_claim_name(pod, "direct") == "shared"
+    assert podclaims.status_claim_name(_pod(), "templated") is None  # not made yet
+    assert podclaims.status_claim_name(pod, "nowhere") is None
