@@ -13,12 +13,60 @@ claims' devices, with their messages (``health``), the claims found as the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from kmm.kube import client, errors, resources
 from kmm.kubelet import checkpoint, dra, health, podclaims, processes
 
-__all__ = ["StatusWriter"]
+__all__ = ["KUBELET_CONDITIONS", "StatusWriter", "pod_conditions"]
+
+# pkg/kubelet/types: PodConditionsByKubelet, with the gated ones on in 1.37
+# (PodReadyToStartContainers, GA; AllContainersRestarting, beta).
+KUBELET_CONDITIONS: Final = frozenset(
+    {
+        "PodScheduled",
+        "Ready",
+        "Initialized",
+        "ContainersReady",
+        "PodResizeInProgress",
+        "PodResizePending",
+        "PodReadyToStartContainers",
+        "AllContainersRestarting",
+    }
+)
+
+
+def pod_conditions(
+    pod: Mapping[str, Any], *, initialized: bool, ready: bool, started: str
+) -> list[dict[str, Any]]:
+    """The conditions to write: those others own kept as the pod has them (a
+    merge patch replaces the whole list; the kubelet's mergePodStatus keeps
+    them, DisruptionTarget from device-taint eviction among them), then the
+    kubelet's own, PodScheduled carried over as the kubelet carries it."""
+    found = [
+        c
+        for c in (pod.get("status") or {}).get("conditions") or ()
+        if c.get("type") not in KUBELET_CONDITIONS
+    ]
+    scheduled = next(
+        (
+            c
+            for c in (pod.get("status") or {}).get("conditions") or ()
+            if c.get("type") == "PodScheduled"
+        ),
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": started},
+    )
+    found.append(dict(scheduled))
+    found.extend(
+        {"type": kind, "status": str(value), "lastTransitionTime": started}
+        for kind, value in (
+            ("PodReadyToStartContainers", True),
+            ("Initialized", initialized),
+            ("Ready", ready),
+            ("ContainersReady", ready),
+        )
+    )
+    return found
 
 
 class StatusWriter:
@@ -47,15 +95,9 @@ class StatusWriter:
         phase: str | None = None,
     ) -> bool:
         """The pod's status from its run; False when the pod is gone."""
-        conditions = [
-            {"type": kind, "status": str(value), "lastTransitionTime": started}
-            for kind, value in (
-                ("PodReadyToStartContainers", True),
-                ("Initialized", run.initialized),
-                ("Ready", run.ready),
-                ("ContainersReady", run.ready),
-            )
-        ]
+        conditions = pod_conditions(
+            pod, initialized=run.initialized, ready=run.ready, started=started
+        )
         status: dict[str, Any] = {
             "phase": phase or run.phase,
             "conditions": conditions,
