@@ -84,8 +84,15 @@ def kubelet(
     resource_health_status: Annotated[
         bool,
         typer.Option(
-            help="The kubelet's ResourceHealthStatus feature gate: follow the drivers' "
-            "health streams and report device health in containerStatuses."
+            help="The kubelet's ResourceHealthStatus feature gate (on by default since 1.36): "
+            "follow the drivers' health streams and report device health in containerStatuses."
+        ),
+    ] = True,
+    optional_node_operations: Annotated[
+        bool,
+        typer.Option(
+            help="The kubelet's DRAOptionalNodeOperations feature gate (alpha, off in 1.37): "
+            "skip the calls a claim's devices say they need not, and declare the feature."
         ),
     ] = False,
     process_image: Annotated[
@@ -117,6 +124,7 @@ def kubelet(
         retry=retry,
         metrics_port=metrics_port,
         resource_health=resource_health_status,
+        optional_node_operations=optional_node_operations,
         process_image=process_image or None,
     )
     try:

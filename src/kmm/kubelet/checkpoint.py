@@ -1,6 +1,6 @@
 """The kubelet's DRA checkpoint, ``<root>/var/lib/kubelet/dra_manager_state``, byte for byte.
 
-The 1.35 kubelet (``pkg/kubelet/cm/dra/state``) writes
+The kubelet (``pkg/kubelet/cm/dra/state``; the same in 1.35 and 1.37) writes
 ``{"Data":"<inner JSON>","Checksum":<CRC-32 IEEE of Data's bytes>}`` where the
 inner JSON is ``{"kind":"DRACheckpoint","apiVersion":"checkpoint.dra.kubelet.k8s.io/v1",
 "ClaimInfoStateList":[...]}``, each claim ``{ClaimUID, ClaimName, Namespace,
@@ -12,8 +12,18 @@ U+2029 escaped as ``\\u003c`` and so on. ``encode`` writes exactly that, so a
 file the emulator writes is the file the kubelet would write for the same
 state.
 
+1.37 added one field without changing the version: a driver's
+``skipNodeOperations`` (``state/state.go``, tagged ``omitempty``: written only
+for a claim whose devices skip a node operation, which takes the
+``DRAOptionalNodeOperations`` gate). A file without it, as every 1.35 file
+is, reads and writes the same as before. A driver with no device recorded
+(its state before the prepare call) has ``"Devices":null``, as the kubelet's
+nil slice.
+
 Reading is as lenient as the kubelet's: missing fields take their zero value
-(an older kubelet's file lacks ``RequestNames`` and ``ShareID``), the
+(an older kubelet's file lacks ``RequestNames`` and ``ShareID``), field names
+match regardless of case (Go's decoder does; 1.37's
+``TestCheckpointVersionCompatibility`` reads lower-case ones), the
 ``apiVersion`` is not checked, unknown fields are ignored. A checksum that
 does not match, or a file that is not this JSON at all, is
 ``CorruptCheckpoint``: reported, never silently replaced (``Store.load``).
@@ -82,6 +92,9 @@ class ClaimState:
     namespace: str
     pod_uids: frozenset[str] | None = None
     driver_state: Mapping[str, tuple[Device, ...]] | None = None
+    # Per driver, the node operations its devices all skip (1.37's
+    # DriverState.SkipNodeOperations); drivers that skip none are absent.
+    skip_node_operations: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 def _go_json(value: object) -> str:
@@ -114,10 +127,18 @@ def _claim_json(claim: ClaimState) -> dict[str, Any]:
         "DriverState": None
         if claim.driver_state is None
         else {
-            driver: {"Devices": [_device_json(d) for d in devices]}
+            driver: _driver_json(devices, claim.skip_node_operations.get(driver, ()))
             for driver, devices in sorted(claim.driver_state.items())
         },
     }
+
+
+def _driver_json(devices: tuple[Device, ...], skips: tuple[str, ...]) -> dict[str, Any]:
+    # The kubelet only ever appends to a nil slice: no device is null, not [].
+    found: dict[str, Any] = {"Devices": [_device_json(d) for d in devices] or None}
+    if skips:  # omitempty
+        found["skipNodeOperations"] = list(skips)
+    return found
 
 
 def encode(claims: Sequence[ClaimState]) -> bytes:
@@ -133,6 +154,17 @@ def encode(claims: Sequence[ClaimState]) -> bytes:
     return _go_json({"Data": inner, "Checksum": checksum}).encode()
 
 
+def _field(raw: Mapping[str, Any], name: str) -> Any:
+    """A struct field's value as Go's decoder finds it: keys match the field's
+    name regardless of case, and the last matching key wins."""
+    found = None
+    folded = name.casefold()
+    for key, value in raw.items():
+        if key == name or key.casefold() == folded:
+            found = value
+    return found
+
+
 def _optional_strings(value: object, what: str) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -144,38 +176,49 @@ def _optional_strings(value: object, what: str) -> tuple[str, ...] | None:
 def _device(raw: object) -> Device:
     if not isinstance(raw, dict):
         raise CorruptCheckpoint("a device is not an object")
-    share = raw.get("ShareID")
+    share = _field(raw, "ShareID")
     if share is not None and not isinstance(share, str):
         raise CorruptCheckpoint("ShareID is not a string")
     return Device(
-        pool_name=str(raw.get("PoolName") or ""),
-        device_name=str(raw.get("DeviceName") or ""),
+        pool_name=str(_field(raw, "PoolName") or ""),
+        device_name=str(_field(raw, "DeviceName") or ""),
         share_id=share,
-        request_names=_optional_strings(raw.get("RequestNames"), "RequestNames"),
-        cdi_device_ids=_optional_strings(raw.get("CDIDeviceIDs"), "CDIDeviceIDs"),
+        request_names=_optional_strings(_field(raw, "RequestNames"), "RequestNames"),
+        cdi_device_ids=_optional_strings(_field(raw, "CDIDeviceIDs"), "CDIDeviceIDs"),
     )
+
+
+def _driver(raw: object) -> tuple[tuple[Device, ...], tuple[str, ...]]:
+    """A driver's devices and the node operations it skips."""
+    if raw is None:
+        return (), ()
+    if not isinstance(raw, dict):
+        raise CorruptCheckpoint("a driver state is not an object")
+    devices = tuple(_device(d) for d in (_field(raw, "Devices") or ()))
+    skips = _optional_strings(_field(raw, "skipNodeOperations"), "skipNodeOperations")
+    return devices, skips or ()
 
 
 def _claim(raw: object) -> ClaimState:
     if not isinstance(raw, dict):
         raise CorruptCheckpoint("a claim entry is not an object")
-    pods = raw.get("PodUIDs")
-    drivers = raw.get("DriverState")
+    pods = _field(raw, "PodUIDs")
+    drivers = _field(raw, "DriverState")
     if pods is not None and not isinstance(pods, dict):
         raise CorruptCheckpoint("PodUIDs is not an object")
     if drivers is not None and not isinstance(drivers, dict):
         raise CorruptCheckpoint("DriverState is not an object")
+    # Map keys (pod uids, driver names) are data: matched exactly.
+    states = {driver: _driver(state) for driver, state in (drivers or {}).items()}
     return ClaimState(
-        claim_uid=str(raw.get("ClaimUID") or ""),
-        claim_name=str(raw.get("ClaimName") or ""),
-        namespace=str(raw.get("Namespace") or ""),
+        claim_uid=str(_field(raw, "ClaimUID") or ""),
+        claim_name=str(_field(raw, "ClaimName") or ""),
+        namespace=str(_field(raw, "Namespace") or ""),
         pod_uids=None if pods is None else frozenset(pods),
         driver_state=None
         if drivers is None
-        else {
-            driver: tuple(_device(d) for d in ((state or {}).get("Devices") or ()))
-            for driver, state in drivers.items()
-        },
+        else {driver: devices for driver, (devices, _) in states.items()},
+        skip_node_operations={driver: skips for driver, (_, skips) in states.items() if skips},
     )
 
 
@@ -200,7 +243,7 @@ def decode(blob: bytes) -> list[ClaimState]:
         raise CorruptCheckpoint(f"Data is not JSON: {err}") from err
     if not isinstance(inner, dict):
         raise CorruptCheckpoint("Data is not an object")
-    listed = inner.get("ClaimInfoStateList")
+    listed = _field(inner, "ClaimInfoStateList")
     if listed is None:
         return []
     if not isinstance(listed, list):

@@ -1,19 +1,22 @@
-"""The emulated kubelet's DRA manager: prepare and unprepare a pod's claims, as 1.35 does.
+"""The emulated kubelet's DRA manager: prepare and unprepare a pod's claims, as 1.37 does.
 
 ``Manager.prepare(pod)`` follows ``pkg/kubelet/cm/dra/manager.go``:
 
-1. a validation pass that changes nothing: each pod claim's name (given, or
-   from ``pod.status.resourceClaimStatuses`` for a template, which must then
-   be controlled by the pod), claims no container uses skipped, the claim
-   read from the API server, reserved for the pod, allocated, and every
-   driver of its results registered;
+1. a validation pass that changes nothing: each of the pod's claims
+   (``podclaims.pod_claims``: every pod claim, used by a container or not,
+   and the extended resources' claim) named, read from the API server,
+   checked to be the pod's own (a template's), reserved for the pod,
+   allocated, its drivers' skipped node operations worked out
+   (``nodeoperations``), and every driver it must call registered;
 2. each claim entered in the cache with the pod's reference, the checkpoint
-   written *before* any call; claims already prepared are not sent again;
+   written *before* any call; claims already prepared are not sent again,
+   and a claim being unprepared is refused ("is being unprepared");
 3. one NodePrepareResources per driver with every claim of the pod it has
    to prepare; a per-claim error fails the pod's prepare;
-4. only when every driver succeeded: the devices recorded (appended, as
-   the kubelet's ``addDevice`` does, so a claim prepared twice lists them
-   twice), the claims marked prepared, the checkpoint written.
+4. each driver's answer *replaces* the devices recorded for that claim and
+   driver (1.37's ``resetDevices``: a claim prepared again lists its devices
+   once); only when every driver succeeded are the claims marked prepared
+   and the checkpoint written.
 
 Pods start concurrently (the kubelet's pod workers), so two pods sharing a
 claim may both find it not yet prepared and both send it: drivers must
@@ -24,12 +27,14 @@ caller turns them into the ``FailedPrepareDynamicResources`` Event.
 
 ``Manager.unprepare(pod_uid)`` works from the cache only (a force-deleted pod
 or a deleted claim still unprepares): the pod's reference is dropped, and a
-claim no other pod references is sent to NodeUnprepareResources and removed
-from the cache and the checkpoint once its driver answered.
+claim no other pod references is marked unpreparing, sent to
+NodeUnprepareResources (unless its drivers skip it) and removed from the
+cache and the checkpoint once its driver answered. A failed unprepare leaves
+it unpreparing, as in the kubelet, until a retry succeeds.
 
-``prepared`` is memory only, as in the kubelet: a restart reloads the
-checkpoint with every claim unprepared, so running pods' claims are prepared
-again (drivers must be idempotent).
+``prepared`` and ``unpreparing`` are memory only, as in the kubelet: a restart
+reloads the checkpoint with every claim unprepared, so running pods' claims
+are prepared again (drivers must be idempotent).
 
 What the manager keeps of its calls is bounded, since ``kmm kubelet`` runs
 for as long as a node does: ``count`` (calls per method and driver, never
@@ -47,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from kmm.kube import client, errors, resources
-from kmm.kubelet import checkpoint, registration
+from kmm.kubelet import checkpoint, nodeoperations, podclaims, registration
 from kmm.kubelet import metrics as kubelet_metrics
 from kmm.kubeletplugin.protos import (
     dra_v1_pb2,
@@ -62,8 +67,6 @@ __all__ = [
     "ClaimInfo",
     "Manager",
     "PrepareError",
-    "claim_name",
-    "uses_claim",
 ]
 
 _log = logging.getLogger(__name__)
@@ -98,7 +101,12 @@ class ClaimInfo:
     namespace: str
     pod_uids: set[str]
     drivers: dict[str, list[checkpoint.Device]]
+    # Per driver, the node operations skipped (nodeoperations.skipped).
+    skips: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     prepared: bool = False
+    # From the moment its last pod's unprepare commits to calling the drivers
+    # until it leaves the cache: no new pod may join it (1.37).
+    unpreparing: bool = False
 
     def state(self) -> checkpoint.ClaimState:
         return checkpoint.ClaimState(
@@ -107,6 +115,7 @@ class ClaimInfo:
             namespace=self.namespace,
             pod_uids=frozenset(self.pod_uids),
             driver_state={d: tuple(devices) for d, devices in self.drivers.items()},
+            skip_node_operations=dict(self.skips),
         )
 
     @classmethod
@@ -117,6 +126,13 @@ class ClaimInfo:
             namespace=state.namespace,
             pod_uids=set(state.pod_uids or ()),
             drivers={d: list(devices) for d, devices in (state.driver_state or {}).items()},
+            skips=dict(state.skip_node_operations),
+        )
+
+    def calls(self, operation: str) -> list[str]:
+        """The drivers ``operation`` is sent to for this claim, sorted."""
+        return sorted(
+            d for d in self.drivers if not nodeoperations.skips(self.skips.get(d, ()), operation)
         )
 
 
@@ -135,34 +151,6 @@ def _device(answer: Any) -> checkpoint.Device:
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     found: Mapping[str, Any] = obj.get("metadata") or {}
     return found
-
-
-def claim_name(pod: Mapping[str, Any], pod_claim: Mapping[str, Any]) -> tuple[str | None, bool]:
-    """The ResourceClaim's name for one ``pod.spec.resourceClaims`` entry, and
-    whether the claim must be checked to be the pod's own (a template's).
-    PrepareError when a template's claim is not known yet."""
-    if pod_claim.get("resourceClaimName"):
-        return str(pod_claim["resourceClaimName"]), False
-    if pod_claim.get("resourceClaimTemplateName"):
-        for status in (pod.get("status") or {}).get("resourceClaimStatuses") or ():
-            if status.get("name") == pod_claim.get("name"):
-                name = status.get("resourceClaimName")
-                return (str(name) if name else None), True
-        raise PrepareError(
-            f'pod "{_meta(pod).get("name")}": unable to find ResourceClaim '
-            f"for pod claim {pod_claim.get('name')!r}"
-        )
-    raise PrepareError(f"pod claim {pod_claim.get('name')!r}: no ResourceClaim source")
-
-
-def uses_claim(pod: Mapping[str, Any], pod_claim_name: str) -> bool:
-    """Whether any container or init container of the pod names the pod claim."""
-    spec = pod.get("spec") or {}
-    for container in (*(spec.get("initContainers") or ()), *(spec.get("containers") or ())):
-        for used in (container.get("resources") or {}).get("claims") or ():
-            if used.get("name") == pod_claim_name:
-                return True
-    return False
 
 
 def _is_for_pod(pod: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:
@@ -190,8 +178,12 @@ class Manager:
         registry: registration.Registry,
         store: checkpoint.Store,
         metrics: kubelet_metrics.Metrics | None = None,
+        *,
+        optional_node_operations: bool = False,
     ) -> None:
         self.api = api
+        # The kubelet's DRAOptionalNodeOperations gate (alpha in 1.37, off).
+        self.optional_node_operations = optional_node_operations
         self.registry = registry
         self.store = store
         self.metrics = metrics or kubelet_metrics.Metrics()
@@ -219,10 +211,11 @@ class Manager:
     async def _validate(self, pod: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], ClaimInfo]]:
         found: list[tuple[Mapping[str, Any], ClaimInfo]] = []
         namespace = str(_meta(pod).get("namespace"))
-        for pod_claim in (pod.get("spec") or {}).get("resourceClaims") or ():
-            if not uses_claim(pod, str(pod_claim.get("name"))):
-                continue  # no container needs it: not prepared
-            name, must_check_owner = claim_name(pod, pod_claim)
+        for pod_claim in podclaims.pod_claims(pod):
+            try:
+                name, must_check_owner = podclaims.claim_name(pod, pod_claim)
+            except podclaims.UnknownClaim as err:
+                raise PrepareError(str(err)) from err
             if name is None:
                 continue
             try:
@@ -245,17 +238,22 @@ class Manager:
             if not allocation:
                 raise PrepareError(f"ResourceClaim {name}: not allocated")
             results = (allocation.get("devices") or {}).get("results") or ()
-            drivers = {str(r.get("driver")) for r in results}
-            for driver in sorted(drivers):
-                if self.registry.plugin(driver) is None:
-                    raise PrepareError(f"DRA driver {driver} is not registered")
+            try:
+                skips = nodeoperations.skipped(results, enabled=self.optional_node_operations)
+            except nodeoperations.GateDisabled as err:
+                raise PrepareError(f"ResourceClaim {name}: {err}") from err
             info = ClaimInfo(
                 uid=str(_meta(claim).get("uid")),
                 name=name,
                 namespace=namespace,
                 pod_uids=set(),
-                drivers={d: [] for d in drivers},
+                drivers={str(r.get("driver")): [] for r in results},
+                skips=skips,
             )
+            # A driver needed only for calls it skips need not be there.
+            for driver in info.calls(nodeoperations.PREPARE):
+                if self.registry.plugin(driver) is None:
+                    raise PrepareError(f"DRA driver {driver} is not registered")
             found.append((claim, info))
         return found
 
@@ -273,15 +271,17 @@ class Manager:
                     f"old ResourceClaim with same name {fresh.name} and different UID "
                     f"{info.uid} still exists (previous pod force-deleted?!)"
                 )
+            elif info.unpreparing:
+                raise PrepareError(f"ResourceClaim {fresh.name} is being unprepared")
             info.pod_uids.add(pod_uid)
             self._sync()
             if info.prepared:
                 continue
-            for driver in sorted(info.drivers):
+            for driver in info.calls(nodeoperations.PREPARE):
                 batches.setdefault(driver, []).append(info)
-        answered: dict[str, dict[str, list[checkpoint.Device]]] = {}
         for driver, infos in sorted(batches.items()):
             results = await self._call("NodePrepareResources", driver, infos)
+            _check_known("NodePrepareResources", infos, results)
             for info in infos:
                 result = results.get(info.uid)
                 if result is None:
@@ -290,17 +290,13 @@ class Manager:
                     raise PrepareError(
                         f"NodePrepareResources failed for ResourceClaim {info.name}: {result.error}"
                     )
-                answered.setdefault(info.uid, {})[driver] = [_device(d) for d in result.devices]
+                # The answer replaces what an earlier attempt recorded for
+                # this claim and driver (1.37's resetDevices before addDevice):
+                # a claim prepared again lists its devices once.
+                info.drivers[driver] = [_device(d) for d in result.devices]
             unfinished = len(infos) - len([i for i in infos if i.uid in results])
             if unfinished:
                 raise PrepareError(f"NodePrepareResources skipped {unfinished} ResourceClaims")
-        for infos in batches.values():
-            for info in infos:
-                # Appended, as the kubelet's addDevice does: a claim prepared
-                # again (a restart, or two pods starting together) lists its
-                # devices again.
-                for driver, devices in answered.get(info.uid, {}).items():
-                    info.drivers.setdefault(driver, []).extend(devices)
         for _claim, fresh in validated:
             self.claims[(fresh.namespace, fresh.name)].prepared = True
         self._sync()
@@ -346,17 +342,18 @@ class Manager:
 
     async def _unprepare(self, pod_uid: str) -> None:
         batches: dict[str, list[ClaimInfo]] = {}
+        releasing: list[ClaimInfo] = []
         for info in self.pod_claims(pod_uid):
             if info.pod_uids - {pod_uid}:
                 info.pod_uids.discard(pod_uid)
                 continue
-            for driver in sorted(info.drivers):
+            info.unpreparing = True
+            releasing.append(info)
+            for driver in info.calls(nodeoperations.UNPREPARE):
                 batches.setdefault(driver, []).append(info)
-        if not batches:
-            self._sync()
-            return
         for driver, infos in sorted(batches.items()):
             results = await self._call("NodeUnprepareResources", driver, infos)
+            _check_known("NodeUnprepareResources", infos, results)
             for info in infos:
                 result = results.get(info.uid)
                 if result is not None and result.error:
@@ -366,32 +363,43 @@ class Manager:
             unfinished = len(infos) - len([i for i in infos if i.uid in results])
             if unfinished:
                 raise PrepareError(f"NodeUnprepareResources skipped {unfinished} ResourceClaims")
-        for infos in batches.values():
-            for info in infos:
-                self.claims.pop((info.namespace, info.name), None)
+        for info in releasing:
+            self.claims.pop((info.namespace, info.name), None)
         self._sync()
 
     def cdi_devices(self, pod: Mapping[str, Any], container: Mapping[str, Any]) -> list[str]:
-        """The CDI device ids the kubelet would hand the runtime for one container:
-        those of the claims (and requests) it names."""
+        """The CDI device ids the kubelet would hand the runtime for one
+        container (``GetResources``): those of the claims and requests it
+        names, and of the extended resources it requests that DRA backs."""
+        try:
+            requests = podclaims.container_requests(pod, container)
+        except podclaims.UnknownClaim:
+            return []
         found: list[str] = []
-        pod_claims = {c.get("name"): c for c in (pod.get("spec") or {}).get("resourceClaims") or ()}
         namespace = str(_meta(pod).get("namespace"))
-        for used in (container.get("resources") or {}).get("claims") or ():
-            pod_claim = pod_claims.get(used.get("name"))
-            if pod_claim is None:
-                continue
-            try:
-                name, _ = claim_name(pod, pod_claim)
-            except PrepareError:
-                continue
-            info = self.claims.get((namespace, name or ""))
+        for name, names in requests.items():
+            info = self.claims.get((namespace, name))
             if info is None:
                 continue
-            request = used.get("request")
-            for devices in info.drivers.values():
-                for device in devices:
-                    if request and request not in (device.request_names or ()):
-                        continue
-                    found.extend(device.cdi_device_ids or ())
+            for request in names:
+                found.extend(_cdi_ids(info, request))
         return found
+
+
+def _cdi_ids(info: ClaimInfo, request: str) -> list[str]:
+    """``cdiDevicesAsList``: a device recorded without request names serves every request."""
+    return [
+        cdi_id
+        for devices in info.drivers.values()
+        for device in devices
+        if not request or not device.request_names or request in device.request_names
+        for cdi_id in device.cdi_device_ids or ()
+    ]
+
+
+def _check_known(method: str, infos: Sequence[ClaimInfo], results: Mapping[str, Any]) -> None:
+    """An answer about a claim that was not asked fails the call, as in the kubelet."""
+    asked = {i.uid for i in infos}
+    for uid in results:
+        if uid not in asked:
+            raise PrepareError(f"{method} returned result for unknown claim UID {uid}")

@@ -9,13 +9,14 @@ syncs the pods bound to the node (``podworkers``: started with their claims
 prepared, completed, deleted, forgotten; their status written by
 ``podstatuses``).
 
-With ``resource_health`` (the kubelet's ``ResourceHealthStatus`` gate, off
-by default as in 1.35) a health stream is kept open to every plugin
-(``health``) and each running container's ``allocatedResourcesStatus`` says
-the health of its claims' devices; the pods holding a device are given a
-fresh status when its health changes, when its report times out, and when
-its driver's stream ends (the kubelet waits for the pod's next sync for the
-last two; the emulator does not, so tests need not wait a minute).
+With ``resource_health`` (the kubelet's ``ResourceHealthStatus`` gate, beta
+and on by default since 1.36) a health stream is kept open to every plugin
+that lists a health service (``health``) and each running container's
+``allocatedResourcesStatus`` says the health of its claims' devices; the
+pods holding a device are given a fresh status when its health changes,
+when its report times out, and when its driver's stream ends (the kubelet
+waits for the pod's next sync for the last two; the emulator does not, so
+tests need not wait a minute).
 
 ``restart``, ``restart(reprepare=True)`` and ``restart(reboot=True)``
 emulate a kubelet restart, the same with every running pod's claims
@@ -47,6 +48,7 @@ from kmm.kubelet import (
     checkpoint,
     dra,
     health,
+    nodeoperations,
     nodes,
     podstatuses,
     podworkers,
@@ -70,14 +72,26 @@ class Options:
     poll: float = 0.2  # the plugin watcher's
     # /metrics on 127.0.0.1:<port> (0: a free one, logged); None: not served.
     metrics_port: int | None = None
-    # The kubelet's ResourceHealthStatus feature gate: health streams and
-    # containerStatuses[].allocatedResourcesStatus.
-    resource_health: bool = False
+    # The kubelet's ResourceHealthStatus feature gate (beta, on since 1.36):
+    # health streams and containerStatuses[].allocatedResourcesStatus.
+    resource_health: bool = True
     health_retry: float = health.RETRY_PERIOD
     # Containers of this image run as local processes (None: none do).
     process_image: str | None = installation.IMAGE
+    # The kubelet's DRAOptionalNodeOperations gate (alpha in 1.37, off):
+    # devices may skip NodePrepareResources / NodeUnprepareResources, and the
+    # Node declares the feature (nodeoperations).
+    optional_node_operations: bool = False
     restart_backoff: float = 10.0  # the kubelet's initial CrashLoopBackOff
     volume_refresh: float = 60.0  # ConfigMap and Secret volumes rewritten this often
+
+    @property
+    def node_spec(self) -> nodes.NodeSpec:
+        """The node as registered: its declared features follow the gates."""
+        declared = set(self.node.declared_features)
+        if self.optional_node_operations:
+            declared.add(nodeoperations.FEATURE)
+        return dataclasses.replace(self.node, declared_features=tuple(sorted(declared)))
 
     @property
     def kubelet_dir(self) -> Path:
@@ -99,7 +113,11 @@ class Emulator:
         self.registry = registration.Registry()
         self.metrics = kubelet_metrics.Metrics()
         self.manager = dra.Manager(
-            api, self.registry, checkpoint.Store(options.kubelet_dir), self.metrics
+            api,
+            self.registry,
+            checkpoint.Store(options.kubelet_dir),
+            self.metrics,
+            optional_node_operations=options.optional_node_operations,
         )
         self.metrics_server: httpserving.Server | None = None
         # Pod syncs and restarts take turns: a restart swaps the state a sync reads.
@@ -202,7 +220,7 @@ class Emulator:
         node's slices wiped, the checkpoint reloaded with every claim marked
         unprepared; containers keep running.
 
-        As in 1.35, a running pod is not prepared again (the kubelet prepares
+        As in 1.35 and 1.37, a running pod is not prepared again (the kubelet prepares
         only when it creates a pod's sandbox, and the sandboxes survive); a
         claim is sent again when a new pod uses it, so drivers must answer a
         second prepare of a claim they hold. ``reprepare`` is the stricter
@@ -235,7 +253,7 @@ class Emulator:
             self.options.kubelet_dir / "plugins",
         ):
             path.mkdir(parents=True, exist_ok=True)
-        node = await nodes.register(self.api, self.options.node)
+        node = await nodes.register(self.api, self.options.node_spec)
         await self.wiper.wipe()
         self.manager.load()
         reflector = reflecting.Reflector(
@@ -264,7 +282,7 @@ class Emulator:
                 else []
             ),
             tasks.guard(
-                nodes.Heartbeat(self.api, self.options.node, node["metadata"]["uid"]).run(),
+                nodes.Heartbeat(self.api, self.options.node_spec, node["metadata"]["uid"]).run(),
                 name="heartbeat",
                 on_error=failed,
             ),

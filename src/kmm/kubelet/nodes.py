@@ -21,11 +21,13 @@ from typing import Any, Final
 
 from kmm.kube import client, errors, resources
 
-__all__ = ["KUBELET_VERSION", "Heartbeat", "NodeSpec", "node_body", "register"]
+__all__ = ["KUBELET_VERSION", "Heartbeat", "NodeSpec", "node_body", "node_status", "register"]
 
 _log = logging.getLogger(__name__)
 
-KUBELET_VERSION: Final = "v1.35.4-kmm-emulator"
+# The kubelet release whose behaviour the emulator follows (its DRA manager,
+# plugin watcher and probes), as the Node reports it.
+KUBELET_VERSION: Final = "v1.37.2-kmm-emulator"
 LEASE_NAMESPACE: Final = "kube-node-lease"
 LEASE_SECONDS: Final = 40
 
@@ -48,6 +50,9 @@ class NodeSpec:
     address: str = "127.0.0.1"
     # More labels for a Node it creates (the kubelet's --node-labels).
     labels: tuple[tuple[str, str], ...] = ()
+    # node.status.declaredFeatures (NodeDeclaredFeatures, GA in 1.37): the
+    # gated features the kubelet has on, which the scheduler may require.
+    declared_features: tuple[str, ...] = ()
 
 
 def _conditions(ready: bool) -> list[dict[str, Any]]:
@@ -80,9 +85,10 @@ def _conditions(ready: bool) -> list[dict[str, Any]]:
     return found
 
 
-def _status(spec: NodeSpec) -> dict[str, Any]:
+def node_status(spec: NodeSpec) -> dict[str, Any]:
+    """The status the kubelet sets at registration (``setNodeStatus``)."""
     capacity = {"cpu": spec.cpu, "memory": spec.memory, "pods": spec.pods}
-    return {
+    status: dict[str, Any] = {
         "capacity": capacity,
         "allocatable": dict(capacity),
         "conditions": _conditions(True),
@@ -103,6 +109,9 @@ def _status(spec: NodeSpec) -> dict[str, Any]:
             "kubeProxyVersion": "",
         },
     }
+    if spec.declared_features:  # omitempty
+        status["declaredFeatures"] = sorted(spec.declared_features)
+    return status
 
 
 def node_body(spec: NodeSpec) -> dict[str, Any]:
@@ -136,7 +145,7 @@ async def register(api: client.Client, spec: NodeSpec) -> dict[str, Any]:
     await api.request(
         "PATCH",
         resources.NODES.path(name=spec.name, subresource="status"),
-        body={"status": _status(spec)},
+        body={"status": node_status(spec)},
         content_type=client.MERGE_PATCH,
     )
     return found

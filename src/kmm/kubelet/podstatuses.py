@@ -5,19 +5,68 @@ given), the pod conditions, the container statuses (``processes.PodRun``),
 the node's address as host and pod IP, and the start time. With
 ``resource_health`` (the kubelet's ``ResourceHealthStatus`` gate) each
 running container's ``allocatedResourcesStatus`` says the health of its
-claims' devices (``health``), the claims found as the 1.35 kubelet finds
-them. When a status is written is the pod workers' call (``podworkers``).
+claims' devices, with their messages (``health``), the claims found as the
+1.37 kubelet finds them. When a status is written is the pod workers' call
+(``podworkers``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from kmm.kube import client, errors, resources
-from kmm.kubelet import checkpoint, dra, health, processes
+from kmm.kubelet import checkpoint, dra, health, podclaims, processes
 
-__all__ = ["StatusWriter"]
+__all__ = ["KUBELET_CONDITIONS", "StatusWriter", "pod_conditions"]
+
+# pkg/kubelet/types: PodConditionsByKubelet, with the gated ones on in 1.37
+# (PodReadyToStartContainers, GA; AllContainersRestarting, beta).
+KUBELET_CONDITIONS: Final = frozenset(
+    {
+        "PodScheduled",
+        "Ready",
+        "Initialized",
+        "ContainersReady",
+        "PodResizeInProgress",
+        "PodResizePending",
+        "PodReadyToStartContainers",
+        "AllContainersRestarting",
+    }
+)
+
+
+def pod_conditions(
+    pod: Mapping[str, Any], *, initialized: bool, ready: bool, started: str
+) -> list[dict[str, Any]]:
+    """The conditions to write: those others own kept as the pod has them (a
+    merge patch replaces the whole list; the kubelet's mergePodStatus keeps
+    them, DisruptionTarget from device-taint eviction among them), then the
+    kubelet's own, PodScheduled carried over as the kubelet carries it."""
+    found = [
+        c
+        for c in (pod.get("status") or {}).get("conditions") or ()
+        if c.get("type") not in KUBELET_CONDITIONS
+    ]
+    scheduled = next(
+        (
+            c
+            for c in (pod.get("status") or {}).get("conditions") or ()
+            if c.get("type") == "PodScheduled"
+        ),
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": started},
+    )
+    found.append(dict(scheduled))
+    found.extend(
+        {"type": kind, "status": str(value), "lastTransitionTime": started}
+        for kind, value in (
+            ("PodReadyToStartContainers", True),
+            ("Initialized", initialized),
+            ("Ready", ready),
+            ("ContainersReady", ready),
+        )
+    )
+    return found
 
 
 class StatusWriter:
@@ -46,15 +95,9 @@ class StatusWriter:
         phase: str | None = None,
     ) -> bool:
         """The pod's status from its run; False when the pod is gone."""
-        conditions = [
-            {"type": kind, "status": str(value), "lastTransitionTime": started}
-            for kind, value in (
-                ("PodReadyToStartContainers", True),
-                ("Initialized", run.initialized),
-                ("Ready", run.ready),
-                ("ContainersReady", run.ready),
-            )
-        ]
+        conditions = pod_conditions(
+            pod, initialized=run.initialized, ready=run.ready, started=started
+        )
         status: dict[str, Any] = {
             "phase": phase or run.phase,
             "conditions": conditions,
@@ -92,7 +135,7 @@ class StatusWriter:
             allocated = health.resource_statuses(
                 specs[status["name"]],
                 lambda name: self._prepared_devices(pod, name),
-                cache.get,
+                cache.read,
             )
             if allocated:
                 status["allocatedResourcesStatus"] = allocated
@@ -101,13 +144,9 @@ class StatusWriter:
     def _prepared_devices(
         self, pod: Mapping[str, Any], pod_claim: str
     ) -> Mapping[str, list[checkpoint.Device]] | None:
-        """A pod claim's devices by driver, found as the 1.35 kubelet finds them
-        for health: only through ``pod.status.resourceClaimStatuses``, so a
-        claim named directly in the pod spec gets no health entry there."""
-        for status in (pod.get("status") or {}).get("resourceClaimStatuses") or ():
-            if status.get("name") == pod_claim and status.get("resourceClaimName"):
-                info = self._manager.claims.get(
-                    (pod["metadata"]["namespace"], status["resourceClaimName"])
-                )
-                return None if info is None else info.drivers
-        return None
+        """A pod claim's devices by driver (None: not prepared here)."""
+        name = podclaims.status_claim_name(pod, pod_claim)
+        if name is None:
+            return None
+        info = self._manager.claims.get((pod["metadata"]["namespace"], name))
+        return None if info is None else info.drivers

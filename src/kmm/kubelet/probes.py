@@ -22,7 +22,19 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-__all__ = ["Prober", "check"]
+from kmm.kubelet import nodes
+
+__all__ = ["USER_AGENT", "Prober", "check"]
+
+
+def _user_agent(version: str) -> str:
+    """``kube-probe/<major>.<minor>``, as the kubelet's ``userAgent("probe")``
+    (pkg/probe/http/request.go) builds it from its own version."""
+    major, minor = version.removeprefix("v").split(".")[:2]
+    return f"kube-probe/{major}.{minor}"
+
+
+USER_AGENT = _user_agent(nodes.KUBELET_VERSION)
 
 ExecRunner = Callable[[list[str], float], Awaitable[bool]]
 
@@ -48,7 +60,7 @@ async def _http(spec: Mapping[str, Any], container: Mapping[str, Any], timeout: 
         asyncio.open_connection(host, port, ssl=context), timeout
     )
     try:
-        headers = {"Host": f"{host}:{port}", "User-Agent": "kube-probe/1.35", "Accept": "*/*"}
+        headers = {"Host": f"{host}:{port}", "User-Agent": USER_AGENT, "Accept": "*/*"}
         headers.update({h["name"]: h["value"] for h in spec.get("httpHeaders") or ()})
         request = f"GET {spec.get('path') or '/'} HTTP/1.0\r\n" + "".join(
             f"{k}: {v}\r\n" for k, v in headers.items()
@@ -78,7 +90,10 @@ async def _tcp(spec: Mapping[str, Any], container: Mapping[str, Any], timeout: f
 
 
 async def _grpc(spec: Mapping[str, Any], timeout: float) -> bool:
-    async with aio.insecure_channel(f"127.0.0.1:{int(spec['port'])}") as channel:
+    # The kubelet's gRPC probe sends the same User-Agent (pkg/probe/grpc/grpc.go).
+    async with aio.insecure_channel(
+        f"127.0.0.1:{int(spec['port'])}", options=[("grpc.primary_user_agent", USER_AGENT)]
+    ) as channel:
         stub: Any = health_pb2_grpc.HealthStub(channel)  # typed for the sync API
         answer = await stub.Check(
             health_pb2.HealthCheckRequest(service=str(spec.get("service") or "")), timeout=timeout

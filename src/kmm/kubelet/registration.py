@@ -1,4 +1,4 @@
-"""The kubelet's plugin watcher and DRA plugin registry, as the 1.35 kubelet behaves.
+"""The kubelet's plugin watcher and DRA plugin registry, as the 1.37 kubelet behaves.
 
 ``PluginWatcher`` watches ``<root>/var/lib/kubelet/plugins_registry`` (a poll:
 the standard library has no inotify) and, like the kubelet's plugin manager:
@@ -10,7 +10,9 @@ the standard library has no inotify) and, like the kubelet's plugin manager:
   registered for plugin type: ...")``, one whose versions the emulator does not
   serve is told "plugin validation failed"; otherwise it is registered and
   told ``NotifyRegistrationStatus(true)``. A registration that fails (the
-  socket does not answer yet) is retried with backoff while the socket exists;
+  socket does not answer yet, or the registry refuses it) is retried with
+  backoff while the socket exists (1.37 forgets a refused plugin, so its
+  reconciler tries again; 1.35 kept it as registered);
 - a socket that disappears is deregistered; one that is re-created (a new
   inode, or the same inode number with a new change time: a plugin that
   restarts within a poll gets its old number back from the filesystem) is
@@ -22,11 +24,13 @@ the channel is asked to reconnect, as the kubelet's connection monitor does.
 
 ``Registry`` is the DRA handler's side: per driver, its plugins, each with the
 service version chosen (the first of the plugin's own list that the emulator
-supports: ``v1.DRAPlugin``, ``v1beta1.DRAPlugin``) and one gRPC channel used
-for every call to it, health stream included (opened whether or not the
-plugin lists ``v1alpha1.DRAResourceHealth``, as the kubelet does). An endpoint already registered
-for the driver is refused, as the kubelet does. Listeners hear every change
-(the slice wiper, the health streams).
+supports: ``v1.DRAPlugin``, ``v1beta1.DRAPlugin``), the health service chosen
+the same way from ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth``
+(none when the plugin lists neither: 1.37 then opens no health stream, where
+1.35 opened one to every plugin), and one gRPC channel used for every call to
+it, health stream included. An endpoint already registered for the driver is
+refused, as the kubelet does. Listeners hear every change (the slice wiper,
+the health streams).
 """
 
 from __future__ import annotations
@@ -50,10 +54,12 @@ from kmm.kubeletplugin.protos import pluginregistration_pb2, pluginregistration_
 __all__ = [
     "DRA_PLUGIN_TYPE",
     "GET_INFO_TIMEOUT",
+    "HEALTH_SERVICES",
     "SUPPORTED_SERVICES",
     "DRAPlugin",
     "PluginWatcher",
     "Registry",
+    "choose_health_service",
     "choose_service",
 ]
 
@@ -61,6 +67,9 @@ _log = logging.getLogger(__name__)
 
 DRA_PLUGIN_TYPE: Final = "DRAPlugin"
 SUPPORTED_SERVICES: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# The 1.37 kubelet's healthServicesSupportedByKubelet (cm/dra/plugin/dra_plugin.go),
+# newest first; v1alpha1 is kept through 1.39 for older drivers.
+HEALTH_SERVICES: Final = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 GET_INFO_TIMEOUT: Final = 1.0  # the kubelet's, for GetInfo
 _NOTIFY_TIMEOUT: Final = 5.0
 
@@ -77,6 +86,14 @@ def choose_service(supported: list[str]) -> str:
         f"none of services supported by the plugin ({supported!r}) are supported "
         f"by the kubelet ({list(SUPPORTED_SERVICES)!r})"
     )
+
+
+def choose_health_service(supported: list[str]) -> str:
+    """``pickHealthService``: the newest health service the plugin lists, or "" for none."""
+    for service in HEALTH_SERVICES:
+        if service in supported:
+            return service
+    return ""
 
 
 def channel_to(endpoint: str) -> aio.Channel:
@@ -96,6 +113,8 @@ class DRAPlugin:
     socket: Path
     service: str
     channel: aio.Channel
+    # The health service chosen at registration ("": no health stream).
+    health_service: str = ""
     # Whether the channel is connected now (READY), as the kubelet's
     # connection monitor sees it; kept by Registry's monitor task.
     connected: bool = False
@@ -163,6 +182,7 @@ class Registry:
             socket=socket,
             service=service,
             channel=channel_to(endpoint),
+            health_service=choose_health_service(supported),
         )
         plugins.append(plugin)
         plugin.monitor = asyncio.get_running_loop().create_task(

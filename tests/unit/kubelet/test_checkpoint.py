@@ -1,8 +1,11 @@
 """The kubelet's checkpoint format, against the vectors of the 1.35.4 kubelet's own
-``pkg/kubelet/cm/dra/state/checkpointer_test.go`` (copied here as data)."""
+``pkg/kubelet/cm/dra/state/checkpointer_test.go`` (copied here as data; the
+1.37.2 file is the same), and 1.37.2's ``claiminfo_test.go`` for what 1.37 added."""
 
 from __future__ import annotations
 
+import json
+import zlib
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,61 @@ def test_store_saves_atomically_and_reads_back(tmp_path: Path) -> None:
     assert store.path.read_bytes() == KUBELET_FILES[-1].encode()
     assert store.load() == claims
     assert [p.name for p in store.path.parent.iterdir()] == [checkpoint.FILE_NAME]
+
+
+def _wrapped(entries: str) -> bytes:
+    """A checkpoint file around a ``ClaimInfoStateList`` as the kubelet wraps it."""
+    inner = (
+        '{"kind":"DRACheckpoint","apiVersion":"checkpoint.dra.kubelet.k8s.io/v1",'
+        f'"ClaimInfoStateList":{entries}}}'
+    )
+    return json.dumps({"Data": inner, "Checksum": zlib.crc32(inner.encode())}).encode()
+
+
+# The 1.37.2 kubelet's pkg/kubelet/cm/dra/claiminfo_test.go,
+# TestCheckpointVersionCompatibility: a 1.37 entry with skipNodeOperations,
+# and one as an older kubelet wrote it (both with lower-case field names,
+# which Go's decoder matches regardless of case).
+VERSION_N = (
+    '[{"claimUID":"uid-1","claimName":"claim-1","namespace":"default",'
+    '"driverState":{"gpu.com":{"skipNodeOperations":["*"]}}}]'
+)
+VERSION_N_MINUS_1 = (
+    '[{"claimUID":"uid-2","claimName":"claim-2","namespace":"default",'
+    '"driverState":{"gpu.com":{"devices":[]}}}]'
+)
+
+
+def test_1_37_skip_node_operations_are_read_and_field_names_match_regardless_of_case() -> None:
+    (claim,) = checkpoint.decode(_wrapped(VERSION_N))
+    assert claim == checkpoint.ClaimState(
+        claim_uid="uid-1",
+        claim_name="claim-1",
+        namespace="default",
+        driver_state={"gpu.com": ()},
+        skip_node_operations={"gpu.com": ("*",)},
+    )
+    (older,) = checkpoint.decode(_wrapped(VERSION_N_MINUS_1))
+    assert older.claim_uid == "uid-2"
+    assert older.driver_state == {"gpu.com": ()}
+    assert older.skip_node_operations == {}
+
+
+def test_skip_node_operations_are_written_after_the_devices_and_only_when_set() -> None:
+    device = checkpoint.Device("pool", "dev", None, ("r",), ("x=y",))
+    claim = checkpoint.ClaimState(
+        "u",
+        "c",
+        "ns",
+        frozenset({"p"}),
+        {"a.example.com": (device,), "b.example.com": ()},
+        skip_node_operations={"b.example.com": ("NodePrepareResources",)},
+    )
+    written = checkpoint.encode([claim])
+    inner = json.loads(written)["Data"]
+    # DriverState.SkipNodeOperations is `json:"skipNodeOperations,omitempty"`
+    # (state/state.go), after Devices; a driver with no device is Go's nil.
+    assert '"a.example.com":{"Devices":[{' in inner
+    assert '"b.example.com":{"Devices":null,"skipNodeOperations":["NodePrepareResources"]}' in inner
+    assert "skipNodeOperations" not in inner.split('"b.example.com"')[0]
+    assert checkpoint.decode(written) == [claim]

@@ -1,9 +1,12 @@
-"""The emulator's device health cache, against the 1.35 kubelet's healthinfo.go rules."""
+"""The emulator's device health, against the 1.37 kubelet's healthinfo.go and
+manager.go rules (cache, state file, streams, allocatedResourcesStatus)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,6 +60,9 @@ def test_only_changes_are_reported_and_a_silent_device_times_out(clock: Clock) -
         ("a", health.UNHEALTHY),
         ("b", health.UNKNOWN),
     }
+    # 1.37 drops it (absent reads Unknown), and says nothing when it goes quiet again.
+    assert set(cache.drivers["d"]) == {"pool/a"}
+    assert cache.get("d", "pool", "b") == health.UNKNOWN
 
 
 def test_a_driver_whose_stream_ended_is_forgotten(tmp_path: Path, clock: Clock) -> None:
@@ -83,6 +89,7 @@ def test_the_state_file_has_the_kubelets_shape_and_is_read_back(
                     "Health": "Unhealthy",
                     "LastUpdated": "2023-11-14T22:13:20.25Z",
                     "HealthCheckTimeout": 45_000_000_000,
+                    "Message": "",
                 }
             }
         }
@@ -143,7 +150,7 @@ def test_resource_statuses_name_claims_and_requests_and_list_every_device() -> N
     statuses = health.resource_statuses(
         container,
         lambda name: devices if name == "gpu" else None,
-        lambda driver, pool, device: health.HEALTHY if device == "x" else health.UNHEALTHY,
+        lambda driver, pool, device: (health.HEALTHY if device == "x" else health.UNHEALTHY, ""),
     )
     assert statuses == [
         {
@@ -154,3 +161,69 @@ def test_resource_statuses_name_claims_and_requests_and_list_every_device() -> N
             ],
         }
     ]
+
+
+def test_a_message_is_kept_compared_and_forgotten_with_its_report(clock: Clock) -> None:
+    cache = health.Cache(None, clock)
+    first = dataclasses.replace(report("a", health.UNHEALTHY, 10), message="ECC errors")
+    assert cache.update("d", [first]) == [dataclasses.replace(first, last_updated=clock.now)]
+    assert cache.read("d", "pool", "a") == (health.UNHEALTHY, "ECC errors")
+    assert cache.update("d", [first]) == []
+    # The same health with another message is a change (1.37).
+    worse = dataclasses.replace(first, message="ECC errors: 12")
+    assert [c.message for c in cache.update("d", [worse])] == ["ECC errors: 12"]
+    clock.now += 11
+    assert cache.read("d", "pool", "a") == (health.UNKNOWN, "")
+
+
+def test_a_long_message_is_cut_to_1024_bytes_as_the_kubelet_cuts_it() -> None:
+    assert health.truncate_message("x" * 1024) == "x" * 1024
+    cut = health.truncate_message("é" * 600)  # 1200 bytes
+    assert cut.endswith("...")
+    assert len(cut.encode()) <= health.MAX_MESSAGE_BYTES
+    assert cut == "é" * 510 + "..."  # 1021 bytes: half a character dropped
+
+
+def test_a_driver_cannot_make_the_cache_grow_without_bound(clock: Clock) -> None:
+    cache = health.Cache(None, clock)
+    many = [report(f"dev{i}", health.HEALTHY) for i in range(health.MAX_DEVICES_PER_DRIVER)]
+    cache.update("d", many)
+    changed = cache.update("d", [report("new", health.HEALTHY), report("dev0", health.UNHEALTHY)])
+    assert [c.device_name for c in changed] == ["dev0"]  # known ones are still updated
+    assert cache.get("d", "pool", "new") == health.UNKNOWN
+    assert len(cache.drivers["d"]) == health.MAX_DEVICES_PER_DRIVER
+
+
+def test_entries_follow_the_request_list_each_id_once_and_carry_messages() -> None:
+    def device(name: str, requests: tuple[str, ...] | None, cdi: tuple[str, ...]) -> Any:
+        return checkpoint.Device("p", name, None, requests, cdi)
+
+    devices = {
+        "d.example.com": [
+            device("x", ("r",), ("d.example.com/dev=shared",)),
+            device("y", ("r",), ("d.example.com/dev=shared",)),  # the same CDI id
+            device("z", ("other",), ()),  # another request's
+            device("w", None, ()),  # recorded without request names: serves all
+        ]
+    }
+    container = {"name": "main", "resources": {"claims": [{"name": "gpu", "request": "r/sub"}]}}
+
+    def reading(driver: str, pool: str, name: str) -> tuple[str, str]:
+        return (health.UNHEALTHY, f"{name} is gone") if name == "x" else (health.HEALTHY, "")
+
+    statuses = health.resource_statuses(container, lambda _: devices, reading)
+    assert statuses == [
+        {
+            "name": "claim:gpu/r/sub",
+            "resources": [
+                {
+                    "resourceID": "d.example.com/dev=shared",
+                    "health": "Unhealthy",
+                    "message": "x is gone",
+                },
+                {"resourceID": "d.example.com/p/w", "health": "Healthy"},
+            ],
+        }
+    ]
+    quiet = health.resource_statuses(container, lambda _: devices, reading, with_messages=False)
+    assert "message" not in quiet[0]["resources"][0]
