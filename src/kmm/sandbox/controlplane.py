@@ -146,6 +146,11 @@ def apiserver_argv(
     # address, and 127.0.0.1 is what sandboxes always advertised; with them,
     # nodes and pods reach it on the fabric's gateway (``networking``).
     advertised = str(addressing.GATEWAY) if network else ports.HOST
+    # From 1.37 the API server refuses to advertise a loopback address to
+    # the endpoint reconciler, which publishes it as the `kubernetes`
+    # Service's endpoint; without nodes nothing dials that Service, so a
+    # sandbox advertising 127.0.0.1 publishes no endpoint at all.
+    reconciler = [] if network else ["--endpoint-reconciler-type=none"]
     kubelets = (
         [
             *networking.apiserver_flags(network),
@@ -165,6 +170,7 @@ def apiserver_argv(
         f"--tls-private-key-file={credentials.serving_key}",
         f"--client-ca-file={credentials.ca_cert}",
         *authorization,
+        *reconciler,
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={credentials.service_account_public_key}",
         f"--service-account-signing-key-file={credentials.service_account_key}",

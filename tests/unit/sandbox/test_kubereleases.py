@@ -128,3 +128,12 @@ def test_the_tested_range_the_chart_states_is_the_sandboxs() -> None:
         min(kubereleases.RELEASES),
         max(kubereleases.RELEASES),
     ) == installation.KUBERNETES_TESTED
+
+
+def test_a_sandbox_advertising_loopback_publishes_no_kubernetes_endpoint() -> None:
+    """1.37's API server refuses to advertise 127.0.0.1 through the endpoint
+    reconciler (the `kubernetes` Service's endpoint); a sandbox without
+    node namespaces has no other address, and nothing dials that Service."""
+    argv = _apiserver(NEWEST)
+    assert "--advertise-address=127.0.0.1" in argv
+    assert "--endpoint-reconciler-type=none" in argv
