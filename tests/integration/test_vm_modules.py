@@ -268,12 +268,21 @@ def _workload_log(kubectl: Kubectl) -> str:
 
 
 def _run_workload(kubectl: Kubectl) -> str:
+    """The example workload applied, Ready, and its log once it has read its
+    device: Ready means only started (it has no readiness probe), and a 1.37
+    kubelet reports it before the shell has printed (seen empty once)."""
     _ok(kubectl("apply", "-f", str(EXAMPLE / "workload.yaml")))
     _ok(kubectl(
         "wait", "--namespace", NAMESPACE, "--for=condition=Ready", f"pod/{WORKLOAD}",
         f"--timeout={LONG:.0f}s", timeout=LONG + 30,
     ))  # fmt: skip
-    return _workload_log(kubectl)
+    log = ""
+    for _ in range(60):
+        log = _workload_log(kubectl)
+        if "version:" in log:
+            break
+        time.sleep(1)
+    return log
 
 
 async def test_an_unsigned_module_is_refused_by_the_kernel_and_the_module_says_why(
