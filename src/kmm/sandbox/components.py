@@ -86,6 +86,9 @@ class GoTool:
     # Further directories whose files are part of the build (a local module
     # the tool's module replaces a requirement with): digested into the key.
     local_modules: tuple[Path, ...] = ()
+    # The commit a Kubernetes release's tag points at ("" when not known:
+    # kubereleases), stamped as gitCommit.
+    commit: str = ""
 
     @property
     def version(self) -> str:
@@ -99,10 +102,6 @@ class GoTool:
         if match is None:
             raise RuntimeError(f"{self.directory}/go.mod does not require {self.required_module}")
         return match.group(1)
-
-    # The commit a Kubernetes release's tag points at ("" when not known:
-    # kubereleases), stamped as gitCommit.
-    commit: str = ""
 
     @property
     def cache_key(self) -> str:
