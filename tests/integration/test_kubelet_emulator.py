@@ -515,10 +515,16 @@ async def test_device_health_reaches_the_pod_status_and_goes_unknown_with_the_dr
         (device,) = (claim.driver_state or {})[driver.name]
         (cdi_id,) = device.cdi_device_ids or ()
 
-        async def health_is(state: str) -> bool:
-            return await _allocated_status(kmm_api, pod) == [
-                {"name": "claim:dev", "resources": [{"resourceID": cdi_id, "health": state}]}
-            ]
+        async def health_is(state: str, words: str = "") -> bool:
+            # As a 1.37 kubelet writes it: the driver's message too
+            # (ResourceHealthStatusMessage), where it gave one.
+            found = await _allocated_status(kmm_api, pod)
+            resources = [r for entry in found for r in entry.get("resources") or ()]
+            return (
+                [entry["name"] for entry in found] == ["claim:dev"]
+                and [(r["resourceID"], r["health"]) for r in resources] == [(cdi_id, state)]
+                and all(words in r.get("message", "") for r in resources)
+            )
 
         await testing.eventually(lambda: health_is("Healthy"), "the device Healthy in the pod")
         state_file = json.loads((node.kubelet_dir / "dra_health_state").read_text())
@@ -527,7 +533,9 @@ async def test_device_health_reaches_the_pod_status_and_goes_unknown_with_the_dr
 
         (node.root / "dev" / device.device_name).unlink()  # the device disappears
         await testing.eventually(
-            lambda: health_is("Unhealthy"), "the device Unhealthy in the pod", bound=60
+            lambda: health_is("Unhealthy", device.device_name),
+            "the device Unhealthy in the pod, with the driver's message",
+            bound=60,
         )
         assert driver.process is not None
         driver.process.kill()  # its stream ends with it
@@ -566,7 +574,10 @@ async def test_the_test_drivers_health_stream_is_followed_and_its_silent_devices
             ]
 
         await testing.eventually(unknown, "the silent device Unknown in the pod")
-        assert driver.said("/v1alpha1.DRAResourceHealth/NodeWatchResources") > 0
+        # The 1.37 test driver lists DRAResourceHealth v1 first, which a 1.37
+        # kubelet (and so the emulator) prefers to v1alpha1.
+        assert driver.said("/v1.DRAResourceHealth/NodeWatchResources") > 0
+        assert driver.said("/v1alpha1.DRAResourceHealth/NodeWatchResources") == 0
         await real._delete_pod(kmm_api, pod)
         await testing.eventually(lambda: _unprepared(node, driver), "unprepared")
 
