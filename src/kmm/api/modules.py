@@ -137,6 +137,8 @@ class NodeDeviceTaints(models.Model):
     node: str
     effect: str | None = None
     rules: list[str] | None = None
+    # Every rule is in the operator's cache with its effect.
+    rules_ready: bool | None = None
     evicted: list[str] | None = None
     staying: list[str] | None = None
     message: str | None = None

@@ -113,17 +113,22 @@ def device_taints(found: upgrade_taints.TaintPlan) -> modules.DeviceTaintsStatus
     """``status.deviceTaints``: only for a DRA Module with ordered upgrades."""
     if not found.enabled:
         return None
-    nodes = [
-        modules.NodeDeviceTaints(
-            node=t.node,
-            effect=t.effect if t.rules else None,
-            rules=list(t.rules) or None,
-            evicted=list(t.holding.evicted) or None if t.holding is not None else None,
-            staying=list(t.holding.staying) or None if t.holding is not None else None,
-            message=t.message,
+    nodes = []
+    for _, entry in sorted(found.nodes.items()):
+        holding = entry.holding
+        evicted = list(holding.evicted) if holding is not None else []
+        staying = list(holding.staying) if holding is not None else []
+        nodes.append(
+            modules.NodeDeviceTaints(
+                node=entry.node,
+                effect=entry.effect if entry.rules else None,
+                rules=list(entry.rules) or None,
+                rules_ready=holding.rules_ready if holding is not None else None,
+                evicted=evicted or None,
+                staying=staying or None,
+                message=entry.message,
+            )
         )
-        for _, t in sorted(found.nodes.items())
-    ]
     return modules.DeviceTaintsStatus(
         api_version=f"{deviceapis.GROUP}/{found.api}" if found.api else None,
         message=found.message,

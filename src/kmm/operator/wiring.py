@@ -90,6 +90,7 @@ __all__ = [
     "Election",
     "HandlerWrapper",
     "Operator",
+    "serves",
     "serves_preflight",
     "serves_resource_api",
 ]
@@ -144,7 +145,7 @@ class Counting:
 _DRA_RESOURCES = frozenset({resources.DEVICE_CLASSES.plural, resources.RESOURCE_CLAIMS.plural})
 
 
-async def _served(api: client.Client, api_version: str, stop: asyncio.Event) -> set[str]:
+async def serves(api: client.Client, api_version: str, stop: asyncio.Event) -> set[str]:
     """The resources the cluster serves in ``api_version`` (discovery; none
     when it serves no such version). Retried until it answers or ``stop`` is set."""
     delay = backoff.Backoff(initial=0.5, maximum=10.0)
@@ -167,12 +168,12 @@ async def _served(api: client.Client, api_version: str, stop: asyncio.Event) -> 
 async def serves_resource_api(api: client.Client, stop: asyncio.Event) -> bool:
     """Whether the cluster serves resource.k8s.io/v1 DeviceClasses and
     ResourceClaims (discovery). Retried until it answers or ``stop`` is set."""
-    return await _served(api, resources.DEVICE_CLASSES.api_version, stop) >= _DRA_RESOURCES
+    return await serves(api, resources.DEVICE_CLASSES.api_version, stop) >= _DRA_RESOURCES
 
 
 async def serves_preflight(api: client.Client, stop: asyncio.Event) -> bool:
     """Whether the cluster serves PreflightValidations (its CRD installed)."""
-    return preflight.PLURAL in await _served(api, preflight.API_VERSION, stop)
+    return preflight.PLURAL in await serves(api, preflight.API_VERSION, stop)
 
 
 class Operator:
@@ -479,7 +480,7 @@ class Operator:
         taint_api = (
             deviceapis.taint_rules_version(
                 await deviceinformers.served_versions(
-                    lambda version, until: _served(self.api, version, until), stop
+                    lambda version, until: serves(self.api, version, until), stop
                 )
             )
             if served

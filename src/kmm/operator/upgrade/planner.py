@@ -51,7 +51,7 @@ from kmm.api import labels
 from kmm.operator import plans, views, workloads
 from kmm.operator.loader import planner as loader_planner
 
-__all__ = ["ACTIONS", "Action", "Holding", "Step", "UpgradePlan", "plan", "step"]
+__all__ = ["ACTIONS", "Action", "Holding", "Step", "UpgradePlan", "holdings", "plan", "step"]
 
 RawObject = dict[str, Any]
 Presence = Literal["missing", "present", "same", "different"]
@@ -135,6 +135,25 @@ class Holding:
             "; ".join(parts) + "; waiting for their claims to be released before removing "
             "the device-plugin version label"
         )
+
+
+def holdings(module: Mapping[str, Any]) -> dict[str, Holding]:
+    """Per node in a move with tainted devices, what holds its DRA driver, as
+    the operator last wrote it in a raw Module's ``status.deviceTaints``
+    (for ``kmm status`` and ``kmm upgrade``: ``inspecting``)."""
+    found: dict[str, Holding] = {}
+    taints = (module.get("status") or {}).get("deviceTaints") or {}
+    for entry in taints.get("nodes") or ():
+        node, effect = entry.get("node"), entry.get("effect")
+        if not isinstance(node, str) or not isinstance(effect, str) or not entry.get("rules"):
+            continue
+        found[node] = Holding(
+            effect=effect,
+            rules_ready=entry.get("rulesReady") is not False,
+            evicted=tuple(entry.get("evicted") or ()),
+            staying=tuple(entry.get("staying") or ()),
+        )
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
