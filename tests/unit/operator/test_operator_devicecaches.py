@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import tracemalloc
 from typing import Any
 
 from kmm.api import labels
@@ -42,26 +43,33 @@ def test_a_slice_keeps_its_driver_pool_node_and_device_names_only() -> None:
     assert kept == {
         "metadata": {
             "name": "n0-gpu.example.com-x",
-            "uid": "uid-n0",
-            "resourceVersion": "3",
-            devicecaches.DEVICES: tuple(f"gpu-{i}" for i in range(8)),
-        },
-        "spec": {"driver": "gpu.example.com", "pool": {"name": "n0"}, "nodeName": "n0"},
+            devicecaches.FACTS: (
+                "gpu.example.com",
+                "n0",
+                "n0",
+                tuple(f"gpu-{i}" for i in range(8)),
+            ),
+        }
     }
     assert devicecaches.slice_devices(kept) == devicecaches.slice_devices(_slice("n0"))
     assert (devicecaches.slice_pool(kept), devicecaches.slice_node(kept)) == ("n0", "n0")
+    assert devicecaches.slice_driver(kept) == "gpu.example.com"
 
 
-def test_device_name_lists_equal_from_node_to_node_are_stored_once() -> None:
-    first, second = (devicecaches.project_slice(_slice(n)) for n in ("n0", "n1"))
-    assert first["metadata"][devicecaches.DEVICES] is second["metadata"][devicecaches.DEVICES]
-    # 5,000 nodes of one slice each stay small: the per-slice part is a few
-    # hundred bytes beyond the shared names.
-    per_slice = sum(
-        sys.getsizeof(part)
-        for part in (second, second["metadata"], second["spec"], second["spec"]["pool"])
-    )
-    assert per_slice * 5000 < 4 * 2**20
+def test_5000_slices_cost_a_few_mib_and_equal_device_lists_are_stored_once() -> None:
+    nodes = [sys.intern(f"node-{i:05d}") for i in range(5000)]  # the Node cache's
+    raw = [_slice(n) for n in nodes]
+    first, second = (devicecaches.project_slice(r) for r in raw[:2])
+    assert first["metadata"][devicecaches.FACTS][3] is second["metadata"][devicecaches.FACTS][3]
+    store = stores.Store(indexers={devicecaches.DRIVER_INDEX: devicecaches.slice_driver_index})
+    tracemalloc.start()
+    try:
+        for found in raw:
+            store.put(devicecaches.project_slice(found))
+        cost = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert cost < 3.5 * 2**20, cost  # 2.9 MiB measured (CPython 3.11)
 
 
 def test_a_slice_without_a_node_is_on_no_single_node() -> None:

@@ -109,15 +109,14 @@ def effect(view: views.ModuleView) -> str:
     return deviceusers.NO_EXECUTE if opted else deviceusers.NO_SCHEDULE
 
 
-def moving(view: views.ModuleView, node_name: str, node: Mapping[str, Any]) -> bool:
+def moving(view: views.ModuleView, node: Mapping[str, Any], *, selected: bool) -> bool:
     """Whether ``node`` is in a move: chosen (its user label differs from
     the loader label, or is gone while an operator label is left) and not
-    yet at the user's version (``.version.ready``)."""
+    yet at the user's version (``.version.ready``). ``selected``: the
+    Module's selector picks it (a node it does not counts as unlabelled)."""
     ns, name = view.namespace, view.name
     found = _labels(node)
-    user = (
-        found.get(labels.module_version(ns, name)) if node_name in view.selected_names() else None
-    )
+    user = found.get(labels.module_version(ns, name)) if selected else None
     if user is None:
         return any(
             k in found
@@ -272,8 +271,9 @@ def plan(view: views.ModuleView) -> TaintPlan:
         result.message = deviceapis.NOT_SERVED
     elif result.enabled and dra is not None and view.taint_api is not None:
         taint_effect = effect(view)
+        selected = view.selected_names()
         for node_name, node in view.nodes().items():
-            if not moving(view, node_name, node):
+            if not moving(view, node, selected=node_name in selected):
                 continue
             entry, desired = _node(
                 view,

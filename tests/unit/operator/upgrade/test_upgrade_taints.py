@@ -335,7 +335,9 @@ def test_a_node_moves_from_its_choice_until_it_reaches_the_users_version(
     user: str | None, at: str | None, ready: str | None, moving: bool
 ) -> None:
     node = _node("n0", user=user, at=at, ready=ready)
-    assert taints.moving(_view(_raw(), [node]), "n0", node) is moving
+    assert taints.moving(_view(_raw(), [node]), node, selected=True) is moving
+    # A node the selector no longer picks counts as one whose user label is gone.
+    assert taints.moving(_view(_raw(), [node]), node, selected=False) is (at is not None)
 
 
 def test_rule_names_are_dns_subdomains_of_at_most_253_characters_and_distinct() -> None:
