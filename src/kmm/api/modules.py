@@ -141,6 +141,8 @@ class NodeDeviceTaints(models.Model):
     rules_ready: bool | None = None
     evicted: list[str] | None = None
     staying: list[str] | None = None
+    # The eviction controller's word on the rules (EvictionInProgress).
+    eviction: str | None = None
     message: str | None = None
 
 

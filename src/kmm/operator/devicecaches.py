@@ -15,8 +15,8 @@ list (``wiring``):
   Indexed by ``DRIVER_INDEX`` (``spec.driver``), so a Module reads its own
   driver's slices, and a slice event finds the Modules naming its driver;
 - the DeviceTaintRules kmm made (label ``role`` present), kept whole but
-  for the taint's ``timeAdded`` (few: one per pool or device of a node in
-  a move), indexed by ``caches.MODULE_INDEX`` from their Module labels, so
+  for the taint's ``timeAdded`` and the conditions' times (few: one per
+  pool or device of a node in a move), indexed by ``caches.MODULE_INDEX`` from their Module labels, so
   a Module finds its rules and a rule's event its Module. Which rules are
   a Module's is decided by the uid label (``taints``), never the labels alone.
 
@@ -35,8 +35,10 @@ from kmm.runtime import stores
 
 __all__ = [
     "DRIVER_INDEX",
+    "EVICTION_IN_PROGRESS",
     "FACTS",
     "RULE_SELECTOR",
+    "eviction",
     "modules_of_slice",
     "project_rule",
     "project_slice",
@@ -49,6 +51,8 @@ __all__ = [
 DRIVER_INDEX: Final = caches.DRIVER_INDEX
 # In a slice's projected metadata: (driver, pool, node, device names).
 FACTS: Final = "slice"
+# The condition the eviction controller writes on NoExecute rules.
+EVICTION_IN_PROGRESS: Final = "EvictionInProgress"
 # kmm's rules carry the role label, like every object kmm makes.
 RULE_SELECTOR: Final = labels.ROLE
 
@@ -136,14 +140,34 @@ def modules_of_slice(found: Mapping[str, Any], modules_store: stores.Store) -> l
 _rule_fields = stores.keep_fields(
     "metadata.labels", "metadata.annotations", "metadata.deletionTimestamp", "spec"
 )
+# Of the rule's conditions, what the eviction controller says (not when).
+_CONDITION_FIELDS: Final = ("type", "status", "message")
 
 
 def project_rule(obj: stores.RawObject) -> stores.RawObject:
-    """A DeviceTaintRule kept whole but for status, managed fields and the
-    taint's ``timeAdded`` (the API server's, compared by no planner)."""
+    """A DeviceTaintRule kept whole but for managed fields and the taint's
+    ``timeAdded`` (the API server's, compared by no planner); of its status,
+    the conditions' type, status and message (the eviction controller's
+    ``EvictionInProgress``: how many pods it evicted, how many are left)."""
     kept = _rule_fields(obj)
     taint = (kept.get("spec") or {}).get("taint")
     if isinstance(taint, Mapping) and "timeAdded" in taint:
         spec = {**kept["spec"], "taint": {k: v for k, v in taint.items() if k != "timeAdded"}}
         kept = {**kept, "spec": spec}
+    found = (obj.get("status") or {}).get("conditions")
+    if isinstance(found, list) and found:
+        said = [
+            {k: c[k] for k in _CONDITION_FIELDS if k in c} for c in found if isinstance(c, Mapping)
+        ]
+        kept = {**kept, "status": {"conditions": said}}
     return kept
+
+
+def eviction(rule: Mapping[str, Any]) -> str | None:
+    """The message of a rule's ``EvictionInProgress`` condition (the eviction
+    controller's); None while it has written none."""
+    for condition in (rule.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == EVICTION_IN_PROGRESS:
+            message = condition.get("message")
+            return str(message) if message else str(condition.get("status") or "")
+    return None

@@ -126,6 +126,7 @@ def device_taints(found: upgrade_taints.TaintPlan) -> modules.DeviceTaintsStatus
                 rules_ready=holding.rules_ready if holding is not None else None,
                 evicted=evicted or None,
                 staying=staying or None,
+                eviction=holding.eviction if holding is not None else None,
                 message=entry.message,
             )
         )

@@ -106,11 +106,32 @@ def test_a_rule_keeps_its_labels_annotations_and_spec_without_time_added() -> No
                 "timeAdded": "2026-01-01T00:00:00Z",
             },
         },
-        "status": {"conditions": [{"type": "EvictionInProgress", "status": "True"}]},
+        "status": {
+            "conditions": [
+                {
+                    "type": "EvictionInProgress",
+                    "status": "True",
+                    "reason": "PodsPendingEviction",
+                    "message": "2 pods pending eviction, 1 evicted",
+                    "lastTransitionTime": "2026-01-01T00:00:01Z",
+                    "observedGeneration": 1,
+                }
+            ]
+        },
     }
     kept = devicecaches.project_rule(rule)
     assert kept["spec"]["taint"] == {"key": "k", "value": "v", "effect": "NoExecute"}
-    assert "status" not in kept
+    assert kept["status"] == {
+        "conditions": [
+            {
+                "type": "EvictionInProgress",
+                "status": "True",
+                "message": "2 pods pending eviction, 1 evicted",
+            }
+        ]
+    }
+    assert devicecaches.eviction(kept) == "2 pods pending eviction, 1 evicted"
+    assert devicecaches.eviction({"metadata": {"name": "new"}}) is None
     assert "managedFields" not in kept["metadata"]
     assert kept["metadata"]["annotations"] == {labels.TAINTED_NODE: "n0"}
     assert caches.object_module_index(kept) == ("ns/m",)

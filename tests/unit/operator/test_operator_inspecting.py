@@ -334,13 +334,19 @@ def _with_taints(**entry: Any) -> dict[str, Any]:
 
 def test_the_step_names_the_pods_the_operator_says_hold_the_driver() -> None:
     module = _with_taints(
-        effect="NoExecute", rules=["r"], rulesReady=True, evicted=["w/a"], staying=["w/b"]
+        effect="NoExecute",
+        rules=["r"],
+        rulesReady=True,
+        evicted=["w/a"],
+        staying=["w/b"],
+        eviction="1 pod pending",
     )
     [state] = inspecting.states(module, [_moving_node()], [])
     assert state.step.action is upgrade_planner.Action.NOTHING
     assert state.step.description.startswith(
-        "pod w/a evicted by the NoExecute device taint; pod w/b tolerates the NoExecute "
-        "device taint and keeps the unload waiting until it is deleted"
+        "pod w/a evicted by the NoExecute device taint (the eviction controller: 1 pod "
+        "pending); pod w/b tolerates the NoExecute device taint and keeps the unload "
+        "waiting until it is deleted"
     )
     waiting_for_rules = _with_taints(effect="NoExecute", rules=["r"], rulesReady=False)
     [state] = inspecting.states(waiting_for_rules, [_moving_node()], [])

@@ -103,6 +103,9 @@ class Holding:
     rules_ready: bool = True
     evicted: tuple[str, ...] = ()
     staying: tuple[str, ...] = ()
+    # What the eviction controller said of the rules (their
+    # ``EvictionInProgress`` messages); None while it has said nothing.
+    eviction: str | None = None
 
     def holds(self) -> bool:
         return not self.rules_ready or bool(self.evicted or self.staying)
@@ -120,7 +123,17 @@ class Holding:
             )
         parts = []
         if self.evicted:
-            parts.append(f"pod {', '.join(self.evicted)} evicted by the NoExecute device taint")
+            # The API serves rules whatever the gates: only the controller's
+            # answer shows that kube-controller-manager evicts.
+            said = (
+                f" (the eviction controller: {self.eviction})"
+                if self.eviction
+                else " (no word from the eviction controller yet: kube-controller-manager "
+                "evicts only with its DRADeviceTaintRules feature on)"
+            )
+            parts.append(
+                f"pod {', '.join(self.evicted)} evicted by the NoExecute device taint{said}"
+            )
         if self.staying and self.effect == "NoExecute":
             parts.append(
                 f"pod {', '.join(self.staying)} tolerates the NoExecute device taint and "
@@ -152,6 +165,7 @@ def holdings(module: Mapping[str, Any]) -> dict[str, Holding]:
             rules_ready=entry.get("rulesReady") is not False,
             evicted=tuple(entry.get("evicted") or ()),
             staying=tuple(entry.get("staying") or ()),
+            eviction=entry.get("eviction") or None,
         )
     return found
 

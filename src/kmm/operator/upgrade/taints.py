@@ -246,11 +246,13 @@ def _node(
         effect=taint_effect,
     )
     users = deviceusers.users(view.claims, node, tainted)
+    said = sorted({e for n in names if n in observed and (e := devicecaches.eviction(observed[n]))})
     holding = upgrade_planner.Holding(
         effect=taint_effect,
         rules_ready=all(_in_place(observed.get(_meta(d)["name"]), d) for d in desired),
         evicted=users.evicted,
         staying=users.staying,
+        eviction="; ".join(said) or None,
     )
     message = (
         f"DeviceTaintRule {', '.join(taken)} exists and is not this Module's" if taken else None

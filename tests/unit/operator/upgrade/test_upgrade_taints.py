@@ -221,10 +221,23 @@ def test_evicted_and_tolerating_pods_hold_the_driver_and_are_named() -> None:
     asked = planners.ask(_view(raw, [_moving()], rules=[_observed(rule)], claims=claims))
     assert _plugin_label(asked, "n0") == "unchanged"
     assert asked.upgrade.steps["n0"].description == (
-        "pod work/evicted evicted by the NoExecute device taint; pod work/stays tolerates "
-        "the NoExecute device taint and keeps the unload waiting until it is deleted; "
-        "waiting for their claims to be released before removing the device-plugin "
-        "version label"
+        "pod work/evicted evicted by the NoExecute device taint (no word from the eviction "
+        "controller yet: kube-controller-manager evicts only with its DRADeviceTaintRules "
+        "feature on); pod work/stays tolerates the NoExecute device taint and keeps the "
+        "unload waiting until it is deleted; waiting for their claims to be released "
+        "before removing the device-plugin version label"
+    )
+    # The API serves rules whatever the gates: the controller's answer is said.
+    answered = _observed(rule)
+    answered["status"] = {
+        "conditions": [
+            {"type": "EvictionInProgress", "status": "True", "message": "1 pod to evict"}
+        ]
+    }
+    asked = planners.ask(_view(raw, [_moving()], rules=[answered], claims=claims))
+    assert asked.upgrade.steps["n0"].description.startswith(
+        "pod work/evicted evicted by the NoExecute device taint (the eviction controller: "
+        "1 pod to evict); "
     )
     shown = planners.device_taints(asked.taints)
     assert shown is not None
@@ -234,6 +247,7 @@ def test_evicted_and_tolerating_pods_hold_the_driver_and_are_named() -> None:
         "n0", "NoExecute", ["work/evicted"], ["work/stays"],
     )  # fmt: skip
     assert node.rules == [rule["metadata"]["name"]]
+    assert node.eviction == "1 pod to evict"
 
 
 def test_under_noschedule_every_user_stays_and_the_admin_is_told_how_to_go_on() -> None:
