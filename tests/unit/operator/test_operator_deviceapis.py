@@ -116,3 +116,44 @@ async def test_the_device_informers_list_the_chosen_version_and_requeue_their_mo
         "1",
     )
     assert enqueued == ["ns/m", "ns/gone"]
+
+
+@pytest.mark.parametrize(
+    ("rules_in", "expected"),
+    [("v1", "v1"), ("v1beta2", "v1beta2"), (None, None)],
+)
+async def test_the_operator_runs_the_device_informers_only_where_rules_are_served(
+    rules_in: str | None, expected: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Operator.run`` asks discovery (DRA, PreflightValidations, then each
+    resource.k8s.io version) and starts the slice and rule informers, on the
+    chosen version, only when one serves rules; the caches say which."""
+    answers = [
+        _served(*_V1, *(("devicetaintrules",) if rules_in == "v1" else ())),
+        (404, _NOT_FOUND),  # no PreflightValidation CRD
+        _served(*_V1, *(("devicetaintrules",) if rules_in == "v1" else ())),
+        _served(*_V1, "devicetaintrules") if rules_in == "v1beta2" else (404, _NOT_FOUND),
+        (404, _NOT_FOUND),
+    ]
+    async with Server() as fake, kubeclients.for_server(fake.url, max_attempts=1) as api:
+        fake.script(*answers)
+        operator = wiring.Operator(api)
+        ran: list[str] = []
+
+        async def run(stop: asyncio.Event) -> None:
+            ran.extend(i.name for i in operator.manager._informers)  # type: ignore[attr-defined]
+
+        monkeypatch.setattr(operator.manager, "run", run)
+        await operator.run(asyncio.Event())
+        if expected is not None:
+            fake.script((200, {"metadata": {"resourceVersion": "1"}, "items": []}))
+            await operator.device_informers.rules.source.list_page(
+                label_selector=None, field_selector=None, limit=1, continue_token=None
+            )
+            assert fake.seen[-1].path == f"/apis/resource.k8s.io/{expected}/devicetaintrules"
+    assert operator.caches.taint_api == expected
+    assert operator.reconciler.caches.taint_api == expected
+    device = {"resourceslices", "devicetaintrules"}
+    assert (device <= set(ran)) is (expected is not None)
+    assert (device <= {i.name for i in operator.informers()}) is (expected is not None)
+    assert operator.caches.slices is operator.device_informers.slices.store
