@@ -361,7 +361,7 @@ _NOT_SUBDOMAIN = re.compile(r"[^a-z0-9.-]")
 
 
 def taint_rule_name(
-    namespace: str, name: str, uid: str, node: str, driver: str, pool: str, device: str = ""
+    namespace: str, name: str, *, uid: str, node: str, driver: str, pool: str, device: str = ""
 ) -> str:
     """A DeviceTaintRule name (a DNS subdomain of at most 253 characters),
     one per (Module, its uid, node, driver, pool, device): the Module and the

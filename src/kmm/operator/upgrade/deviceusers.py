@@ -103,7 +103,9 @@ def _evicted(results: Iterable[Mapping[str, Any]], tainted: Tainted) -> bool:
     )
 
 
-def users(claims: Iterable[Mapping[str, Any]], node: Mapping[str, Any], tainted: Tainted) -> Users:
+def users(
+    claims: Iterable[Mapping[str, Any]], node: Mapping[str, Any], *, tainted: Tainted
+) -> Users:
     """The pods whose reserved claims hold tainted devices on ``node``."""
     evicted: set[str] = set()
     staying: set[str] = set()

@@ -129,7 +129,7 @@ def moving(view: views.ModuleView, node: Mapping[str, Any], *, selected: bool) -
 
 
 def rule(
-    view: views.ModuleView, node: str, selector: Selector, taint_effect: str, api: str
+    view: views.ModuleView, node: str, *, selector: Selector, taint_effect: str, api: str
 ) -> RawObject:
     """The desired DeviceTaintRule for one pool (or device) of ``node``, hash-stamped."""
     dra = view.module.spec.dra
@@ -145,7 +145,13 @@ def rule(
             "kind": "DeviceTaintRule",
             "metadata": {
                 "name": labels.taint_rule_name(
-                    view.namespace, view.name, uid, node, driver, pool, device
+                    view.namespace,
+                    view.name,
+                    uid=uid,
+                    node=node,
+                    driver=driver,
+                    pool=pool,
+                    device=device,
                 ),
                 "labels": {
                     **labels.module_labels(view.namespace, view.name, "dra"),
@@ -234,7 +240,10 @@ def _node(
     selectors = _published(view, node_name, driver) | _kept(view.taint_rules, node_name, uid)
     if not selectors:
         return None, []
-    desired = [rule(view, node_name, s, taint_effect, api) for s in sorted(selectors)]
+    desired = [
+        rule(view, node_name, selector=s, taint_effect=taint_effect, api=api)
+        for s in sorted(selectors)
+    ]
     names = tuple(_meta(d)["name"] for d in desired)
     taken = [n for n in names if n in observed and not _owned(observed[n], uid)]
     tainted = deviceusers.Tainted(
@@ -245,7 +254,7 @@ def _node(
         value=labels.taint_value(view.namespace, view.name),
         effect=taint_effect,
     )
-    users = deviceusers.users(view.claims, node, tainted)
+    users = deviceusers.users(view.claims, node, tainted=tainted)
     said = sorted({e for n in names if n in observed and (e := devicecaches.eviction(observed[n]))})
     holding = upgrade_planner.Holding(
         effect=taint_effect,

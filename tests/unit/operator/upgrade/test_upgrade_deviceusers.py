@@ -82,17 +82,17 @@ def test_users_are_the_pods_whose_reserved_claims_hold_tainted_devices_on_the_no
         _claim("not-reserved", reserved=[]),
         _claim("not-a-pod", reserved=[{"apiGroup": "x.io", "resource": "things", "name": "t"}]),
     ]
-    found = deviceusers.users(claims, NODE, _tainted())
+    found = deviceusers.users(claims, NODE, tainted=_tainted())
     assert found == deviceusers.Users(evicted=("work/pod-a",), staying=("work/pod-b",))
     # NoSchedule evicts nobody.
-    assert deviceusers.users(claims, NODE, _tainted("NoSchedule")) == deviceusers.Users(
+    assert deviceusers.users(claims, NODE, tainted=_tainted("NoSchedule")) == deviceusers.Users(
         staying=("work/pod-a", "work/pod-b")
     )
 
 
 def test_single_devices_cover_only_themselves() -> None:
     claims = [_claim("a", pool="shared", device="d0"), _claim("b", pool="shared", device="d7")]
-    found = deviceusers.users(claims, NODE, _tainted(devices={("shared", "d0")}))
+    found = deviceusers.users(claims, NODE, tainted=_tainted(devices={("shared", "d0")}))
     assert found.evicted == ("work/pod-a",)
     assert not found.staying
 
@@ -103,4 +103,6 @@ def test_a_pod_with_one_evicted_claim_is_evicted() -> None:
         _claim("a", reserved=shared),
         _claim("b", device="d1", tolerations=_TOLERATES, reserved=shared),
     ]
-    assert deviceusers.users(claims, NODE, _tainted()) == deviceusers.Users(evicted=("work/both",))
+    assert deviceusers.users(claims, NODE, tainted=_tainted()) == deviceusers.Users(
+        evicted=("work/both",)
+    )

@@ -357,7 +357,9 @@ def test_a_node_moves_from_its_choice_until_it_reaches_the_users_version(
 def test_rule_names_are_dns_subdomains_of_at_most_253_characters_and_distinct() -> None:
     long_node = ".".join(["n" * 60] * 4)
     names = {
-        labels.taint_rule_name("ns", "m", uid, node, DRIVER, "pool", device)
+        labels.taint_rule_name(
+            "ns", "m", uid=uid, node=node, driver=DRIVER, pool="pool", device=device
+        )
         for uid in ("uid-1", "uid-2")
         for node in ("n0", long_node)
         for device in ("", "d0")
@@ -367,4 +369,6 @@ def test_rule_names_are_dns_subdomains_of_at_most_253_characters_and_distinct() 
     for name in names:
         assert len(name) <= 253, name
         assert subdomain.match(name), name
-    assert labels.taint_rule_name("ns", "m", "u", "n0", DRIVER, "p").startswith("kmm.ns.m.n0-")
+    assert labels.taint_rule_name(
+        "ns", "m", uid="u", node="n0", driver=DRIVER, pool="p"
+    ).startswith("kmm.ns.m.n0-")
