@@ -238,7 +238,10 @@ def read(raw: RawObject, module: modules.Module, *, key: str, cached: Caches) ->
     claims: list[RawObject] = []
     slices: list[RawObject] = []
     rivals: dict[str, list[str]] = {}
-    if module.spec.dra is not None and cached.taint_api is not None:
+    loader = module.spec.module_loader
+    versioned = loader is not None and loader.container.version is not None
+    if module.spec.dra is not None and cached.taint_api is not None and versioned:
+        # Only ordered upgrades taint (``upgrade.taints``).
         driver = module.spec.dra.driver_name
         slices = cached.slices.by_index(devicecaches.DRIVER_INDEX, driver)
         rivals = _rivals(key, driver, cached)

@@ -233,3 +233,26 @@ async def test_without_the_api_the_upgrade_goes_on_and_the_status_says_why(world
     assert _status(cached)["deviceTaints"] == {"message": deviceapis.NOT_SERVED}
     degraded = next(c for c in _status(cached)["conditions"] if c["type"] == conditions.DEGRADED)
     assert degraded["status"] == "False"
+
+
+async def test_another_modules_driver_of_the_same_name_on_the_node_taints_nothing(
+    world: Any,
+) -> None:
+    """Read from the caches (``views.read``): a second Module naming the same
+    driver runs a DRA pod on n0, counted as its own (its DaemonSet, its uid)."""
+    rec, writer, cached = world
+    other = fixtures.module_raw(
+        name="m2", dra={"driverName": DRIVER, "container": {"image": "r.io/d:1"}}
+    )
+    other["metadata"]["uid"] = "uid-2"
+    cached.modules.put(other)
+    ds = dra_builders.daemonset(fixtures.module(other))
+    ds["metadata"]["uid"] = "uid-ds-2"
+    ds["metadata"]["ownerReferences"] = [{"uid": "uid-2", "controller": True}]
+    cached.daemonsets.put(ds)
+    cached.pods.put(fixtures.pod(ds, "n0"))
+    await rec.reconcile("ns/m")
+    assert not [c for c in writer.calls if c[0].endswith("-rule")]
+    [node] = _status(cached)["deviceTaints"]["nodes"]
+    assert node["message"].startswith("devices not tainted: Module ns/m2 also runs a DRA driver")
+    assert _plugin_label(cached) is None  # the upgrade goes on as without taints
