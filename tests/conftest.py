@@ -29,6 +29,7 @@ KUBELET_NODE_MODULES: Final = frozenset(
         "test_build_pods_in_containers",
         "test_chart_in_containers",
         "test_container_nodes",
+        "test_device_taints_in_containers",
         "test_dra_in_containers",
         "test_kubelet_differential",
         "test_kubelet_host",

@@ -35,7 +35,7 @@ from kmm.cli import applying
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import resources
-from kmm.sandbox import cluster, testing
+from kmm.sandbox import cluster, namespaces, testing
 from kmm.sandbox.containernodes import nodes as containernodes
 
 # In `make test-compat`: kmm on each supported Kubernetes release.
@@ -79,12 +79,19 @@ def node_of(record: cluster.state.SandboxState) -> containernodes.ContainerNode:
     return found
 
 
-def driver_objects(image: str) -> list[dict[str, Any]]:
+def driver_objects(image: str, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """The driver's ServiceAccount and RBAC, and the DRA Module, as
     deploy/examples/dra-module.yaml has them (built by the same code), with
-    the image pushed here and the test's own selector."""
+    the image pushed here, the test's own selector and ``env`` added to the
+    driver container's."""
     module = examples.dra_module(namespace=NAMESPACE, selector={SELECT: "yes"})
     module["spec"]["dra"]["container"]["image"] = image
+    if env:
+        container = module["spec"]["dra"]["container"]
+        container["env"] = [
+            *container.get("env", []),
+            *({"name": name, "value": value} for name, value in env.items()),
+        ]
     assert module["spec"]["dra"]["driverName"] == DRIVER
     return [*installation.dra_driver_rbac(NAMESPACE), module]
 
@@ -171,10 +178,13 @@ async def _log(api: kube_client.Client, name: str) -> str:
 
 @contextlib.asynccontextmanager
 async def dra_module(
-    record: cluster.state.SandboxState, api: kube_client.Client, image: str
+    record: cluster.state.SandboxState,
+    api: kube_client.Client,
+    image: str,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
-    """The operator (in this process) and the DRA Module; yields the driver
-    pod once it is Ready in its container."""
+    """The operator (in this process) and the DRA Module (its driver given
+    ``env``); yields the driver pod once it is Ready in its container."""
     await support.install_manifests(record.kubeconfig)
     await api.request(
         "PATCH",
@@ -182,7 +192,7 @@ async def dra_module(
         body={"metadata": {"labels": {SELECT: "yes"}}},
         content_type="application/merge-patch+json",
     )
-    docs = driver_objects(image)
+    docs = driver_objects(image, env)
     async with support.operator_in_process(record.kubeconfig):
         await applying.apply_documents(api, docs)
         try:
@@ -402,3 +412,91 @@ async def test_a_driver_pod_replaced_while_a_claim_is_prepared_unprepares_it(
             raise AssertionError(f"{err}\ndriver log:\n{driver_log}") from err
         assert current["metadata"]["uid"] != first
         assert "released" in await _log(api, current["metadata"]["name"])
+
+
+def _in_node(record: cluster.state.SandboxState, script: str) -> None:
+    """Run ``script`` in the node's mount namespace (where its /dev and
+    /sys/module overlays are), as a node's root would."""
+    holder = next(p.pid for p in record.launched if p.name == f"node/{NODE}")
+    namespaces.run_in(namespaces.Holder(pid=holder, mount=True), ["sh", "-c", script], mount=True)
+
+
+async def _device_health(api: kube_client.Client, name: str) -> list[tuple[str, str]]:
+    """(health, message) of every resource in the workload's
+    ``allocatedResourcesStatus``, as the kubelet wrote them."""
+    pod = await _pod(api, name)
+    statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or ()
+    return [
+        (resource.get("health", ""), resource.get("message", ""))
+        for status in statuses
+        for allocated in status.get("allocatedResourcesStatus") or ()
+        for resource in allocated.get("resources") or ()
+    ]
+
+
+async def test_the_workload_sees_its_device_unhealthy_while_its_node_or_module_is_gone(
+    containers: cluster.state.SandboxState, images: dict[str, str], api: kube_client.Client
+) -> None:
+    """Device health through the node's real kubelet (ResourceHealthStatus:
+    on from 1.36, turned on by the sandbox for 1.35): the driver, told its
+    kernel module (KMM_MODULE_NAME), reports the workload's device Unhealthy
+    while its /dev node is gone and while the module is not loaded, and the
+    kubelet writes it into the pod's status; Healthy again when each is back."""
+    async with dra_module(
+        containers, api, images["kmm"], env={"KMM_MODULE_NAME": MODULE}
+    ) as driver_pod:
+
+        async def health_round() -> None:
+            listing = await api.request("GET", resources.PODS.path(namespace=NAMESPACE))
+            (name,) = [
+                p["metadata"]["name"]
+                for p in listing["items"]
+                if p["metadata"]["name"].startswith("workload-")
+            ]
+            pod = await _pod(api, name)
+            assert pod is not None
+            claim = await api.request(
+                "GET",
+                resources.RESOURCE_CLAIMS.path(
+                    namespace=NAMESPACE,
+                    name=pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"],
+                ),
+            )
+            device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+            number = int(device.removeprefix(MODULE))
+            seen: list[list[tuple[str, str]]] = []
+
+            async def health_is(expected: str, words: str = "") -> None:
+                async def reported() -> bool:
+                    found = await _device_health(api, name)
+                    seen.append(found)
+                    # The message reaches the pod from 1.36 on
+                    # (ResourceHealthStatusMessage); 1.35 writes none.
+                    return bool(found) and all(
+                        health == expected and (not message or words in message)
+                        for health, message in found
+                    )
+
+                try:
+                    await testing.eventually(reported, f"the device {expected}", bound=120)
+                except AssertionError as err:
+                    raise AssertionError(f"{err}: last seen {seen[-3:]}") from err
+
+            await health_is("Healthy")
+            _in_node(containers, f"rm /dev/{device}")
+            await health_is("Unhealthy")
+            _in_node(containers, f"mknod -m 600 /dev/{device} c 240 {number}")
+            await health_is("Healthy")
+            _in_node(containers, f"rm -r /sys/module/{MODULE}")
+            await health_is("Unhealthy", f"kernel module {MODULE} is not loaded")
+            _in_node(
+                containers,
+                f"mkdir /sys/module/{MODULE} && echo 1.0 > /sys/module/{MODULE}/version",
+            )
+            await health_is("Healthy")
+
+        try:
+            await _workload_round(containers, api, images, driver_pod, meanwhile=health_round)
+        except AssertionError as err:
+            driver_log = await _log(api, driver_pod["metadata"]["name"])
+            raise AssertionError(f"{err}\ndriver log:\n{driver_log}") from err

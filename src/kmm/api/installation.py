@@ -117,6 +117,14 @@ def cluster_rbac() -> list[dict[str, Any]]:
         # read to keep a cordoned node's driver while it still holds one.
         _rule("resource.k8s.io", ["deviceclasses"], ["list", "watch", "create", "patch", "delete"]),
         _rule("resource.k8s.io", ["resourceclaims"], ["list", "watch"]),
+        # Ordered upgrades of a DRA Module taint the moving node's devices:
+        # rules created, applied (their effect changed) and deleted (with a
+        # uid precondition), all watched; the slices of the Module's driver
+        # read (informer) to know which pools and devices are the node's.
+        _rule(
+            "resource.k8s.io", ["devicetaintrules"], ["list", "watch", "create", "patch", "delete"]
+        ),
+        _rule("resource.k8s.io", ["resourceslices"], ["list", "watch"]),
     ]
     return [
         {

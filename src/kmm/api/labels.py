@@ -20,6 +20,7 @@ from typing import Final, Literal
 
 __all__ = [
     "BETA_PREFIX",
+    "EVICT_DEVICE_USERS",
     "FINALIZER",
     "IMAGE_BUILD_HASH",
     "IMAGE_DIGEST",
@@ -46,6 +47,8 @@ __all__ = [
     "RESOURCE_TYPE",
     "ROLE",
     "SPEC_HASH",
+    "TAINTED_NODE",
+    "TAINT_KEY",
     "TARGET_KERNEL",
     "Role",
     "daemonset_name",
@@ -66,6 +69,8 @@ __all__ = [
     "node_label_keys",
     "preflight_value",
     "ready",
+    "taint_rule_name",
+    "taint_value",
     "version_ready",
 ]
 
@@ -137,6 +142,17 @@ LAST_INPUTS: Final = PREFIX + "last-inputs"
 REGISTRY_CA: Final = PREFIX + "registry-ca"
 
 FINALIZER: Final = PREFIX + "module-finalizer"
+
+# Annotation on a Module (the API group's, as KMM's own annotations are):
+# "true" opts it in to eviction during ordered upgrades: its DeviceTaintRules
+# are NoExecute, not NoSchedule (``kmm.operator.upgrade.taints``). An
+# annotation keeps KMM's schema, so KMM manifests stay valid both ways.
+EVICT_DEVICE_USERS: Final = "kmm.sigs.x-k8s.io/evict-device-users"
+# The taint key of the DeviceTaintRules an ordered upgrade writes (value:
+# ``taint_value``, the Module), and the annotation on each rule naming the
+# node whose devices it taints (node names do not fit a label value).
+TAINT_KEY: Final = PREFIX + "upgrade"
+TAINTED_NODE: Final = PREFIX + "node"
 
 # On loader pods of a Module with modulesLoadingOrder: the modprobe.d softdep
 # lines, projected into the container as a file (KMM's name and design).
@@ -332,3 +348,27 @@ def daemonset_name(name: str, role: Role, *parts: str) -> str:
     budget = MAX_LABEL_NAME - len(short) - len(digest) - 2
     head = name[:budget].rstrip(".-")
     return f"{head}-{short}-{digest}"
+
+
+def taint_value(namespace: str, name: str) -> str:
+    """The ``TAINT_KEY`` value of a Module's DeviceTaintRules: ``<ns>.<name>``
+    (it fits: ``MAX_NAME_AND_NAMESPACE``)."""
+    return label_value(f"{namespace}.{name}")
+
+
+_MAX_OBJECT_NAME: Final = 253
+_NOT_SUBDOMAIN = re.compile(r"[^a-z0-9.-]")
+
+
+def taint_rule_name(
+    namespace: str, name: str, *, uid: str, node: str, driver: str, pool: str, device: str = ""
+) -> str:
+    """A DeviceTaintRule name (a DNS subdomain of at most 253 characters),
+    one per (Module, its uid, node, driver, pool, device): the Module and the
+    node readable, cut when too long; the digest keeps names distinct (an
+    earlier Module of the same name, with another uid, never shares one)."""
+    digest = _digest("\x00".join((namespace, name, uid, node, driver, pool, device)), 12)
+    readable = _NOT_SUBDOMAIN.sub("-", f"kmm.{namespace}.{name}.{node}".lower())
+    head = readable[: _MAX_OBJECT_NAME - len(digest) - 1].rstrip(".-")
+    found = f"{head}-{digest}"
+    return found if _DNS_SUBDOMAIN.match(found) else f"kmm-{digest}"

@@ -32,11 +32,13 @@ __all__ = [
     "PLURAL",
     "VERSION",
     "DaemonSetStatus",
+    "DeviceTaintsStatus",
     "ImageState",
     "ImageStatus",
     "Module",
     "ModuleSpec",
     "ModuleStatus",
+    "NodeDeviceTaints",
     "VersionCounts",
 ]
 
@@ -125,6 +127,43 @@ class ImageStatus(models.Model):
     message: str | None = None
 
 
+class NodeDeviceTaints(models.Model):
+    """A node of a DRA Module's ordered upgrade whose devices are tainted
+    (kmm's, not KMM's): the DeviceTaintRules and their effect, the pods
+    holding claims on those devices (evicted by a NoExecute taint, or
+    staying: tolerating it, or under NoSchedule), and why nothing is
+    tainted when so."""
+
+    node: str
+    effect: str | None = None
+    rules: list[str] | None = None
+    # Every rule is in the operator's cache with its effect.
+    rules_ready: bool | None = None
+    evicted: list[str] | None = None
+    staying: list[str] | None = None
+    # The eviction controller's word on the rules (EvictionInProgress).
+    eviction: str | None = None
+    message: str | None = None
+
+
+class DeviceTaintsStatus(models.Model):
+    """Device taints in a DRA Module's ordered upgrades (kmm's): the
+    resource.k8s.io version the rules are written in, or why none is used;
+    the nodes in a move whose devices are tainted."""
+
+    api_version: str | None = None
+    message: str | None = None
+    nodes: (
+        Annotated[
+            list[NodeDeviceTaints],
+            cel.SchemaExtra(
+                (("x-kubernetes-list-type", "map"), ("x-kubernetes-list-map-keys", ("node",)))
+            ),
+        ]
+        | None
+    ) = None
+
+
 class ModuleStatus(models.Model):
     """``Module.status``: KMM's counts plus conditions and observedGeneration."""
 
@@ -152,6 +191,8 @@ class ModuleStatus(models.Model):
         ]
         | None
     ) = None
+    # kmm's: device taints in ordered upgrades of a DRA Module.
+    device_taints: DeviceTaintsStatus | None = None
 
 
 class Module(models.Model):

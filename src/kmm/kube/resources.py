@@ -17,6 +17,7 @@ __all__ = [
     "CRDS",
     "DAEMONSETS",
     "DEVICE_CLASSES",
+    "DEVICE_TAINT_RULES",
     "EVENTS",
     "LEASES",
     "NAMESPACES",
@@ -87,6 +88,9 @@ LEASES: Final = Resource("coordination.k8s.io", "v1", "leases")
 RESOURCE_CLAIMS: Final = Resource("resource.k8s.io", "v1", "resourceclaims")
 RESOURCE_SLICES: Final = Resource("resource.k8s.io", "v1", "resourceslices", namespaced=False)
 DEVICE_CLASSES: Final = Resource("resource.k8s.io", "v1", "deviceclasses", namespaced=False)
+# GA in 1.37; v1beta2 in 1.36, v1alpha3 in 1.35 (``dataclasses.replace`` the
+# version the server serves: ``kmm.operator.deviceapis``).
+DEVICE_TAINT_RULES: Final = Resource("resource.k8s.io", "v1", "devicetaintrules", namespaced=False)
 CRDS: Final = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
 VALIDATING_ADMISSION_POLICIES: Final = Resource(
     "admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", namespaced=False

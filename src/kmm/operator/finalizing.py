@@ -8,16 +8,19 @@ deletes the Module's DaemonSets in seed 003's order, one stage at a time
 their pods are gone, the loader's) and waits for the loader pods to go,
 since they unload the module on their way out; then it removes the
 Module's node labels (``.ready`` among them: true to the end), its
-DeviceClasses (cluster-scoped: nothing namespaced can own them), and last
-the finalizer (seed 000 step 6). Each pod's deletion requeues the Module,
+DeviceClasses and DeviceTaintRules (cluster-scoped: nothing namespaced can
+own them; a leaked rule keeps devices tainted), and last the finalizer
+(seed 000 step 6). Each pod's deletion requeues the Module,
 so it waits by returning.
 
 ``Finalizer.leftovers`` is for a Module gone from the cache: normally the
-finalizer cleaned up, but labels and classes left behind (the finalizer
-removed by hand, a crash between the two) go then.
+finalizer cleaned up, but labels, classes and rules left behind (the
+finalizer removed by hand, a crash between the two) go then. At operator
+start the rule informer's first list enqueues the Module each rule is
+labelled for, so a gone Module's rules go then.
 
 Limits: what is the Module's is ``ownership``'s to say; the writes are
-``daemonsets``', ``labelling``'s and ``deviceclasses``'; the per-Module
+``daemonsets``', ``labelling``'s, ``deviceclasses``' and ``taintrules``'; the per-Module
 memories of a gone Module are forgotten by the reconciler, which holds
 them all.
 """
@@ -33,6 +36,7 @@ from kmm.operator import (
     failures,
     labelling,
     ownership,
+    taintrules,
     views,
     writing,
 )
@@ -54,11 +58,13 @@ class Finalizer:
         daemonset_sender: daemonsets.Sender,
         label_sender: labelling.Sender,
         class_sender: deviceclasses.Sender,
+        rule_sender: taintrules.Sender | None = None,
     ) -> None:
         self.writer = writer
         self.daemonset_sender = daemonset_sender
         self.label_sender = label_sender
         self.class_sender = class_sender
+        self.rule_sender = rule_sender
 
     async def clean_up(
         self, raw: RawObject, finalizers: list[str], *, cached: views.Caches
@@ -72,6 +78,8 @@ class Finalizer:
         namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
         await self.label_sender.remove(namespace, name, cached=cached)
         await self.class_sender.remove(f"{namespace}/{name}", raw, cached=cached)
+        if self.rule_sender is not None:
+            await self.rule_sender.remove(f"{namespace}/{name}", cached=cached)
         with failures.step("removing the finalizer"):
             await self.writer.set_finalizers(raw, [f for f in finalizers if f != labels.FINALIZER])
 
@@ -81,6 +89,8 @@ class Finalizer:
         namespace, _, name = key.partition("/")
         await self.label_sender.remove(namespace, name, cached=cached)
         await self.class_sender.remove(key, None, cached=cached)
+        if self.rule_sender is not None:
+            await self.rule_sender.remove(key, cached=cached)
 
     async def _pods_still_going(self, raw: RawObject, cached: views.Caches) -> bool:
         """Delete the Module's DaemonSets in seed 003's order, one stage at a

@@ -42,10 +42,12 @@ __all__ = [
     "CLASS_PREFIX",
     "POD_PREFIX",
     "PREFLIGHT_PREFIX",
+    "RULE_PREFIX",
     "Pending",
     "class_key",
     "pod_key",
     "preflight_key",
+    "rule_key",
 ]
 
 
@@ -199,11 +201,17 @@ def _caught_up(version: str | None, result: str | None) -> bool:
 POD_PREFIX: Final = "pod:"
 CLASS_PREFIX: Final = "deviceclass:"
 PREFLIGHT_PREFIX: Final = "preflightvalidation:"
+RULE_PREFIX: Final = "devicetaintrule:"
 
 
 def class_key(name: str) -> str:
     """The ``Pending`` key of a DeviceClass."""
     return CLASS_PREFIX + name
+
+
+def rule_key(name: str) -> str:
+    """The ``Pending`` key of a DeviceTaintRule."""
+    return RULE_PREFIX + name
 
 
 def preflight_key(name: str) -> str:

@@ -13,6 +13,9 @@ termination message comes with it (a loader's report of why its module did
 not load, ``loader.scripts``), and the ``Watcher``
 records a node again when a problem appears at a step it already reported.
 
+A moving node's device taints come from ``status.deviceTaints``
+(``upgrade.planner.holdings``: the ``Watcher`` follows the Module).
+
 ``images`` reads what the operator wrote of each kernel's image in
 ``status.images`` (whether it exists, is being built or signed, or failed,
 and by which pod), so both commands show it without asking the registry.
@@ -207,6 +210,7 @@ def states(
     # A PreflightValidation's pods carry the Module's labels but run for no
     # node's kernel: neither a step nor a problem of the node's.
     pods = [p for p in pods if objects.labels(p).get(labels.ROLE) != _PREFLIGHT_ROLE]
+    holding = upgrade_planner.holdings(module)
     by_kernel: dict[str, list[ImageState]] = collections.defaultdict(list)
     for image in images(module):
         by_kernel[image.kernel].append(image)
@@ -252,6 +256,7 @@ def states(
                     has_plugin=has_plugin and (not spec.get("dra") or target_key in node_labels),
                     blocking_pods=blocking,
                     noun=noun,
+                    holding=holding.get(node_name),
                 ),
                 # The old kernel's loader on a node that rebooted into
                 # another fails there on its way out: not the node's problem.
@@ -319,8 +324,16 @@ class Watcher:
         self._followed: set[str] = set()
         self._said: dict[str, tuple[str, str | None]] = {}
         self._nodes, self._pods = _Objects(self._changed), _Objects(self._changed)
+        self._modules = _Objects(self._changed)
         pod_resource, namespace, owned = _pods_of(module)
         self._reflectors = [
+            # The Module itself: its status names the pods a move waits on.
+            reflecting.Reflector(
+                "module",
+                listwatch.ApiListWatch(api, writing.MODULES, namespace=namespace),
+                self._modules,
+                field_selector=f"metadata.name={objects.name(module)}",
+            ),
             reflecting.Reflector(
                 "nodes", listwatch.ApiListWatch(api, resources.NODES), self._nodes
             ),
@@ -375,9 +388,8 @@ class Watcher:
         """The states now, or None until both lists are in."""
         if not (self._nodes.synced and self._pods.synced):
             return None
-        return states(
-            self.module, self._nodes.by_name.values(), self._pods.by_name.values(), only=only
-        )
+        module = self._modules.by_name.get(objects.name(self.module), self.module)
+        return states(module, self._nodes.by_name.values(), self._pods.by_name.values(), only=only)
 
 
 def module_version(module: Mapping[str, Any]) -> str | None:

@@ -4,10 +4,12 @@
 other: the loader first (where the module is loaded; it skips the kernels
 the build concern gates, and loads a built image by the digest it pins),
 then the two device workloads, ``deviceplugin`` and ``dra`` (they run
-where the module is loaded), then the ordered ``upgrade`` (version labels,
-with whichever device workload the Module has). Each call is a named step
+where the module is loaded), then the device taints of a DRA Module's
+moving nodes (``upgrade.taints``: its DeviceTaintRules, and what holds the
+driver on each node), then the ordered ``upgrade`` (version labels, with
+whichever device workload the Module has, and those holds). Each call is a named step
 (``failures.step``), so a planner's bug shows on the Module as that step.
-``Answers`` holds what they said; ``Answers.concerns`` is every answer as
+``Answers`` holds what they said; ``Answers.concerns`` is every answer that is
 a ``plans.Plan``, in that order (their DaemonSets and node labels).
 
 ``observed`` is what the answers say for the Module's status
@@ -25,12 +27,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Mapping
 
-from kmm.operator import failures, plans, status, views
+from kmm.api import modules
+from kmm.operator import deviceapis, failures, plans, status, views
 from kmm.operator.deviceplugin import planner as deviceplugin_planner
 from kmm.operator.dra import planner as dra_planner
 from kmm.operator.loader import planner as loader_planner
 from kmm.operator.loader import reports as loader_reports
 from kmm.operator.upgrade import planner as upgrade_planner
+from kmm.operator.upgrade import taints as upgrade_taints
 
 __all__ = ["Answers", "ask", "observed"]
 
@@ -43,6 +47,7 @@ class Answers:
     plugin: deviceplugin_planner.PluginPlan
     driver: dra_planner.DraPlan
     upgrade: upgrade_planner.UpgradePlan
+    taints: upgrade_taints.TaintPlan = dataclasses.field(default_factory=upgrade_taints.TaintPlan)
 
     def concerns(self) -> tuple[plans.Plan, ...]:
         """Every answer, in the order the planners were asked."""
@@ -67,9 +72,11 @@ def ask(
     with failures.step("planning the DRA driver"):
         driver = dra_planner.plan(view, loader)
     devices = driver if driver.enabled else plugin
+    with failures.step("planning the device taints"):
+        taints = upgrade_taints.plan(view)
     with failures.step("planning the ordered upgrade"):
-        moving = upgrade_planner.plan(view, loader, devices)
-    return Answers(loader=loader, plugin=plugin, driver=driver, upgrade=moving)
+        moving = upgrade_planner.plan(view, loader, devices, taints.holdings())
+    return Answers(loader=loader, plugin=plugin, driver=driver, upgrade=moving, taints=taints)
 
 
 def observed(
@@ -98,6 +105,35 @@ def observed(
         mapping_errors=loader.grouping.errors,
         devices="DRA drivers" if driver.enabled else "device plugins",
         problems=[*problems, *_load_failures(view, loader)],
+        device_taints=device_taints(answers.taints),
+    )
+
+
+def device_taints(found: upgrade_taints.TaintPlan) -> modules.DeviceTaintsStatus | None:
+    """``status.deviceTaints``: only for a DRA Module with ordered upgrades."""
+    if not found.enabled:
+        return None
+    nodes = []
+    for _, entry in sorted(found.nodes.items()):
+        holding = entry.holding
+        evicted = list(holding.evicted) if holding is not None else []
+        staying = list(holding.staying) if holding is not None else []
+        nodes.append(
+            modules.NodeDeviceTaints(
+                node=entry.node,
+                effect=entry.effect if entry.rules else None,
+                rules=list(entry.rules) or None,
+                rules_ready=holding.rules_ready if holding is not None else None,
+                evicted=evicted or None,
+                staying=staying or None,
+                eviction=holding.eviction if holding is not None else None,
+                message=entry.message,
+            )
+        )
+    return modules.DeviceTaintsStatus(
+        api_version=f"{deviceapis.GROUP}/{found.api}" if found.api else None,
+        message=found.message,
+        nodes=nodes or None,
     )
 
 

@@ -15,7 +15,8 @@ Level-based (``runtime.controllers.Reconciler``). For a live Module it:
    and pull pods (``imagepods``), DaemonSets applied when missing or
    changed and stale ones deleted, loader pods of an older pinned image
    that never became Ready replaced (``daemonsets``), DeviceClasses
-   (``deviceclasses``), and the node labels all of them want, merged into
+   (``deviceclasses``), the DeviceTaintRules of a DRA Module's moving
+   nodes (``taintrules``), and the node labels all of them want, merged into
    one patch per node (``nodelabels``) and sent (``labelling``, with a
    Node Event when ``.ready`` comes or goes); each with its Events
    (``telling``); then asks whether admission lets the pods of its
@@ -75,6 +76,7 @@ from kmm.operator import (
     planners,
     podadmission,
     status,
+    taintrules,
     telling,
     views,
     writing,
@@ -133,12 +135,14 @@ class ModuleReconciler:
         self._image_pods = imagepods.Sender(writer, self._teller)
         self._daemonsets = daemonsets.Sender(writer, self._teller)
         self._classes = deviceclasses.Sender(writer, self._teller)
+        self._rules = taintrules.Sender(writer, self._teller)
         self._labels = labelling.Sender(writer, self._teller)
         self._finalizer = finalizing.Finalizer(
             writer,
             daemonset_sender=self._daemonsets,
             label_sender=self._labels,
             class_sender=self._classes,
+            rule_sender=self._rules,
         )
 
     async def reconcile(self, key: str) -> controllers.Result:
@@ -187,6 +191,8 @@ class ModuleReconciler:
         await self._daemonsets.replace_loader_pods(raw, asked.loader.replace)
         problems, retried = await self._classes.send(raw, key, view, asked.driver)
         refused += retried
+        # Before the labels: a node's driver leaves only once its rules are seen.
+        refused += await self._rules.send(raw, key, asked.taints)
         with failures.step("merging the node labels"):
             changes = nodelabels.merge(view.nodes(), concerns)
         await self._labels.patch(changes, cached=self.caches, view=view)

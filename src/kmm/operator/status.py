@@ -19,6 +19,12 @@ DaemonSets' lagging counters:
   stands in the way; ``NoMatchingNodes`` when none is targeted;
 - Progressing: True (``RollingOut``) while some targeted node is not ready.
 
+``deviceTaints`` (kmm's) says, for a DRA Module with ordered upgrades,
+which resource.k8s.io version its DeviceTaintRules are written in, or why
+none is used, and per node in a move its rules and the pods holding claims
+on the tainted devices (``upgrade.taints``); it is no problem: an old
+server's upgrades go on without taints.
+
 ``kmm.api.conditions.set_condition`` keeps transition times, and ``differs``
 compares only the fields this reconciler owns, so a converged Module gets no
 status write.
@@ -57,6 +63,7 @@ _OWNED = (
     "observedGeneration",
     "images",
     "imageRebuildTriggerGeneration",
+    "deviceTaints",
 )
 
 
@@ -88,6 +95,8 @@ class Observed:
     # the spec.imageRebuildTriggerGeneration whose checks and builds are done.
     images: Sequence[modules.ImageStatus] = ()
     image_rebuild_trigger_generation: int | None = None
+    # Device taints in ordered upgrades of a DRA Module (``upgrade.taints``).
+    device_taints: modules.DeviceTaintsStatus | None = None
 
 
 def counts(
@@ -187,6 +196,7 @@ def compute(raw: Mapping[str, Any], seen: Observed, *, now: str) -> modules.Modu
         observed_generation=generation,
         images=list(seen.images) or None,
         image_rebuild_trigger_generation=seen.image_rebuild_trigger_generation,
+        device_taints=seen.device_taints,
     )
 
 
@@ -253,6 +263,7 @@ def _counts_kept(
         image_rebuild_trigger_generation=(
             old.image_rebuild_trigger_generation if old is not None else None
         ),
+        device_taints=old.device_taints if old is not None else None,
     )
 
 

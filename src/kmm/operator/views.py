@@ -15,6 +15,14 @@ ones the Module labelled (with its uid) and the ones ``spec.dra`` names,
 whoever owns them: ``ownership.class_owned`` tells which are the Module's, and
 a listed name taken by another is a conflict.
 
+For ordered upgrades of a DRA Module (``upgrade.taints``) it also holds,
+where the cluster serves DeviceTaintRules (``taint_api``, the version):
+the ResourceSlices of the Module's driver (``devicecaches``), the rules
+labelled for the Module (any uid: the planner tells its own from an
+earlier Module's of the same name), and per node the other Modules whose
+DRA pods (``ownership.owned``) run there with the same driver name
+(``rivals``: their slices cannot be told from this Module's).
+
 Its ``stale`` pods are those whose shown container ran in an earlier boot of
 their node (``boots``): Ready by their conditions, they hold nothing since
 the reboot, and ``ready`` says so; planners ask ``ready``, not
@@ -28,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kmm.api import labels, modules, scheduling
-from kmm.operator import boots, caches, ownership
+from kmm.operator import boots, caches, devicecaches, ownership
 from kmm.runtime import stores
 
 __all__ = ["Caches", "ModuleView", "build", "containers_ready", "is_pod_ready", "read", "role"]
@@ -76,6 +84,19 @@ class Caches:
         )
     )
     resource_api: bool = True
+    # Filled only when the cluster serves DeviceTaintRules (``taint_api``:
+    # the resource.k8s.io version that does; ``deviceapis``).
+    slices: stores.Store = dataclasses.field(
+        default_factory=lambda: stores.Store(
+            indexers={devicecaches.DRIVER_INDEX: devicecaches.slice_driver_index}
+        )
+    )
+    taint_rules: stores.Store = dataclasses.field(
+        default_factory=lambda: stores.Store(
+            indexers={caches.MODULE_INDEX: caches.object_module_index}
+        )
+    )
+    taint_api: str | None = None
     # Pods Ready from an earlier boot of their node, fed by the Node and pod
     # informers' events (``boots``); none marked when nothing feeds it.
     boots: boots.Boots | None = None
@@ -102,6 +123,14 @@ class ModuleView:
     claims: Sequence[RawObject] = ()
     # Uids of pods Ready from an earlier boot of their node (``boots``).
     stale: frozenset[str] = frozenset()
+    # Device taints (ordered upgrades of a DRA Module): the resource.k8s.io
+    # version serving DeviceTaintRules (None: none does), the driver's
+    # ResourceSlices, the rules labelled for the Module, and per node the
+    # other Modules running a DRA pod of the same driver name there.
+    taint_api: str | None = None
+    slices: Sequence[RawObject] = ()
+    taint_rules: Sequence[RawObject] = ()
+    rivals: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
 
     def ready(self, pod: Mapping[str, Any]) -> bool:
         """``is_pod_ready``, and its container started in its node's current boot."""
@@ -163,6 +192,10 @@ def build(
     claims: Iterable[RawObject] = (),
     resource_api: bool = True,
     stale: frozenset[str] = frozenset(),
+    taint_api: str | None = None,
+    slices: Iterable[RawObject] = (),
+    taint_rules: Iterable[RawObject] = (),
+    rivals: Mapping[str, Sequence[str]] | None = None,
 ) -> ModuleView:
     """The view of ``module`` from the caches (its own DaemonSets and pods,
     as ``ownership.owned`` counts them, its DeviceClasses and its driver's
@@ -186,6 +219,10 @@ def build(
         device_classes={_meta(c)["name"]: c for c in device_classes},
         claims=list(claims),
         stale=stale,
+        taint_api=taint_api,
+        slices=list(slices),
+        taint_rules=list(taint_rules),
+        rivals=dict(rivals or {}),
     )
 
 
@@ -199,6 +236,15 @@ def read(raw: RawObject, module: modules.Module, *, key: str, cached: Caches) ->
         c["metadata"]["name"]: c for c in ownership.module_classes(raw, cached.device_classes)
     }
     claims: list[RawObject] = []
+    slices: list[RawObject] = []
+    rivals: dict[str, list[str]] = {}
+    loader = module.spec.module_loader
+    versioned = loader is not None and loader.container.version is not None
+    if module.spec.dra is not None and cached.taint_api is not None and versioned:
+        # Only ordered upgrades taint (``upgrade.taints``).
+        driver = module.spec.dra.driver_name
+        slices = cached.slices.by_index(devicecaches.DRIVER_INDEX, driver)
+        rivals = _rivals(key, driver, cached)
     if module.spec.dra is not None:
         for listed in module.spec.dra.device_classes or ():
             found = cached.device_classes.get(listed.name)
@@ -216,4 +262,23 @@ def read(raw: RawObject, module: modules.Module, *, key: str, cached: Caches) ->
         claims=claims,
         resource_api=cached.resource_api,
         stale=cached.boots.stale(ours.pods) if cached.boots is not None else frozenset(),
+        taint_api=cached.taint_api,
+        slices=slices,
+        taint_rules=cached.taint_rules.by_index(caches.MODULE_INDEX, key),
+        rivals=rivals,
     )
+
+
+def _rivals(key: str, driver: str, cached: Caches) -> dict[str, list[str]]:
+    """Per node, the other Modules naming ``driver`` whose DRA pods run there."""
+    found: dict[str, list[str]] = {}
+    for other in cached.modules.index_keys(caches.DRIVER_INDEX, driver):
+        raw = cached.modules.get(other)
+        if other == key or raw is None:
+            continue
+        ours = ownership.owned(raw, daemonsets=cached.daemonsets, pods=cached.pods)
+        for pod in ours.pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            if role(pod) == "dra" and isinstance(node, str):
+                found.setdefault(node, []).append(other)
+    return found

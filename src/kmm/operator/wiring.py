@@ -27,6 +27,11 @@ without that CRD keeps working.
 (DeviceClasses and ResourceClaims). Only then are those two informers
 started; without it DRA Modules report ``ResourceAPIUnavailable`` and
 everything else works (a watch on an absent resource would fail forever).
+Then it asks which resource.k8s.io version serves DeviceTaintRules
+(``deviceapis``); only then do the ResourceSlice and DeviceTaintRule
+informers run (``deviceinformers``), and ordered upgrades of DRA Modules
+taint the moving nodes' devices (``upgrade.taints``); without, upgrades
+go on as before and the Modules' status says why.
 
 With an ``Election``, every write the ``writing.Writer`` sends is fenced by
 the elector's ``holds``: none leaves past the renew deadline of the last
@@ -55,6 +60,8 @@ from kmm.kube import client, errors, listwatch, resources
 from kmm.operator import (
     boots,
     caches,
+    deviceapis,
+    deviceinformers,
     inflight,
     nodekernels,
     podadmission,
@@ -83,6 +90,7 @@ __all__ = [
     "Election",
     "HandlerWrapper",
     "Operator",
+    "serves",
     "serves_preflight",
     "serves_resource_api",
 ]
@@ -137,7 +145,7 @@ class Counting:
 _DRA_RESOURCES = frozenset({resources.DEVICE_CLASSES.plural, resources.RESOURCE_CLAIMS.plural})
 
 
-async def _served(api: client.Client, api_version: str, stop: asyncio.Event) -> set[str]:
+async def serves(api: client.Client, api_version: str, stop: asyncio.Event) -> set[str]:
     """The resources the cluster serves in ``api_version`` (discovery; none
     when it serves no such version). Retried until it answers or ``stop`` is set."""
     delay = backoff.Backoff(initial=0.5, maximum=10.0)
@@ -160,12 +168,12 @@ async def _served(api: client.Client, api_version: str, stop: asyncio.Event) -> 
 async def serves_resource_api(api: client.Client, stop: asyncio.Event) -> bool:
     """Whether the cluster serves resource.k8s.io/v1 DeviceClasses and
     ResourceClaims (discovery). Retried until it answers or ``stop`` is set."""
-    return await _served(api, resources.DEVICE_CLASSES.api_version, stop) >= _DRA_RESOURCES
+    return await serves(api, resources.DEVICE_CLASSES.api_version, stop) >= _DRA_RESOURCES
 
 
 async def serves_preflight(api: client.Client, stop: asyncio.Event) -> bool:
     """Whether the cluster serves PreflightValidations (its CRD installed)."""
-    return preflight.PLURAL in await _served(api, preflight.API_VERSION, stop)
+    return preflight.PLURAL in await serves(api, preflight.API_VERSION, stop)
 
 
 class Operator:
@@ -312,6 +320,20 @@ class Operator:
                 enqueue, lambda claim: caches.modules_of_claim(claim, modules_store)
             ),
         )
+        self.device_informers = deviceinformers.DeviceInformers(
+            api,
+            modules_store=modules_store,
+            pending=self.pending,
+            requeueing=requeueing,
+            enqueue=enqueue,
+            handler_errors=handler_errors,
+            page_size=LIST_PAGE,
+        )
+        self.caches = dataclasses.replace(
+            self.caches,
+            slices=self.device_informers.slices.store,
+            taint_rules=self.device_informers.rules.store,
+        )
         # kernel-version.full on nodes no Module visits (``nodekernels``).
         self.kernel_labels = Counting(
             nodekernels.NodeKernelReconciler(self.nodes.store, self.writer)
@@ -412,6 +434,8 @@ class Operator:
         )
         if self.caches.resource_api:
             found += (self.device_classes, self.claims)
+        if self.caches.taint_api is not None:
+            found += (self.device_informers.slices, self.device_informers.rules)
         if self.validating:
             found += (self.validations,)
         return found
@@ -453,6 +477,15 @@ class Operator:
     async def run(self, stop: asyncio.Event) -> None:
         served = await serves_resource_api(self.api, stop)
         validating = await serves_preflight(self.api, stop)
+        taint_api = (
+            deviceapis.taint_rules_version(
+                await deviceinformers.served_versions(
+                    lambda version, until: serves(self.api, version, until), stop
+                )
+            )
+            if served
+            else None
+        )
         if stop.is_set():
             return
         if served:
@@ -460,6 +493,11 @@ class Operator:
             self.manager.add_informer(self.claims)
         else:
             _log.warning("the cluster does not serve resource.k8s.io/v1: DRA Modules stay Degraded")
+        if taint_api is not None:
+            for informer in self.device_informers.start(taint_api):
+                self.manager.add_informer(informer)
+        else:
+            _log.warning("%s", deviceapis.NOT_SERVED)
         if validating:
             self.manager.add_informer(self.validations)
             self.manager.add_controller(self.preflight_controller)
@@ -470,7 +508,7 @@ class Operator:
                 writing.PREFLIGHTS.plural,
             )
         self.validating = validating
-        self.caches = dataclasses.replace(self.caches, resource_api=served)
+        self.caches = dataclasses.replace(self.caches, resource_api=served, taint_api=taint_api)
         self.reconciler.caches = self.caches
         await self.manager.run(stop)
 

@@ -8,13 +8,15 @@ labels, Module status and finalizers, deletes (each guarded by the uid of
 the object the cache showed: nothing is deleted that was never observed,
 nor another object that took its name), Event creates, and pods created in
 a dry run (``podadmission``: nothing stored, nothing pending).
-DeviceClasses are created with a plain create (a name someone else took
+DeviceClasses and DeviceTaintRules (cluster-scoped, in the version the
+server serves) are created with a plain create (a name someone else took
 must fail, not be taken over) and updated by server-side apply once they
 are known to be the Module's.
 
 Before a write, ``Writer`` asks ``inflight.Pending`` whether the same write
 is still on its way to the cache, and tells it what each write returned
-(its key spaces: ``inflight.pod_key``, ``class_key``, ``preflight_key``).
+(its key spaces: ``inflight.pod_key``, ``class_key``, ``rule_key``,
+``preflight_key``).
 Reads outside the informers are ``reading``'s.
 
 Every write carries the ``fence`` the wiring gives (the leader elector's
@@ -153,28 +155,64 @@ class Writer:
         name exists already (the cache will show whose it is). Raises
         ``errors.Invalid`` when the API server refuses the class."""
         key = inflight.class_key(desired["metadata"]["name"])
+        return await self._create_cluster(resources.DEVICE_CLASSES, key, desired)
+
+    async def apply_device_class(self, desired: RawObject, observed: RawObject) -> bool:
+        """Server-side apply of one of the Module's classes; False when in flight."""
+        key = inflight.class_key(desired["metadata"]["name"])
+        return await self._apply_cluster(resources.DEVICE_CLASSES, key, desired, observed)
+
+    async def delete_device_class(self, name: str, observed: RawObject) -> bool:
+        """Delete, guarded by the observed uid (never someone's class of the same name)."""
+        return await self._delete_cluster(
+            resources.DEVICE_CLASSES, inflight.class_key(name), observed
+        )
+
+    async def create_taint_rule(self, resource: resources.Resource, desired: RawObject) -> bool:
+        """Create a DeviceTaintRule in ``resource``'s version (the one served),
+        as a DeviceClass: never taking over a name."""
+        key = inflight.rule_key(desired["metadata"]["name"])
+        return await self._create_cluster(resource, key, desired)
+
+    async def apply_taint_rule(
+        self, resource: resources.Resource, desired: RawObject, observed: RawObject
+    ) -> bool:
+        """Server-side apply of one of the Module's rules (its effect changed)."""
+        key = inflight.rule_key(desired["metadata"]["name"])
+        return await self._apply_cluster(resource, key, desired, observed)
+
+    async def delete_taint_rule(self, resource: resources.Resource, observed: RawObject) -> bool:
+        """Delete a rule the cache showed, guarded by its uid."""
+        key = inflight.rule_key(observed["metadata"]["name"])
+        return await self._delete_cluster(resource, key, observed)
+
+    async def _create_cluster(
+        self, resource: resources.Resource, key: str, desired: RawObject
+    ) -> bool:
+        """Create a cluster-scoped object; False when in flight or the name is taken."""
         if self.pending.in_flight(key, "create", _ABSENT, desired):
             return False
         with self.pending.sending(key):
             try:
                 reply = await self.api.request(
-                    "POST", resources.DEVICE_CLASSES.path(), body=desired, fence=self.fence
+                    "POST", resource.path(), body=desired, fence=self.fence
                 )
             except errors.Conflict:
                 return False
             self.pending.sent(key, "create", desired, objects.resource_version(reply))
         return True
 
-    async def apply_device_class(self, desired: RawObject, observed: RawObject) -> bool:
-        """Server-side apply of one of the Module's classes; False when in flight."""
+    async def _apply_cluster(
+        self, resource: resources.Resource, key: str, desired: RawObject, observed: RawObject
+    ) -> bool:
+        """Server-side apply of a cluster-scoped object; False when in flight."""
         name = desired["metadata"]["name"]
-        key = inflight.class_key(name)
         if self.pending.in_flight(key, "apply", objects.resource_version(observed), desired):
             return False
         with self.pending.sending(key):
             reply = await self.api.request(
                 "PATCH",
-                resources.DEVICE_CLASSES.path(name=name),
+                resource.path(name=name),
                 query={"fieldManager": FIELD_MANAGER, "force": True},
                 body=desired,
                 content_type=client.APPLY_PATCH,
@@ -183,9 +221,11 @@ class Writer:
             self.pending.sent(key, "apply", desired, objects.resource_version(reply))
         return True
 
-    async def delete_device_class(self, name: str, observed: RawObject) -> bool:
-        """Delete, guarded by the observed uid (never someone's class of the same name)."""
-        key = inflight.class_key(name)
+    async def _delete_cluster(
+        self, resource: resources.Resource, key: str, observed: RawObject
+    ) -> bool:
+        """Delete a cluster-scoped object the cache showed, guarded by its
+        uid; False when in flight, gone, or replaced by another of its name."""
         part = _deleting(observed)
         body = _delete_options(observed)
         if self.pending.in_flight(key, part, objects.resource_version(observed), None):
@@ -194,7 +234,7 @@ class Writer:
             try:
                 await self.api.request(
                     "DELETE",
-                    resources.DEVICE_CLASSES.path(name=name),
+                    resource.path(name=observed["metadata"]["name"]),
                     body=body,
                     fence=self.fence,
                 )

@@ -75,6 +75,9 @@ def test_every_grant_is_a_request_the_operator_makes() -> None:
         ("", "events"): {"create"},
         ("resource.k8s.io", "deviceclasses"): {"list", "watch", "create", "patch", "delete"},
         ("resource.k8s.io", "resourceclaims"): {"list", "watch"},
+        # informers; create, server-side apply (patch), delete with a uid precondition
+        ("resource.k8s.io", "devicetaintrules"): {"list", "watch", "create", "patch", "delete"},
+        ("resource.k8s.io", "resourceslices"): {"list", "watch"},
     }
     (role, _binding) = installation.leader_election_rbac()
     assert role["rules"] == [

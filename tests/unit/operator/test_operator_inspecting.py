@@ -14,6 +14,7 @@ import pytest
 
 from kmm.api import labels, modules
 from kmm.operator import inspecting
+from kmm.operator.upgrade import planner as upgrade_planner
 
 IMAGE = "example.com/plugin-init:v2"
 PULL_MESSAGE = f'Back-off pulling image "{IMAGE}"'
@@ -296,3 +297,75 @@ def test_every_state_the_api_knows_has_words_of_its_own(state: str) -> None:
     said = inspecting.ImageState(kernel="k", image="i:1", state=state).describe()
     assert said != state
     assert said == said.lower()
+
+
+_DRA_MODULE: dict[str, Any] = {
+    "metadata": {"name": "m", "namespace": "ns"},
+    "spec": {
+        "selector": {"gpu": "yes"},
+        "moduleLoader": {"container": {"version": "v2"}},
+        "dra": {"driverName": "gpu.example.com"},
+    },
+}
+
+
+def _moving_node() -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "metadata": {
+            "name": "n1",
+            "labels": {
+                "gpu": "yes",
+                labels.module_version("ns", "m"): "v2",
+                labels.module_loader_version("ns", "m"): "v1",
+                labels.device_plugin_version("ns", "m"): "v1",
+                labels.ready("ns", "m"): "",
+                labels.dra_target("ns", "m"): "",
+            },
+        },
+        "status": {"nodeInfo": {"kernelVersion": "6.8.0-45-generic"}},
+    }
+    return found
+
+
+def _with_taints(**entry: Any) -> dict[str, Any]:
+    taints = {"apiVersion": "resource.k8s.io/v1", "nodes": [{"node": "n1", **entry}]}
+    return {**_DRA_MODULE, "status": {"deviceTaints": taints}}
+
+
+def test_the_step_names_the_pods_the_operator_says_hold_the_driver() -> None:
+    module = _with_taints(
+        effect="NoExecute",
+        rules=["r"],
+        rulesReady=True,
+        evicted=["w/a"],
+        staying=["w/b"],
+        eviction="1 pod pending",
+    )
+    [state] = inspecting.states(module, [_moving_node()], [])
+    assert state.step.action is upgrade_planner.Action.NOTHING
+    assert state.step.description.startswith(
+        "pod w/a evicted by the NoExecute device taint (the eviction controller: 1 pod "
+        "pending); pod w/b tolerates the NoExecute device taint and keeps the unload "
+        "waiting until it is deleted"
+    )
+    waiting_for_rules = _with_taints(effect="NoExecute", rules=["r"], rulesReady=False)
+    [state] = inspecting.states(waiting_for_rules, [_moving_node()], [])
+    assert state.step.description.startswith("waiting for the NoExecute DeviceTaintRules")
+    # No taints written (an older server, or none needed): the step of before.
+    [state] = inspecting.states(_DRA_MODULE, [_moving_node()], [])
+    assert state.step.action is upgrade_planner.Action.REMOVE_PLUGIN_LABEL
+    untainted = _with_taints(message="devices not tainted: ...")
+    [state] = inspecting.states(untainted, [_moving_node()], [])
+    assert state.step.action is upgrade_planner.Action.REMOVE_PLUGIN_LABEL
+
+
+def test_the_watcher_judges_with_the_modules_latest_status() -> None:
+    watcher = inspecting.Watcher(typing.cast(Any, object()), _DRA_MODULE)
+    watcher._nodes.replace([_moving_node()], "1")
+    watcher._pods.replace([], "1")
+    [state] = watcher.states() or []
+    assert state.step.action is upgrade_planner.Action.REMOVE_PLUGIN_LABEL
+    updated = _with_taints(effect="NoSchedule", rules=["r"], rulesReady=True, staying=["w/a"])
+    watcher._modules.replace([updated], "2")
+    [state] = watcher.states() or []
+    assert state.step.description.startswith("pod w/a uses the Module's devices")

@@ -28,6 +28,14 @@ unloaded). A node the selector no longer picks is treated as one whose user
 label is missing. ``.version.ready`` = v marks a node that runs version v,
 loaded and with its device plugin Ready when there is one.
 
+For a DRA Module on a cluster that serves DeviceTaintRules, a third
+guard comes from ``taints`` (``Holding``): the device-plugin label, whose
+removal sends the DRA driver away, stays while the node's rules are not in
+place yet (with ``NoExecute``, the kubelet needs the driver to unprepare
+the claims of the pods the taint evicts), and while pods still hold claims on
+the Module's devices there (evicted, tolerating the taint, or, under
+``NoSchedule``, left to the admin); the step names them.
+
 ``step`` names what a node is doing or waiting for; ``kmm upgrade`` and
 ``kmm status`` print the same words from the same function.
 """
@@ -43,7 +51,7 @@ from kmm.api import labels
 from kmm.operator import plans, views, workloads
 from kmm.operator.loader import planner as loader_planner
 
-__all__ = ["ACTIONS", "Action", "Step", "UpgradePlan", "plan", "step"]
+__all__ = ["ACTIONS", "Action", "Holding", "Step", "UpgradePlan", "holdings", "plan", "step"]
 
 RawObject = dict[str, Any]
 Presence = Literal["missing", "present", "same", "different"]
@@ -84,6 +92,85 @@ def action(user: str | None, loader: str | None, plugin: str | None) -> Action:
 
 
 @dataclasses.dataclass(frozen=True)
+class Holding:
+    """What keeps a moving DRA node's driver there (``taints``): its
+    DeviceTaintRules' ``effect``, whether they are all in place, and the
+    pods (``<ns>/<name>``) holding claims on the tainted devices: those the
+    taint evicts and those that stay (tolerating a NoExecute taint, or all
+    of them under NoSchedule)."""
+
+    effect: str
+    rules_ready: bool = True
+    evicted: tuple[str, ...] = ()
+    staying: tuple[str, ...] = ()
+    # What the eviction controller said of the rules (their
+    # ``EvictionInProgress`` messages); None while it has said nothing.
+    eviction: str | None = None
+
+    def holds(self) -> bool:
+        return not self.rules_ready or bool(self.evicted or self.staying)
+
+    def describe(self) -> str:
+        if not self.rules_ready:
+            why = (
+                "the DRA driver stays to unprepare the claims of the pods they evict"
+                if self.effect == "NoExecute"
+                else "no new claim gets the devices"
+            )
+            return (
+                f"waiting for the {self.effect} DeviceTaintRules on the node's devices "
+                f"before removing the device-plugin version label ({why})"
+            )
+        parts = []
+        if self.evicted:
+            # The API serves rules whatever the gates: only the controller's
+            # answer shows that kube-controller-manager evicts.
+            said = (
+                f" (the eviction controller: {self.eviction})"
+                if self.eviction
+                else " (no word from the eviction controller yet: kube-controller-manager "
+                "evicts only with its DRADeviceTaintRules feature on)"
+            )
+            parts.append(
+                f"pod {', '.join(self.evicted)} evicted by the NoExecute device taint{said}"
+            )
+        if self.staying and self.effect == "NoExecute":
+            parts.append(
+                f"pod {', '.join(self.staying)} tolerates the NoExecute device taint and "
+                "keeps the unload waiting until it is deleted"
+            )
+        elif self.staying:
+            parts.append(
+                f"pod {', '.join(self.staying)} uses the Module's devices (NoSchedule: not "
+                f'evicted; delete it, or annotate the Module {labels.EVICT_DEVICE_USERS}="true")'
+            )
+        return (
+            "; ".join(parts) + "; waiting for their claims to be released before removing "
+            "the device-plugin version label"
+        )
+
+
+def holdings(module: Mapping[str, Any]) -> dict[str, Holding]:
+    """Per node in a move with tainted devices, what holds its DRA driver, as
+    the operator last wrote it in a raw Module's ``status.deviceTaints``
+    (for ``kmm status`` and ``kmm upgrade``: ``inspecting``)."""
+    found: dict[str, Holding] = {}
+    taints = (module.get("status") or {}).get("deviceTaints") or {}
+    for entry in taints.get("nodes") or ():
+        node, effect = entry.get("node"), entry.get("effect")
+        if not isinstance(node, str) or not isinstance(effect, str) or not entry.get("rules"):
+            continue
+        found[node] = Holding(
+            effect=effect,
+            rules_ready=entry.get("rulesReady") is not False,
+            evicted=tuple(entry.get("evicted") or ()),
+            staying=tuple(entry.get("staying") or ()),
+            eviction=entry.get("eviction") or None,
+        )
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
 class Step:
     """What a node is doing: the action taken now (or NOTHING), and in words."""
 
@@ -103,12 +190,16 @@ def step(
     has_plugin: bool,
     blocking_pods: Sequence[str],
     noun: str = "device-plugin",
+    holding: Holding | None = None,
 ) -> Step:
     """The step a node is at. ``ready``: the node's ``.ready`` label now;
     ``loaded``: its loader pod is Ready; ``blocking_pods``: device-plugin and
     DRA pods of the Module still on the node; ``has_plugin``: a device
-    workload (``noun``: device plugin or DRA driver) should run there."""
+    workload (``noun``: device plugin or DRA driver) should run there;
+    ``holding``: what keeps the DRA driver there (device taints), if any."""
     found = action(user, loader, plugin)
+    if found is Action.REMOVE_PLUGIN_LABEL and holding is not None and holding.holds():
+        return Step(Action.NOTHING, holding.describe())
     if found is Action.REMOVE_LOADER_LABEL and blocking_pods:
         return Step(
             Action.NOTHING,
@@ -154,9 +245,11 @@ def plan(
     view: views.ModuleView,
     loader: loader_planner.LoaderPlan,
     plugin: workloads.WorkloadPlan,
+    holdings: Mapping[str, Holding] | None = None,
 ) -> UpgradePlan:
     """``plugin`` is the Module's device workload: its device plugin or its
-    DRA driver (they are exclusive), gated by the same version label."""
+    DRA driver (they are exclusive), gated by the same version label;
+    ``holdings``: per node, what keeps the DRA driver there (``taints``)."""
     result = UpgradePlan()
     if view.version is None:
         return result
@@ -184,6 +277,7 @@ def plan(
             has_plugin=plugin.enabled and node_name in plugin.eligible,
             blocking_pods=blocking,
             noun=plugin.noun,
+            holding=(holdings or {}).get(node_name),
         )
         result.steps[node_name] = found
         if found.action is Action.REMOVE_PLUGIN_LABEL:
