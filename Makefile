@@ -220,7 +220,10 @@ test-builds:
 # tests/unit/test_protos_upstream.py compares kmm's with: k8s.io/kubelet of
 # each wrapper module into the Go module cache (a small module each).
 kubelet-protos:
-	for wrapper in src/kmm/sandbox/gotools/kubernetes/v1.*; do (cd $$wrapper && go mod download k8s.io/kubelet) || exit 1; done
+	for wrapper in src/kmm/sandbox/gotools/kubernetes/v1.*; do \
+		version=$$(sed -n 's|^\tk8s.io/kubelet => k8s.io/kubelet ||p' $$wrapper/go.mod); \
+		(cd $$wrapper && go mod download k8s.io/kubelet@$$version) || exit 1; \
+	done
 
 test-checks-and-images:
 	$(MAKE) --no-print-directory -j1 lint typecheck layers docs image image-again test-images
