@@ -8,7 +8,7 @@ upgrades, on a cluster serving DeviceTaintRules (``view.taint_api``;
 ``deviceapis``), ``plan`` wants, for each node *in a move* (from the moment
 it is chosen, its user version label differing from the loader's or
 removed, until ``.version.ready`` equals the user's value, or, removed,
-until the operator's version labels are gone):
+until the operator's version labels are gone; a first load is no move):
 
 - one rule per pool of the Module's driver that ResourceSlices publish for
   that node only, or per device when the pool spans other nodes too; only
@@ -109,23 +109,26 @@ def effect(view: views.ModuleView) -> str:
     return deviceusers.NO_EXECUTE if opted else deviceusers.NO_SCHEDULE
 
 
-def moving(view: views.ModuleView, node: Mapping[str, Any], *, selected: bool) -> bool:
-    """Whether ``node`` is in a move: chosen (its user label differs from
-    the loader label, or is gone while an operator label is left) and not
-    yet at the user's version (``.version.ready``). ``selected``: the
-    Module's selector picks it (a node it does not counts as unlabelled)."""
+def moving(
+    view: views.ModuleView, node: Mapping[str, Any], *, selected: bool, kept: bool = False
+) -> bool:
+    """Whether ``node`` is in a move: chosen (an operator version label
+    differs from the user's, or is left while the user's is gone), or, once
+    it has rules (``kept``), not yet at the user's version (``.version.ready``).
+    A first load is no move: no older version is there, no device is in use,
+    and the new driver's devices are not ready before the node is.
+    ``selected``: the Module's selector picks it (a node it does not counts
+    as unlabelled)."""
     ns, name = view.namespace, view.name
     found = _labels(node)
     user = found.get(labels.module_version(ns, name)) if selected else None
-    if user is None:
-        return any(
-            k in found
-            for k in (
-                labels.module_loader_version(ns, name),
-                labels.device_plugin_version(ns, name),
-            )
-        )
-    return found.get(labels.version_ready(ns, name)) != user
+    operators = (
+        found.get(labels.module_loader_version(ns, name)),
+        found.get(labels.device_plugin_version(ns, name)),
+    )
+    if any(value is not None and value != user for value in operators):
+        return True
+    return kept and user is not None and found.get(labels.version_ready(ns, name)) != user
 
 
 def rule(
@@ -283,8 +286,14 @@ def plan(view: views.ModuleView) -> TaintPlan:
     elif result.enabled and dra is not None and view.taint_api is not None:
         taint_effect = effect(view)
         selected = view.selected_names()
+        with_rules = {
+            str((_meta(r).get("annotations") or {}).get(labels.TAINTED_NODE))
+            for r in view.taint_rules
+            if _owned(r, uid)
+        }
         for node_name, node in view.nodes().items():
-            if not moving(view, node, selected=node_name in selected):
+            kept = node_name in with_rules
+            if not moving(view, node, selected=node_name in selected, kept=kept):
                 continue
             entry, desired = _node(
                 view,

@@ -334,24 +334,38 @@ def test_a_module_without_versions_wants_no_rule_and_shows_no_taints() -> None:
 
 
 @pytest.mark.parametrize(
-    ("user", "at", "ready", "moving"),
+    ("user", "at", "ready", "kept", "moving"),
     [
-        ("v2", "v1", "v1", True),  # chosen: the user label differs
-        ("v2", "v1", None, True),
-        ("v2", None, None, True),  # unloaded, the new version on its way
-        ("v2", "v2", None, True),  # loaded, its driver not Ready yet
-        ("v2", "v2", "v2", False),  # done
-        (None, "v1", "v1", True),  # removed: unloading
-        (None, None, None, False),  # unloaded
+        ("v2", "v1", "v1", False, True),  # chosen: the user label differs
+        ("v2", "v1", None, False, True),
+        ("v2", None, None, True, True),  # unloaded, the new version on its way
+        ("v2", "v2", None, True, True),  # loaded, its driver not Ready yet
+        ("v2", "v2", "v2", True, False),  # done
+        (None, "v1", "v1", False, True),  # removed: unloading
+        (None, None, None, True, False),  # unloaded
+        # A first load is no move: no older version, no device in use.
+        ("v1", None, None, False, False),
+        ("v1", "v1", None, False, False),
     ],
 )
 def test_a_node_moves_from_its_choice_until_it_reaches_the_users_version(
-    user: str | None, at: str | None, ready: str | None, moving: bool
+    user: str | None, at: str | None, ready: str | None, kept: bool, moving: bool
 ) -> None:
     node = _node("n0", user=user, at=at, ready=ready)
-    assert taints.moving(_view(_raw(), [node]), node, selected=True) is moving
+    view = _view(_raw(), [node])
+    assert taints.moving(view, node, selected=True, kept=kept) is moving
     # A node the selector no longer picks counts as one whose user label is gone.
-    assert taints.moving(_view(_raw(), [node]), node, selected=False) is (at is not None)
+    assert taints.moving(view, node, selected=False, kept=kept) is (at is not None)
+
+
+def test_a_first_load_makes_no_rule() -> None:
+    """The DRA driver of the first version publishes its devices before the
+    node is ready: no rule for that (seen on a VM node: one made and
+    deleted within a second, two writes per node for nothing)."""
+    loading = _node("n0", user="v2", at="v2", ready=None)
+    asked = planners.ask(_view(_raw(), [loading]))
+    assert (asked.taints.create, asked.taints.nodes) == ([], {})
+    assert _plugin_label(asked, "n0") == "unchanged"
 
 
 def test_rule_names_are_dns_subdomains_of_at_most_253_characters_and_distinct() -> None:
