@@ -378,11 +378,18 @@ async def test_an_upgrade_waits_while_the_device_is_open_and_finishes_alone(
     # seed 003: "modprobe -r ... will fail" while a workload holds the device.
     # With device taints (1.37) the move does not get that far: a NoSchedule
     # rule keeps new claims off the node's devices, the driver stays while the
-    # workload's claim holds one, and the Module's status names the workload
-    # the move waits on (it is not evicted: the Module has not opted in).
+    # workload's claim holds one, and the Module's status and ``kmm upgrade``
+    # name the workload the move waits on (not evicted: the Module has not
+    # opted in). The admin deletes it; the same ``kmm upgrade`` finishes.
+    moving = asyncio.ensure_future(asyncio.to_thread(
+        vmsandbox.kmm, "upgrade", f"{NAMESPACE}/{MODULE}", "--to", "2", NODE,
+        "--kubeconfig", str(sandbox.record.kubeconfig), "--timeout", str(2 * LONG),
+        timeout=2 * LONG + 60,
+    ))  # fmt: skip
     taints: dict[str, Any] = {}
 
     async def waiting_on_the_workload() -> bool:
+        assert not moving.done(), moving.result().stdout + moving.result().stderr
         status = (await _module(api)).get("status") or {}
         taints.update(status.get("deviceTaints") or {})
         return any(
@@ -390,8 +397,10 @@ async def test_an_upgrade_waits_while_the_device_is_open_and_finishes_alone(
             for entry in taints.get("nodes") or ()
         )
 
-    await _until(waiting_on_the_workload, f"the Module naming the device user: {taints}")
+    await _until(waiting_on_the_workload, "the Module naming the device user")
     assert [entry["effect"] for entry in taints["nodes"]] == ["NoSchedule"], taints
+    rules = await api.request("GET", "/apis/resource.k8s.io/v1/devicetaintrules")
+    assert [r["spec"]["taint"]["effect"] for r in rules["items"]] == ["NoSchedule"], rules
     assert (await _sh(sandbox, "cat /sys/module/kmmdemo/version")).strip() == "1"
     assert (await _node_labels(api)).get(_VERSION_READY) != "2"
     assert "version: 1" in _workload_log(kubectl)  # never evicted, still reading v1
@@ -412,12 +421,17 @@ async def test_an_upgrade_waits_while_the_device_is_open_and_finishes_alone(
         f"v2 loaded and ready {deleted + took:.1f} s after the workload's deletion was asked "
         f"({took:.1f} s after the pod was gone)"
     )
-    again = await asyncio.to_thread(
-        vmsandbox.kmm, "upgrade", f"{NAMESPACE}/{MODULE}", "--to", "2", NODE,
-        "--kubeconfig", str(sandbox.record.kubeconfig), timeout=300,
-    )  # fmt: skip
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert f"{NODE}: on 2" in again.stdout
+    moved = await moving
+    said = " ".join((moved.stdout + moved.stderr).split())
+    assert moved.returncode == 0, said
+    assert f"pod {NAMESPACE}/{WORKLOAD} uses the Module's devices (NoSchedule: not evicted" in said
+    assert f"{NODE}: on 2" in said
+
+    async def untainted() -> bool:  # once the node's new version is ready
+        listed = await api.request("GET", "/apis/resource.k8s.io/v1/devicetaintrules")
+        return listed["items"] == []
+
+    await _until(untainted, "the node's DeviceTaintRule removed", timeout=120)
 
 
 async def test_a_reboot_with_a_prepared_claim_reloads_with_no_help(
