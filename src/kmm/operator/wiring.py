@@ -23,7 +23,7 @@ settings shared. It runs only where the API server serves
 preflightvalidations (``run`` asks, as for DRA), so an operator installed
 without that CRD keeps working.
 
-``run`` first asks the API server whether it serves resource.k8s.io/v1
+``run`` first asks the API server (``discovery``) whether it serves resource.k8s.io/v1
 (DeviceClasses and ResourceClaims). Only then are those two informers
 started; without it DRA Modules report ``ResourceAPIUnavailable`` and
 everything else works (a watch on an absent resource would fail forever).
@@ -32,6 +32,9 @@ Then it asks which resource.k8s.io version serves DeviceTaintRules
 informers run (``deviceinformers``), and ordered upgrades of DRA Modules
 taint the moving nodes' devices (``upgrade.taints``); without, upgrades
 go on as before and the Modules' status says why.
+
+After each list of Nodes, pods and ResourceClaims (the large ones) the
+process gives the list's freed pages back (``runtime.heap``).
 
 With an ``Election``, every write the ``writing.Writer`` sends is fenced by
 the elector's ``holds``: none leaves past the renew deadline of the last
@@ -47,21 +50,20 @@ registered, so a test can make one fail and watch the resync heal it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kmm.aio import backoff
 from kmm.api import modules, preflight
-from kmm.kube import client, errors, listwatch, resources
+from kmm.kube import client, listwatch, resources
 from kmm.operator import (
     boots,
     caches,
     deviceapis,
     deviceinformers,
+    discovery,
     inflight,
     nodekernels,
     podadmission,
@@ -77,6 +79,7 @@ from kmm.operator.preflight import reconciler as preflight_reconciler
 from kmm.runtime import (
     controllers,
     handlers,
+    heap,
     informers,
     leaderelection,
     manager,
@@ -90,9 +93,6 @@ __all__ = [
     "Election",
     "HandlerWrapper",
     "Operator",
-    "serves",
-    "serves_preflight",
-    "serves_resource_api",
 ]
 
 _log = logging.getLogger(__name__)
@@ -142,38 +142,8 @@ class Counting:
             self.done += 1
 
 
-_DRA_RESOURCES = frozenset({resources.DEVICE_CLASSES.plural, resources.RESOURCE_CLAIMS.plural})
-
-
-async def serves(api: client.Client, api_version: str, stop: asyncio.Event) -> set[str]:
-    """The resources the cluster serves in ``api_version`` (discovery; none
-    when it serves no such version). Retried until it answers or ``stop`` is set."""
-    delay = backoff.Backoff(initial=0.5, maximum=10.0)
-    while not stop.is_set():
-        try:
-            found = await api.request("GET", resources.base_path(api_version))
-        except errors.NotFound:
-            return set()
-        except errors.ApiError as err:
-            if not err.retriable and err.status != 0:
-                raise
-            _log.warning("discovery of %s failed, retrying: %s", api_version, err)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay.next())
-            continue
-        return {str(r.get("name")) for r in (found or {}).get("resources") or ()}
-    return set()
-
-
-async def serves_resource_api(api: client.Client, stop: asyncio.Event) -> bool:
-    """Whether the cluster serves resource.k8s.io/v1 DeviceClasses and
-    ResourceClaims (discovery). Retried until it answers or ``stop`` is set."""
-    return await serves(api, resources.DEVICE_CLASSES.api_version, stop) >= _DRA_RESOURCES
-
-
-async def serves_preflight(api: client.Client, stop: asyncio.Event) -> bool:
-    """Whether the cluster serves PreflightValidations (its CRD installed)."""
-    return preflight.PLURAL in await serves(api, preflight.API_VERSION, stop)
+def _trim_after_list(_version: str) -> None:
+    heap.trim()
 
 
 class Operator:
@@ -247,6 +217,9 @@ class Operator:
             indexers={caches.DRIVER_INDEX: caches.claim_driver_index},
             page_size=LIST_PAGE,
         )
+        # A list's parsed pages are dropped once projected; give their pages back.
+        for listed in (self.pods, self.nodes, self.claims):
+            listed.add_relist_hook(_trim_after_list)
         self.api = api
         self.boots = boots.Boots(self.pods.store)
         self.nodes.add_handler(self.boots.node_handler())
@@ -475,12 +448,12 @@ class Operator:
         self.preflight_resyncer.resync()
 
     async def run(self, stop: asyncio.Event) -> None:
-        served = await serves_resource_api(self.api, stop)
-        validating = await serves_preflight(self.api, stop)
+        served = await discovery.serves_resource_api(self.api, stop)
+        validating = await discovery.serves_preflight(self.api, stop)
         taint_api = (
             deviceapis.taint_rules_version(
                 await deviceinformers.served_versions(
-                    lambda version, until: serves(self.api, version, until), stop
+                    lambda version, until: discovery.serves(self.api, version, until), stop
                 )
             )
             if served

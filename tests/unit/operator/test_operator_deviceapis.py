@@ -9,7 +9,7 @@ import pytest
 from scripted import Server
 
 from kmm.api import labels
-from kmm.operator import caches, deviceapis, deviceinformers, inflight, wiring
+from kmm.operator import caches, deviceapis, deviceinformers, discovery, inflight, wiring
 from kmm.runtime import informers, stores
 
 _NOT_FOUND = {"kind": "Status", "code": 404, "reason": "NotFound", "message": "not found"}
@@ -48,7 +48,7 @@ async def test_the_version_is_found_by_discovery(server: str, version: str | Non
     async with Server() as fake, kubeclients.for_server(fake.url, max_attempts=1) as api:
         fake.script(*_SERVERS[server])
         served = await deviceinformers.served_versions(
-            lambda api_version, stop: wiring.serves(api, api_version, stop), asyncio.Event()
+            lambda api_version, stop: discovery.serves(api, api_version, stop), asyncio.Event()
         )
         assert [s.path for s in fake.seen] == [
             "/apis/resource.k8s.io/v1",
