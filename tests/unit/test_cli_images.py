@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
@@ -86,3 +87,12 @@ def test_modules_shows_one_line_per_kernel_image(capsys: pytest.CaptureFixture[s
 
 def test_a_module_without_images_shows_a_dash() -> None:
     assert listing.images_cell({"metadata": {"name": "m", "namespace": "ns"}}) == "-"
+
+
+def test_an_upgrade_step_is_one_line_whatever_its_length_and_brackets() -> None:
+    """``kmm upgrade`` piped to a log: a step naming pods (about 260
+    characters for one under NoSchedule) stays one line, ``[`` included."""
+    out = io.StringIO()
+    line = "n0: remove the device-plugin version label; pod work/p[0] " + "x" * 300
+    upgrading.say(Console(file=out, width=80), line)
+    assert out.getvalue() == line + "\n"

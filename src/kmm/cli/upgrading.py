@@ -31,7 +31,7 @@ from kmm.cli import clients, tables
 from kmm.kube import client, errors, resources
 from kmm.operator import inspecting
 
-__all__ = ["register", "status", "status_table", "upgrade"]
+__all__ = ["register", "say", "status", "status_table", "upgrade"]
 
 
 class UpgradeFailed(Exception):
@@ -87,11 +87,18 @@ async def _move(
                     body={"metadata": {"labels": {user_key: version}}},
                     content_type=client.MERGE_PATCH,
                 )
-                console.print(f"{node}: {user_key}={version}")
+                say(console, f"{node}: {user_key}={version}")
             with console.status(f"moving {', '.join(group)} to {version}"):
                 await _follow(watcher, group, version, loop.time() + timeout, timeout, console)
             for node in group:
-                console.print(f"{node}: on {version}")
+                say(console, f"{node}: on {version}")
+
+
+def say(console: Console, line: str) -> None:
+    """One line of progress, never wrapped (a step naming pods runs past
+    any width; logs are grepped by line) and printed as it is (no markup:
+    ``[`` in a pod's message is text)."""
+    console.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 async def _follow(
@@ -107,7 +114,7 @@ async def _follow(
     while True:
         while watcher.steps:
             state = watcher.steps.popleft()
-            console.print(f"{state.node}: {state.step.description}")
+            say(console, f"{state.node}: {state.step.description}")
             if state.problem is not None:
                 raise UpgradeFailed(
                     f"{state.node} is stuck at: {state.step.description}; {state.problem}"
@@ -155,7 +162,7 @@ def upgrade(
     except (UpgradeFailed, errors.KubeError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
-    console.print(f"{len(nodes)} node(s) on {to}")
+    say(console, f"{len(nodes)} node(s) on {to}")
 
 
 def _mark(value: bool) -> str:
