@@ -348,3 +348,98 @@ async def test_a_failing_prepare_and_a_kubelet_restart_look_the_same_on_both(
         assert results[0]["prepare attempts after the restart"] == 0
         assert results[0]["prepares after the restart"] == 0
         assert results[0]["prepares for a new pod of the claim"] == 1
+
+
+def _health(pod: dict[str, Any], names: dict[str, str]) -> list[Any]:
+    """The pod's ``allocatedResourcesStatus`` with generated names (``names``:
+    name -> role) replaced by their roles (1.37: health v1, its message
+    carried; a resource's ID is its CDI device ID, of the claim's uid)."""
+
+    def roles(text: str) -> str:
+        for name, role in names.items():
+            text = text.replace(name, role)
+        return text
+
+    found = []
+    for status in (pod.get("status") or {}).get("containerStatuses") or ():
+        for allocated in status.get("allocatedResourcesStatus") or ():
+            found.append(
+                {
+                    "name": roles(allocated["name"]),
+                    "resources": sorted(
+                        (
+                            roles(resource["resourceID"]),
+                            resource.get("health", ""),
+                            roles(resource.get("message", "")),
+                        )
+                        for resource in allocated.get("resources") or ()
+                    ),
+                }
+            )
+    return found
+
+
+async def _health_rounds(api: kube_client.Client, node: Any, driver: real.Driver) -> list[Any]:
+    """A pod with a template claim; its device's /dev node removed under the
+    driver, then put back: what the kubelet writes into the pod's status at
+    each turn, once the health it waits for is there."""
+    template = await real._template(api, driver)
+    name = f"h-{driver.module}"
+    body = real._pod(name, [{"name": "dev", "resourceClaimTemplateName": template}])
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
+    await real._create(api, resources.PODS.path(NAMESPACE), body)
+    await testing.eventually(lambda: real._running(api, name), f"{name} Running", bound=120)
+    pod = await api.request("GET", resources.PODS.path(NAMESPACE, name))
+    claim = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    allocated = await api.request("GET", resources.RESOURCE_CLAIMS.path(NAMESPACE, claim))
+    device = allocated["status"]["allocation"]["devices"]["results"][0]["device"]
+    names = {
+        device: "<device>",
+        allocated["metadata"]["uid"]: "<claim uid>",
+        claim: "<claim>",
+        driver.name: "<driver>",
+        node.name: "<node>",
+    }
+    rounds: list[Any] = []
+
+    async def reaches(health: str) -> None:
+        async def there() -> bool:
+            pod = await api.request("GET", resources.PODS.path(NAMESPACE, name))
+            found = _health(pod, names)
+            healths = {r[1] for entry in found for r in entry["resources"]}
+            if healths == {health}:
+                rounds.append(found)
+                return True
+            return False
+
+        await testing.eventually(there, f"{name}'s device {health}", bound=120)
+
+    await reaches("Healthy")
+    (node.root / "dev" / device).unlink()
+    await reaches("Unhealthy")
+    (node.root / "dev" / device).write_text("")
+    await reaches("Healthy")
+    await real._delete_pod(api, name)
+    await testing.eventually(lambda: emulated_nodes._unprepared(node, driver), "all unprepared")
+    return rounds
+
+
+async def test_device_health_reaches_the_pod_the_same_on_both(
+    both: cluster.state.SandboxState,
+) -> None:
+    """What 1.37 added that the emulator meets: the health service (v1,
+    chosen over v1alpha1) and the driver's message in the pod's
+    ``allocatedResourcesStatus`` (ResourceHealthStatus), Healthy, Unhealthy
+    while the device's node is gone, Healthy again."""
+    async with cluster.api_client(both.kubeconfig) as api:
+        kubelet_node = cluster.kubelet_node(both.directory, f"{kubeletnodes.NODE_PREFIX}0")
+        async with emulated_node(api) as (emulated_one, _):
+            results = []
+            for node in (kubelet_node, emulated_one):
+                async with real.running_driver(both, node, api) as driver:
+                    results.append(await _health_rounds(api, node, driver))
+    assert results[1] == results[0]
+    healths = [{r[1] for entry in found for r in entry["resources"]} for found in results[0]]
+    assert healths == [{"Healthy"}, {"Unhealthy"}, {"Healthy"}]
+    # The driver's own words reach the pod (ResourceHealthStatusMessage).
+    assert [r[2] for r in results[0][1][0]["resources"]] == ["/dev/<device> disappeared"]
