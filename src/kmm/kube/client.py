@@ -204,13 +204,20 @@ class Client:
             watching=False,
             fence=options.get("fence"),
         )
+        socket = connections.Socket(response)
         try:  # _attempt handed over its slot with the response
             data = await response.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
-            await connections.drop(response)
+            await socket.drop()
             raise errors.Unavailable(
                 0, f"answer cut short: {err!r}", method=method, path=path
             ) from err
+        except asyncio.CancelledError:
+            # Left mid-answer (a reconcile cancelled, a caller's timeout):
+            # aiohttp closed it the TLS way; its socket must not outlive the
+            # client (``connections.Socket``).
+            await socket.drop()
+            raise
         finally:
             response.release()  # a no-op once dropped
             self._in_flight.release()
@@ -251,6 +258,7 @@ class Client:
             ),
             watching=True,
         )
+        socket = connections.Socket(response)
         buffer = bytearray()
         scanned = 0  # no newline before this offset of the buffer
         read_to_end = False
@@ -281,7 +289,7 @@ class Client:
             if read_to_end:
                 response.release()
             else:
-                await connections.drop(response)
+                await socket.drop()
 
     # -- sending, retrying -------------------------------------------------
 
@@ -386,11 +394,15 @@ class Client:
             if 200 <= response.status < 300:
                 handed_over = not watching
                 return response
+            socket = connections.Socket(response)
             try:
                 answer = await response.read()
             except (aiohttp.ClientError, OSError, TimeoutError):
                 answer = b""
-                await connections.drop(response)
+                await socket.drop()
+            except asyncio.CancelledError:
+                await socket.drop()
+                raise
             finally:
                 response.release()  # a no-op once dropped
         finally:

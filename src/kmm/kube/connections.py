@@ -14,8 +14,8 @@ certificate is loaded without touching a disk where Linux allows it (memory
 files), else through a private temporary directory removed at once; a
 certificate ssl refuses raises ``ConfigError``.
 
-``drop`` closes the connection of an answer left before its end, socket
-first (see its docstring). Limits: the transport is aiohttp, which nothing
+``Socket`` takes an answer's socket before its body is read, and closes
+it first when the answer is left before its end (see its docstring). Limits: the transport is aiohttp, which nothing
 outside ``kmm.kube`` (and the registries' ``kmm.oci``) imports; sessions and
 the request semantics (retries, slots, fences) are ``client``'s business.
 """
@@ -32,7 +32,7 @@ import aiohttp
 
 from kmm.kube import credentials, errors, kubeconfigs
 
-__all__ = ["Pool", "drop"]
+__all__ = ["Pool", "Socket"]
 
 
 class Pool:
@@ -125,24 +125,34 @@ def _load_from_directory(context: ssl.SSLContext, certificate: credentials.Certi
         context.load_cert_chain(str(cert), str(key))
 
 
-async def drop(response: aiohttp.ClientResponse) -> None:
-    """Close the connection of an answer not read to its end, its socket first.
+class Socket:
+    """The socket under an answer, taken while the answer still has it.
 
-    ``release`` would close it the TLS way: send close_notify and keep the
-    socket open until the server's comes back (asyncio waits up to 30 s for
-    it). By then the connection is no longer the pool's, so ``close`` does
-    not end it either: its socket outlives the client, and once the event
-    loop is gone the garbage collector finds it unclosed (a ResourceWarning).
-    An abort closes the socket on the loop's next turn; this waits for it.
+    ``drop`` closes the connection of an answer left before its end, socket
+    first: ``release`` would close it the TLS way: send close_notify and keep
+    the socket open until the server's comes back (asyncio waits up to 30 s
+    for it). By then the connection is no longer the pool's, so ``close``
+    does not end it either: its socket outlives the client, and once the
+    event loop is gone the garbage collector finds it unclosed (a
+    ResourceWarning). aiohttp does just that itself when a body's read fails
+    or is cancelled, and forgets the connection: so the socket is taken
+    before reading, and ``drop`` aborts it (closed on the loop's next turn,
+    which it waits for).
     """
-    connection = response.connection
-    protocol = connection.protocol if connection is not None else None
-    # None once the connection is already lost: nothing left to wait for.
-    closed = protocol.closed if protocol is not None else None
-    if protocol is not None:
-        protocol.abort()
-    response.close()
-    if closed is not None:
-        # An error here is the one the connection was lost with: it is closed.
-        with contextlib.suppress(aiohttp.ClientError):
-            await closed
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        connection = response.connection
+        protocol = connection.protocol if connection is not None else None
+        self._transport = protocol.transport if protocol is not None else None
+        # None once the connection is already lost: nothing left to wait for.
+        self._closed = protocol.closed if protocol is not None else None
+
+    async def drop(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+        self._response.close()
+        if self._closed is not None:
+            # An error here is the one the connection was lost with: it is closed.
+            with contextlib.suppress(aiohttp.ClientError):
+                await self._closed

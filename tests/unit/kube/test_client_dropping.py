@@ -37,6 +37,7 @@ class DeafServer:
         self.keys = pki.create(directory, ())
         self.event = event
         self.held: list[asyncio.StreamWriter] = []
+        self.answered = asyncio.Event()
         self._server: asyncio.Server | None = None
 
     @property
@@ -60,6 +61,7 @@ class DeafServer:
         await writer.drain()
         writer.transport.pause_reading()  # the client's close_notify goes unanswered
         self.held.append(writer)
+        self.answered.set()
 
     async def __aenter__(self) -> DeafServer:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -126,3 +128,20 @@ async def test_a_watch_its_consumer_stops_closes_its_socket(endless_server: Deaf
         assert sockets_to(endless_server.port) == 1
         await events.aclose()
         assert sockets_to(endless_server.port) == 0
+
+
+async def test_a_request_cancelled_mid_answer_closes_its_socket(
+    endless_server: DeafServer,
+) -> None:
+    """A caller's timeout, or a reconcile cancelled, while the answer's body
+    is still coming (here it never ends)."""
+    async with client.Client(endless_server.access()) as api:
+        asking = asyncio.ensure_future(api.request("GET", "/api/v1/configmaps"))
+        await asyncio.wait_for(endless_server.answered.wait(), 10)
+        await asyncio.sleep(0.1)  # its headers in, its body being read
+        assert not asking.done()
+        asking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+        assert sockets_to(endless_server.port) == 0
+    assert sockets_to(endless_server.port) == 0
