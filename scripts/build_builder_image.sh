@@ -22,6 +22,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/inherited_fds.sh
+source scripts/inherited_fds.sh
 umask 022
 OUT=${OUT:-build/kmm-builder-image.tar}
 IMAGE=${IMAGE:-$(.venv/bin/python -c 'from kmm.operator.build import settings; print(settings.DEFAULT_BUILDER_IMAGE)')}
@@ -71,7 +73,7 @@ trap cleanup EXIT
 
 if [ ! -f "$ROOTFS" ]; then
     echo "builder-image: building the root filesystem with mmdebstrap ($SUITE: $PACKAGES, sign-file)"
-    "${MMDEBSTRAP[@]}" "$WORK/rootfs.tar" "${SOURCES[@]}"
+    without_inherited_fds "${MMDEBSTRAP[@]}" "$WORK/rootfs.tar" "${SOURCES[@]}"
     mv "$WORK/rootfs.tar" "$ROOTFS"
     find "$CACHE" -maxdepth 1 -name "builder-$SUITE-*.tar" ! -name "$(basename "$ROOTFS")" -delete
 else

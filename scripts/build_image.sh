@@ -25,6 +25,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/inherited_fds.sh
+source scripts/inherited_fds.sh
 OUT=${OUT:-build/kmm-image.tar}
 IMAGE=${IMAGE:-$(.venv/bin/python -c 'from kmm.api import installation; print(installation.IMAGE)')}
 CACHE=${KMM_CACHE_DIR:-$HOME/.cache/kmm}/image
@@ -77,7 +79,7 @@ trap cleanup EXIT
 
 if [ ! -f "$BASE" ]; then
     echo "image: building the base root filesystem with mmdebstrap ($SUITE: $PACKAGES)"
-    SOURCE_DATE_EPOCH=$BASE_EPOCH "${MMDEBSTRAP[@]}" "$WORK/base.tar" "${SOURCES[@]}"
+    SOURCE_DATE_EPOCH=$BASE_EPOCH without_inherited_fds "${MMDEBSTRAP[@]}" "$WORK/base.tar" "${SOURCES[@]}"
     mv "$WORK/base.tar" "$BASE"
 else
     echo "image: base root filesystem from the cache ($BASE)"

@@ -27,6 +27,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/inherited_fds.sh
+source scripts/inherited_fds.sh
 umask 022
 OUT=${OUT:-build/images}
 CACHE=${KMM_CACHE_DIR:-$HOME/.cache/kmm}/image
@@ -65,7 +67,7 @@ KEY=$(printf '%s\n' "${MMDEBSTRAP[@]}" "${SOURCES[@]}" | sha256sum | cut -c1-12)
 BUSYBOX=$CACHE/busybox-$SUITE-$KEY.tar
 if [ ! -f "$BUSYBOX" ]; then
     echo "test-images: fetching busybox with mmdebstrap ($SUITE)"
-    "${MMDEBSTRAP[@]}" "$WORK/busybox.tar" "${SOURCES[@]}"
+    without_inherited_fds "${MMDEBSTRAP[@]}" "$WORK/busybox.tar" "${SOURCES[@]}"
     mv "$WORK/busybox.tar" "$BUSYBOX"
 fi
 
