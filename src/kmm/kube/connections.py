@@ -14,10 +14,12 @@ certificate is loaded without touching a disk where Linux allows it (memory
 files), else through a private temporary directory removed at once; a
 certificate ssl refuses raises ``ConfigError``.
 
-``Socket`` takes an answer's socket before its body is read, and closes
-it first when the answer is left before its end (see its docstring). Limits: the transport is aiohttp, which nothing
-outside ``kmm.kube`` (and the registries' ``kmm.oci``) imports; sessions and
-the request semantics (retries, slots, fences) are ``client``'s business.
+``Socket`` takes an answer's socket before its body is read, and closes it
+first when the answer is left before its end (see its docstring).
+
+Limits: the transport is aiohttp, which nothing outside ``kmm.kube`` (and
+the registries' ``kmm.oci``) imports; sessions and the request semantics
+(retries, slots, fences) are ``client``'s business.
 """
 
 from __future__ import annotations
@@ -129,8 +131,8 @@ class Socket:
     """The socket under an answer, taken while the answer still has it.
 
     ``drop`` closes the connection of an answer left before its end, socket
-    first: ``release`` would close it the TLS way: send close_notify and keep
-    the socket open until the server's comes back (asyncio waits up to 30 s
+    first. ``release`` would close it the TLS way (send close_notify, keep
+    the socket open until the server's comes back; asyncio waits up to 30 s
     for it). By then the connection is no longer the pool's, so ``close``
     does not end it either: its socket outlives the client, and once the
     event loop is gone the garbage collector finds it unclosed (a

@@ -23,10 +23,11 @@ settings shared. It runs only where the API server serves
 preflightvalidations (``run`` asks, as for DRA), so an operator installed
 without that CRD keeps working.
 
-``run`` first asks the API server (``discovery``) whether it serves resource.k8s.io/v1
-(DeviceClasses and ResourceClaims). Only then are those two informers
-started; without it DRA Modules report ``ResourceAPIUnavailable`` and
-everything else works (a watch on an absent resource would fail forever).
+``run`` first asks the API server (``discovery``) whether it serves
+resource.k8s.io/v1 (DeviceClasses and ResourceClaims). Only then are those
+two informers started; without it DRA Modules report
+``ResourceAPIUnavailable`` and everything else works (a watch on an absent
+resource would fail forever).
 Then it asks which resource.k8s.io version serves DeviceTaintRules
 (``deviceapis``); only then do the ResourceSlice and DeviceTaintRule
 informers run (``deviceinformers``), and ordered upgrades of DRA Modules
