@@ -93,7 +93,7 @@ KEY=$(cat "$KBUILD_HOOK" <(printf '%s\n' "${KBUILD_MMDEBSTRAP[@]}" "${KBUILD_SOU
 KBUILD=$CACHE/kbuild-$KBUILD_SUITE-$KEY.tar
 if [ ! -f "$KBUILD" ]; then
     echo "test-images: building kbuild's root filesystem with mmdebstrap ($KBUILD_SUITE)"
-    "${KBUILD_MMDEBSTRAP[@]}" "$WORK/kbuild-rootfs.tar" "${KBUILD_SOURCES[@]}"
+    without_inherited_fds "${KBUILD_MMDEBSTRAP[@]}" "$WORK/kbuild-rootfs.tar" "${KBUILD_SOURCES[@]}"
     mv "$WORK/kbuild-rootfs.tar" "$KBUILD"
     find "$CACHE" -maxdepth 1 -name "kbuild-$KBUILD_SUITE-*.tar" ! -name "$(basename "$KBUILD")" -delete
 fi
