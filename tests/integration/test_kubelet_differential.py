@@ -180,27 +180,39 @@ async def _scenario(
     return roles, phases, reasons, asked
 
 
-async def test_the_emulator_and_the_real_kubelet_agree(
-    both: cluster.state.SandboxState,
-) -> None:
+class Scenario(Protocol):
+    """One story, run against a node with ``kmm driver`` on it; what it saw."""
+
+    async def __call__(self, api: kube_client.Client, node: Any, driver: real.Driver) -> Any: ...
+
+
+async def _on_both(both: cluster.state.SandboxState, scenario: Scenario) -> list[Any]:
+    """``scenario`` on the real kubelet's node, then on an emulated node."""
     async with cluster.api_client(both.kubeconfig) as api:
         kubelet_node = cluster.kubelet_node(both.directory, f"{kubeletnodes.NODE_PREFIX}0")
         async with emulated_node(api) as (emulated_one, _):
             results = []
             for node in (kubelet_node, emulated_one):
                 async with real.running_driver(both, node, api) as driver:
-                    results.append(await _scenario(api, node, driver))
-        (real_roles, real_phases, real_reasons, real_asked), emulated = results[0], results[1]
-        assert emulated[0] == real_roles
-        assert emulated[1] == real_phases
-        assert emulated[2] == real_reasons
-        assert emulated[3] == real_asked
-        assert real_asked == [
-            ("from-template", "prepared"),
-            ("from-template", "released"),
-            ("shared", "prepared"),
-            ("shared", "released"),
-        ]
+                    results.append(await scenario(api, node, driver))
+    return results
+
+
+async def test_the_emulator_and_the_real_kubelet_agree(
+    both: cluster.state.SandboxState,
+) -> None:
+    results = await _on_both(both, _scenario)
+    (real_roles, real_phases, real_reasons, real_asked), emulated = results[0], results[1]
+    assert emulated[0] == real_roles
+    assert emulated[1] == real_phases
+    assert emulated[2] == real_reasons
+    assert emulated[3] == real_asked
+    assert real_asked == [
+        ("from-template", "prepared"),
+        ("from-template", "released"),
+        ("shared", "prepared"),
+        ("shared", "released"),
+    ]
 
 
 def _prepares(driver: real.Driver) -> int:
@@ -431,13 +443,7 @@ async def test_device_health_reaches_the_pod_the_same_on_both(
     chosen over v1alpha1) and the driver's message in the pod's
     ``allocatedResourcesStatus`` (ResourceHealthStatus), Healthy, Unhealthy
     while the device's node is gone, Healthy again."""
-    async with cluster.api_client(both.kubeconfig) as api:
-        kubelet_node = cluster.kubelet_node(both.directory, f"{kubeletnodes.NODE_PREFIX}0")
-        async with emulated_node(api) as (emulated_one, _):
-            results = []
-            for node in (kubelet_node, emulated_one):
-                async with real.running_driver(both, node, api) as driver:
-                    results.append(await _health_rounds(api, node, driver))
+    results = await _on_both(both, _health_rounds)
     assert results[1] == results[0]
     healths = [{r[1] for entry in found for r in entry["resources"]} for found in results[0]]
     assert healths == [{"Healthy"}, {"Unhealthy"}, {"Healthy"}]
