@@ -27,7 +27,12 @@ order for pods, nodes, claims and DeviceTaintRules):
 - not opted in: the rule is NoSchedule, the device user stays (its deletion
   is the test's own, no DisruptionTarget), the Module's
   ``status.deviceTaints`` and ``kmm upgrade --to v2`` name it as what the
-  move waits on, and the move finishes once the test deletes it.
+  move waits on, and the move finishes once the test deletes it;
+- no rule possible (marked ``compat``: on 1.35 and 1.36 the server serves
+  none; on 1.37 the operator runs with ``--no-device-taints``), opted in:
+  nothing tainted or evicted, the driver stays while the user's claim holds
+  its device, the step and status name the user and say why, and the move
+  finishes once the test deletes it.
 
 Nothing is timed: every check is of watch events, pods, logs and the
 Module's status.
@@ -54,6 +59,7 @@ from kmm.cli import applying
 from kmm.kube import client as kube_client
 from kmm.kube import errors as kube_errors
 from kmm.kube import objects, resources
+from kmm.operator import deviceapis
 from kmm.sandbox import addressing, cluster, testing
 from kmm.sandbox.containernodes import nodes as containernodes
 
@@ -182,7 +188,7 @@ class Seen:
         return objects.labels(self.obj)
 
 
-def _disrupted(obj: dict[str, Any]) -> dict[str, Any] | None:
+def disrupted(obj: dict[str, Any]) -> dict[str, Any] | None:
     for condition in (obj.get("status") or {}).get("conditions") or ():
         if condition["type"] == "DisruptionTarget" and condition["status"] == "True":
             return dict(condition)
@@ -194,7 +200,7 @@ def _released(seen: Seen) -> bool:
     return seen.type == "DELETED" or not (seen.obj.get("status") or {}).get("reservedFor")
 
 
-def _restarts(pod: dict[str, Any]) -> int:
+def restarts(pod: dict[str, Any]) -> int:
     [status] = (pod.get("status") or {}).get("containerStatuses") or [{"restartCount": -1}]
     return int(status["restartCount"])
 
@@ -202,10 +208,14 @@ def _restarts(pod: dict[str, Any]) -> int:
 class Timeline:
     """Every event of the namespace's pods and ResourceClaims, the nodes and
     the DeviceTaintRules, from one list each on (etcd's revisions order them
-    all)."""
+    all); node labels are read of ``node`` (test_vm_modules follows its VM
+    node); no rules followed unless ``rules``."""
 
-    def __init__(self, api: kube_client.Client, namespace: str) -> None:
-        self.api, self.namespace = api, namespace
+    def __init__(
+        self, api: kube_client.Client, namespace: str, *, node: str = NODE, rules: bool = True
+    ) -> None:
+        self.api, self.namespace, self.node = api, namespace, node
+        self.follow_rules = rules  # False where the server serves no DeviceTaintRules
         self.seen: list[Seen] = []
 
     async def _stream(self, kind: str, path: str, listed: asyncio.Event) -> None:
@@ -228,8 +238,9 @@ class Timeline:
             ("Pod", resources.PODS.path(self.namespace)),
             ("ResourceClaim", resources.RESOURCE_CLAIMS.path(self.namespace)),
             ("Node", resources.NODES.path()),
-            ("DeviceTaintRule", RULES.path()),
         ]
+        if self.follow_rules:
+            sources.append(("DeviceTaintRule", RULES.path()))
         listed = [asyncio.Event() for _ in sources]
         tasks = [
             asyncio.ensure_future(self._stream(kind, path, done))
@@ -279,7 +290,7 @@ class Timeline:
     def node_label(self, key: str, value: str | None) -> int | None:
         """The first event of the node with label ``key`` at ``value`` (None: absent)."""
         return self.first(
-            "Node", lambda s: objects.name(s.obj) == NODE and s.labels().get(key) == value
+            "Node", lambda s: objects.name(s.obj) == self.node and s.labels().get(key) == value
         )
 
     def deletion(self, uid: str) -> int:
@@ -310,7 +321,7 @@ class Timeline:
             labels.version_ready(namespace, name): ".version.ready",
         }
         lines: list[tuple[int, str]] = []
-        node_was: dict[str, str | None] = {}
+        node_was: dict[tuple[str, str], str | None] = {}  # (node, key)
         pod_was: dict[str, tuple[bool, bool]] = {}
         claim_was: dict[str, bool] = {}
         rule_was: dict[str, tuple[str, str]] = {}
@@ -319,10 +330,11 @@ class Timeline:
             if seen.kind == "Node":
                 for key, said in keys.items():
                     value = seen.labels().get(key)
-                    if seen.type != "LISTED" and node_was.get(key, "?") != value:
+                    was = (objects.name(seen.obj), key)
+                    if seen.type != "LISTED" and node_was.get(was, "?") != value:
                         shown = "(removed)" if value is None else value or "(set)"
                         lines.append((seen.revision, f"{what}: {said} {shown}"))
-                    node_was[key] = value
+                    node_was[was] = value
                 if seen.obj["spec"].get("unschedulable"):
                     lines.append((seen.revision, f"{what}: UNSCHEDULABLE"))
             elif seen.kind == "Pod":
@@ -331,13 +343,13 @@ class Timeline:
                 what = f"{what} ({role} {version})".replace(" )", ")")
                 state = (
                     bool(seen.obj["metadata"].get("deletionTimestamp")),
-                    _disrupted(seen.obj) is not None,
+                    disrupted(seen.obj) is not None,
                 )
                 if seen.type in ("ADDED", "DELETED"):
                     lines.append((seen.revision, f"{what}: {seen.type}"))
                 elif seen.type == "MODIFIED" and pod_was.get(seen.uid) != state:
                     if state[1] and not pod_was.get(seen.uid, (False, False))[1]:
-                        reason = (_disrupted(seen.obj) or {}).get("reason")
+                        reason = (disrupted(seen.obj) or {}).get("reason")
                         lines.append((seen.revision, f"{what}: DisruptionTarget ({reason})"))
                     if state[0] and not pod_was.get(seen.uid, (False, False))[0]:
                         lines.append((seen.revision, f"{what}: deletion begins"))
@@ -429,7 +441,7 @@ def known(revision: int | None, what: str) -> int:
     return revision
 
 
-def _claim_name(pod: dict[str, Any]) -> str:
+def claim_name(pod: dict[str, Any]) -> str:
     return str(pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"])
 
 
@@ -543,8 +555,7 @@ async def test_opted_in_an_upgrade_evicts_exactly_the_device_user_and_loads_v2(
         user = await running_workload(api, ns, "user", what="the device user running")
         bystander = await running_workload(api, ns, "bystander", what="the other pod running")
         assert user["spec"]["nodeName"] == bystander["spec"]["nodeName"] == NODE
-        claim_name = _claim_name(user)
-        claim = await api.request("GET", resources.RESOURCE_CLAIMS.path(ns, claim_name))
+        claim = await api.request("GET", resources.RESOURCE_CLAIMS.path(ns, claim_name(user)))
         [result] = claim["status"]["allocation"]["devices"]["results"]
         assert (result["driver"], result["pool"]) == (at.driver, at.pool)
         assert any(claim["metadata"]["uid"] in spec for spec in _cdi_specs(record))
@@ -573,7 +584,7 @@ async def test_opted_in_an_upgrade_evicts_exactly_the_device_user_and_loads_v2(
                 still = await _get(api, resources.PODS.path(ns, "bystander"))
                 assert still is not None
                 assert still["metadata"]["uid"] == bystander["metadata"]["uid"]
-                assert _restarts(still) == _restarts(bystander) == 0
+                assert restarts(still) == restarts(bystander) == 0
                 assert await _get(api, resources.PODS.path(ns, "user")) is None
 
                 # v2 loaded, the driver of v2 publishing again, no rule left.
@@ -594,7 +605,7 @@ async def test_opted_in_an_upgrade_evicts_exactly_the_device_user_and_loads_v2(
                 again = await running_workload(api, ns, "again", what="a new device user runs")
                 assert again["spec"]["nodeName"] == NODE
                 claim = await api.request(
-                    "GET", resources.RESOURCE_CLAIMS.path(ns, _claim_name(again))
+                    "GET", resources.RESOURCE_CLAIMS.path(ns, claim_name(again))
                 )
                 [result] = claim["status"]["allocation"]["devices"]["results"]
                 assert (result["driver"], result["pool"]) == (at.driver, at.pool)
@@ -652,23 +663,23 @@ async def _opted_in_order(
 
     # Evicted by the eviction controller: its DisruptionTarget condition
     # (seen by the watch before the pod was gone) before the deletion began.
-    disrupted = timeline.first("Pod", lambda s: _disrupted(s.obj) is not None, uid=user_uid)
-    assert disrupted is not None, timeline.events("Pod", uid=user_uid)
+    disrupted_at = timeline.first("Pod", lambda s: disrupted(s.obj) is not None, uid=user_uid)
+    assert disrupted_at is not None, timeline.events("Pod", uid=user_uid)
     reasons = {
-        (_disrupted(s.obj) or {}).get("reason")
+        (disrupted(s.obj) or {}).get("reason")
         for s in timeline.events("Pod", uid=user_uid)
-        if _disrupted(s.obj)
+        if disrupted(s.obj)
     }
     assert reasons == {EVICTED_BY}
     deleting = timeline.deletion(user_uid)
-    assert rule.revision < disrupted < deleting <= timeline.gone(user_uid)
+    assert rule.revision < disrupted_at < deleting <= timeline.gone(user_uid)
 
     # The other pod: no deletion, no condition, no other container.
     for seen in timeline.events("Pod", uid=bystander["metadata"]["uid"]):
         assert seen.type == "MODIFIED", seen.type
         assert not seen.obj["metadata"].get("deletionTimestamp")
-        assert _disrupted(seen.obj) is None
-        assert _restarts(seen.obj) == 0
+        assert disrupted(seen.obj) is None
+        assert restarts(seen.obj) == 0
     assert not timeline.unschedulable()
 
     # The claim released (reservation gone, or the claim deleted) before the
@@ -714,7 +725,7 @@ async def test_not_opted_in_the_upgrade_waits_on_the_device_user_and_names_it(
         )
         user = await running_workload(api, ns, "user", what="the device user running")
         user_uid = user["metadata"]["uid"]
-        claim = await api.request("GET", resources.RESOURCE_CLAIMS.path(ns, _claim_name(user)))
+        claim = await api.request("GET", resources.RESOURCE_CLAIMS.path(ns, claim_name(user)))
         await to_v2(api, at, images, evict=False)
         module_path = MODULES_PATH.format(ns) + f"/{name}"
         plugin_key = labels.device_plugin_version(ns, name)
@@ -765,7 +776,7 @@ async def test_not_opted_in_the_upgrade_waits_on_the_device_user_and_names_it(
                     assert now is not None
                     assert now["metadata"]["uid"] == user["metadata"]["uid"]
                     assert not now["metadata"].get("deletionTimestamp")
-                    assert _disrupted(now) is None
+                    assert disrupted(now) is None
                     driver = await _get(api, resources.PODS.path(ns, at.dra.name))
                     assert driver is not None
                     assert not driver["metadata"].get("deletionTimestamp")
@@ -810,7 +821,7 @@ async def test_not_opted_in_the_upgrade_waits_on_the_device_user_and_names_it(
 
         # Nothing evicted: the pod's deletion is the test's, no condition.
         assert timeline.deletion(user_uid) == deleted_at, timeline.events("Pod", uid=user_uid)
-        assert not [s for s in timeline.events("Pod", uid=user_uid) if _disrupted(s.obj)]
+        assert not [s for s in timeline.events("Pod", uid=user_uid) if disrupted(s.obj)]
         rules = timeline.rules(ns, name)
         assert {s.obj["spec"]["taint"]["effect"] for s in rules} == {"NoSchedule"}
         [rule_added] = [s.revision for s in rules if s.type == "ADDED"]
@@ -821,4 +832,121 @@ async def test_not_opted_in_the_upgrade_waits_on_the_device_user_and_names_it(
         v2_ready = known(timeline.node_label(labels.version_ready(ns, name), "v2"), "v2 ready")
         assert rule_added < deleted_at < released < driver_off < v2_ready < rule_deleted
         assert not timeline.unschedulable()
+        await running.wait_idle("settled")
+
+
+async def _serves_rules(api: kube_client.Client) -> bool:
+    """Whether the API server serves resource.k8s.io/v1 devicetaintrules
+    (1.37; 1.35 and 1.36 at their defaults do not)."""
+    listing = await api.request("GET", f"/apis/{RULES.group}/{RULES.version}")
+    return any(r["name"] == RULES.plural for r in listing["resources"])
+
+
+@pytest.mark.compat
+async def test_without_device_taints_the_move_waits_on_the_device_user_and_evicts_nothing(
+    containers: tuple[cluster.state.SandboxState, Images],
+    api: kube_client.Client,
+) -> None:
+    """Where no DeviceTaintRule can be written: on a server that serves none
+    (1.35 and 1.36 at their defaults, in ``make test-compat``), or, where the
+    server does (1.37), an operator run with ``--no-device-taints``. The
+    Module opted in to eviction, and still nothing is tainted or evicted;
+    the driver stays while the user's claim holds its device, the step and
+    ``status.deviceTaints`` name the user and say why, and the move finishes
+    once the user is deleted."""
+    record, images = containers
+    name = "untainted"
+    served = await _serves_rules(api)
+    said_why = deviceapis.TURNED_OFF if served else deviceapis.NOT_SERVED
+    async with (
+        support.operator_in_process(record.kubeconfig, device_taints=not served) as running,
+        dra_module_at_v1(api, images, name, evict=True) as at,
+    ):
+        ns = at.namespace
+        await api.request(
+            "POST", resources.PODS.path(ns), body=workload(ns, "user", images.workload, claim=True)
+        )
+        user = await running_workload(api, ns, "user", what="the device user running")
+        user_uid = user["metadata"]["uid"]
+        claim = await api.request("GET", resources.RESOURCE_CLAIMS.path(ns, claim_name(user)))
+        await to_v2(api, at, images, evict=True)
+        module_path = MODULES_PATH.format(ns) + f"/{name}"
+        plugin_key = labels.device_plugin_version(ns, name)
+
+        timeline = Timeline(api, ns, rules=served)
+        try:
+            async with timeline.recording():
+                upgrading = asyncio.ensure_future(
+                    asyncio.to_thread(
+                        upgrades.kmm_upgrade, record.kubeconfig, f"{ns}/{name}", NODE, "--to", "v2"
+                    )
+                )
+                try:
+                    seen: dict[str, Any] = {}
+
+                    async def waiting_on_it() -> bool:
+                        module = await _get(api, module_path) or {}
+                        seen["taints"] = (module.get("status") or {}).get("deviceTaints") or {}
+                        return bool(seen["taints"].get("nodes"))
+
+                    try:
+                        await testing.eventually(waiting_on_it, "the status names the pod")
+                    except AssertionError as err:
+                        raise AssertionError(f"{err}: {seen}") from err
+                    assert seen["taints"] == {
+                        "message": said_why,
+                        "nodes": [{"node": NODE, "staying": [f"{ns}/user"]}],
+                    }
+                    # Waiting: the pod, the driver and its label where they were.
+                    now = await _get(api, resources.PODS.path(ns, "user"))
+                    assert now is not None
+                    assert now["metadata"]["uid"] == user_uid
+                    assert not now["metadata"].get("deletionTimestamp")
+                    assert disrupted(now) is None
+                    driver = await _get(api, resources.PODS.path(ns, at.dra.name))
+                    assert driver is not None
+                    assert not driver["metadata"].get("deletionTimestamp")
+                    node = await api.request("GET", resources.NODES.path(name=NODE))
+                    assert objects.labels(node).get(plugin_key) == "v1"
+
+                    deleted = await api.request("DELETE", resources.PODS.path(ns, "user"))
+                    deleted_at = int(objects.resource_version(deleted) or 0)
+                    said = await asyncio.wait_for(upgrading, 600)
+                finally:
+                    upgrading.cancel()
+                    await asyncio.gather(upgrading, return_exceptions=True)
+                await wait_version(api, ns, name, "v2")
+
+                async def caught_up() -> bool:
+                    return (
+                        timeline.first("ResourceClaim", _released, uid=claim["metadata"]["uid"])
+                        is not None
+                        and timeline.node_label(labels.version_ready(ns, name), "v2") is not None
+                        and timeline.first("Pod", lambda s: s.type == "DELETED", uid=user_uid)
+                        is not None
+                    )
+
+                await testing.eventually(caught_up, "the timeline caught up")
+        finally:
+            print(f"\nuntainted timeline ({ns}/{name}):", *timeline.story(ns, name), sep="\n  ")
+
+        words = " ".join(said.split())  # rich wraps lines at 200 columns
+        assert (
+            f"{NODE}: pod {ns}/user uses the Module's devices (no device taints: not evicted; "
+            "delete it to go on); waiting for their claims to be released before removing "
+            "the device-plugin version label"
+        ) in words, said
+        assert said.splitlines()[-2:] == [f"{NODE}: on v2", "1 node(s) on v2"], said
+        # Nothing evicted: the pod's deletion is the test's, no condition.
+        assert timeline.deletion(user_uid) == deleted_at, timeline.events("Pod", uid=user_uid)
+        assert not [s for s in timeline.events("Pod", uid=user_uid) if disrupted(s.obj)]
+        # The driver's label went only after the claim was released.
+        released = timeline.released(claim["metadata"]["uid"])
+        driver_off = known(timeline.node_label(plugin_key, None), "driver label off")
+        v2_ready = known(timeline.node_label(labels.version_ready(ns, name), "v2"), "v2 ready")
+        assert deleted_at < released < driver_off < v2_ready
+        assert not timeline.unschedulable()
+        if served:  # turned off: no rule was ever written
+            assert timeline.rules(ns, name) == []
+            assert (await api.request("GET", RULES.path()))["items"] == []
         await running.wait_idle("settled")

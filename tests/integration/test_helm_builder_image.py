@@ -1,6 +1,7 @@
-"""The chart's builder.image and builder.driverToolkitImage values: the
-operator's --builder-image and --driver-toolkit-image, passed only when set
-(Helm's own rendering)."""
+"""The chart's builder.image, builder.driverToolkitImage and
+deviceTaints.enabled values: the operator's --builder-image,
+--driver-toolkit-image and --no-device-taints, passed only when set (Helm's
+own rendering)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ def test_without_the_value_the_operator_keeps_its_default(helm: Path, tmp_path: 
     args = _operator_args(helm, tmp_path)
     assert not any(arg.startswith("--builder-image") for arg in args), args
     assert not any(arg.startswith("--driver-toolkit-image") for arg in args), args
+    assert "--no-device-taints" not in args, args
+
+
+def test_device_taints_turned_off_pass_no_device_taints(helm: Path, tmp_path: Path) -> None:
+    args = _operator_args(helm, tmp_path, "--set", "deviceTaints.enabled=false")
+    assert args.count("--no-device-taints") == 1, args
 
 
 def test_the_value_is_passed_as_builder_image(helm: Path, tmp_path: Path) -> None:

@@ -207,6 +207,10 @@ _DRIVER_TOOLKIT_ARG = (
 )
 
 
+# The operator's --no-device-taints, only when the value turns them off.
+_DEVICE_TAINTS_ARG = '(ternary "" "--no-device-taints" .Values.deviceTaints.enabled)'
+
+
 def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -229,7 +233,7 @@ def _deployment() -> str:
         f"(compact (list {fixed} "
         '(ternary "--leader-election" "--no-leader-election" .Values.leaderElection.enabled) '
         f'(ternary "--registry-ca={REGISTRY_CA_DIRECTORY}" "" {_HAS_REGISTRY_CA}) '
-        f"{_BUILDER_IMAGE_ARG} {_DRIVER_TOOLKIT_ARG}))",
+        f"{_BUILDER_IMAGE_ARG} {_DRIVER_TOOLKIT_ARG} {_DEVICE_TAINTS_ARG}))",
         omit_empty=False,
     )
     container["volumeMounts"] = holes.block(
@@ -315,6 +319,15 @@ def _values() -> list[tuple[str, str, Any]]:
             "registry.example/kmm/driver-toolkit:${KERNEL_FULL_VERSION}), passed as\n"
             "--driver-toolkit-image; empty passes no DTK_AUTO.",
             {"image": "", "driverToolkitImage": ""},
+        ),
+        (
+            "deviceTaints",
+            "In ordered upgrades of DRA Modules, the operator taints a moving node's\n"
+            "devices of the Module with DeviceTaintRules where the cluster serves them\n"
+            "(docs/upgrades.md). false passes --no-device-taints: no rule is read or\n"
+            "written, nothing is evicted; the ClusterRole keeps its devicetaintrules and\n"
+            "resourceslices rules, which the operator then never uses.",
+            {"enabled": True},
         ),
         (
             "replicas",

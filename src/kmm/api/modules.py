@@ -132,7 +132,8 @@ class NodeDeviceTaints(models.Model):
     (kmm's, not KMM's): the DeviceTaintRules and their effect, the pods
     holding claims on those devices (evicted by a NoExecute taint, or
     staying: tolerating it, or under NoSchedule), and why nothing is
-    tainted when so."""
+    tainted when so. On a cluster serving no DeviceTaintRules: no rules and
+    no effect, the pods whose claims hold the node's devices staying."""
 
     node: str
     effect: str | None = None

@@ -140,6 +140,16 @@ def operator(
             min=0.1,
         ),
     ] = build_settings.DEFAULT_POLL,
+    device_taints: Annotated[
+        bool,
+        typer.Option(
+            help="In ordered upgrades of DRA Modules, taint a moving node's devices of the "
+            "Module with DeviceTaintRules (NoSchedule; NoExecute for Modules annotated "
+            'kmm.sigs.x-k8s.io/evict-device-users="true") where the cluster serves them. '
+            "Off: no rule is read or written (nor ResourceSlices), nothing is evicted, and a "
+            "moving node's DRA driver stays while pods use its devices.",
+        ),
+    ] = True,
 ) -> None:
     """Run the Module operator: loader and device-plugin DaemonSets, node labels, status."""
     try:
@@ -186,6 +196,7 @@ def operator(
         driver_toolkit_image=driver_toolkit_image or "",
         build_pod_retention=build_pod_retention,
         build_input_poll=build_input_poll,
+        device_taints=device_taints,
     )
     api = clients.api_client(kubeconfig, context)
     try:

@@ -5,8 +5,11 @@ Device taints (KEP-5055) came to the API in steps: ``v1alpha3`` in 1.35
 off by default, and that API version must be enabled too), ``v1`` in 1.37
 (GA, on). ``taint_rules_version`` takes what discovery said each version
 serves and picks the newest that serves ``devicetaintrules``; ``None``
-when none does. Then ordered upgrades work as they did before taints, and
-a DRA Module's status says why none was used (``NOT_SERVED``).
+when none does. Then ordered upgrades go on without taints (the pods
+using a moving node's devices still keep its driver there:
+``upgrade.taints``), and a DRA Module's status says why none was used
+(``NOT_SERVED``; ``TURNED_OFF`` when the operator runs with
+``--no-device-taints`` and does not ask).
 
 The object's shape (``deviceSelector{driver, pool, device}``, ``taint{key,
 value, effect}``) is the same in the three versions; the wiring asks each
@@ -25,7 +28,14 @@ from typing import Final
 
 from kmm.kube import resources
 
-__all__ = ["NOT_SERVED", "PLURAL", "VERSIONS", "rules_resource", "taint_rules_version"]
+__all__ = [
+    "NOT_SERVED",
+    "PLURAL",
+    "TURNED_OFF",
+    "VERSIONS",
+    "rules_resource",
+    "taint_rules_version",
+]
 
 PLURAL: Final = resources.DEVICE_TAINT_RULES.plural
 GROUP: Final = resources.DEVICE_TAINT_RULES.group
@@ -37,6 +47,13 @@ NOT_SERVED: Final = (
     "devicetaintrules (Kubernetes 1.37, or the DRADeviceTaintRules feature and its "
     "API version on 1.35 and 1.36); upgrades go on without them, and pods using the "
     "Module's devices keep their claims until they are deleted"
+)
+
+
+TURNED_OFF: Final = (
+    "device taints not used: the operator runs with --no-device-taints; upgrades go on "
+    "without them, and pods using the Module's devices keep their claims until they are "
+    "deleted"
 )
 
 

@@ -123,7 +123,7 @@ def device_taints(found: upgrade_taints.TaintPlan) -> modules.DeviceTaintsStatus
                 node=entry.node,
                 effect=entry.effect if entry.rules else None,
                 rules=list(entry.rules) or None,
-                rules_ready=holding.rules_ready if holding is not None else None,
+                rules_ready=holding.rules_ready if holding is not None and entry.rules else None,
                 evicted=evicted or None,
                 staying=staying or None,
                 eviction=holding.eviction if holding is not None else None,

@@ -48,6 +48,8 @@ class Settings:
     driver_toolkit_image: str = ""
     build_pod_retention: float = 0.0
     build_input_poll: float = build_settings.DEFAULT_POLL
+    # --no-device-taints: no DeviceTaintRule is read or written.
+    device_taints: bool = True
 
 
 async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> None:
@@ -76,6 +78,7 @@ async def run(api: client.Client, settings: Settings, stop: asyncio.Event) -> No
         ),
         registry_ca_files=settings.registry_ca_files,
         registry_endpoints=settings.registry_endpoints,
+        device_taints=settings.device_taints,
     )
     holder.append(operator)
 

@@ -97,6 +97,8 @@ class Caches:
         )
     )
     taint_api: str | None = None
+    # The operator was told not to use device taints (``--no-device-taints``).
+    taints_off: bool = False
     # Pods Ready from an earlier boot of their node, fed by the Node and pod
     # informers' events (``boots``); none marked when nothing feeds it.
     boots: boots.Boots | None = None
@@ -124,10 +126,12 @@ class ModuleView:
     # Uids of pods Ready from an earlier boot of their node (``boots``).
     stale: frozenset[str] = frozenset()
     # Device taints (ordered upgrades of a DRA Module): the resource.k8s.io
-    # version serving DeviceTaintRules (None: none does), the driver's
+    # version serving DeviceTaintRules (None: none does, or ``taints_off``:
+    # the operator was told not to use them), the driver's
     # ResourceSlices, the rules labelled for the Module, and per node the
     # other Modules running a DRA pod of the same driver name there.
     taint_api: str | None = None
+    taints_off: bool = False
     slices: Sequence[RawObject] = ()
     taint_rules: Sequence[RawObject] = ()
     rivals: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
@@ -193,6 +197,7 @@ def build(
     resource_api: bool = True,
     stale: frozenset[str] = frozenset(),
     taint_api: str | None = None,
+    taints_off: bool = False,
     slices: Iterable[RawObject] = (),
     taint_rules: Iterable[RawObject] = (),
     rivals: Mapping[str, Sequence[str]] | None = None,
@@ -220,6 +225,7 @@ def build(
         claims=list(claims),
         stale=stale,
         taint_api=taint_api,
+        taints_off=taints_off,
         slices=list(slices),
         taint_rules=list(taint_rules),
         rivals=dict(rivals or {}),
@@ -263,6 +269,7 @@ def read(raw: RawObject, module: modules.Module, *, key: str, cached: Caches) ->
         resource_api=cached.resource_api,
         stale=cached.boots.stale(ours.pods) if cached.boots is not None else frozenset(),
         taint_api=cached.taint_api,
+        taints_off=cached.taints_off,
         slices=slices,
         taint_rules=cached.taint_rules.by_index(caches.MODULE_INDEX, key),
         rivals=rivals,

@@ -28,11 +28,12 @@ resource.k8s.io/v1 (DeviceClasses and ResourceClaims). Only then are those
 two informers started; without it DRA Modules report
 ``ResourceAPIUnavailable`` and everything else works (a watch on an absent
 resource would fail forever).
-Then it asks which resource.k8s.io version serves DeviceTaintRules
+Then, unless told not to (``device_taints``, ``--no-device-taints``), it
+asks which resource.k8s.io version serves DeviceTaintRules
 (``deviceapis``); only then do the ResourceSlice and DeviceTaintRule
 informers run (``deviceinformers``), and ordered upgrades of DRA Modules
 taint the moving nodes' devices (``upgrade.taints``); without, upgrades
-go on as before and the Modules' status says why.
+go on untainted and the Modules' status says why.
 
 After each list of Nodes, pods and ResourceClaims (the large ones) the
 process gives the list's freed pages back (``runtime.heap``).
@@ -162,7 +163,11 @@ class Operator:
         build: build_settings.Settings | None = None,
         registry_ca_files: tuple[Path, ...] = (),
         registry_endpoints: Mapping[str, str] | None = None,
+        device_taints: bool = True,
     ) -> None:
+        # False (--no-device-taints): discovery is not asked for
+        # DeviceTaintRules and none is read or written.
+        self.device_taints = device_taints
         self.pending = inflight.Pending()
         self.writer = writing.Writer(api, pending=self.pending)
         self.modules = informers.Informer(
@@ -457,7 +462,7 @@ class Operator:
                     lambda version, until: discovery.serves(self.api, version, until), stop
                 )
             )
-            if served
+            if served and self.device_taints
             else None
         )
         if stop.is_set():
@@ -470,6 +475,8 @@ class Operator:
         if taint_api is not None:
             for informer in self.device_informers.start(taint_api):
                 self.manager.add_informer(informer)
+        elif not self.device_taints:
+            _log.info("%s", deviceapis.TURNED_OFF)
         else:
             _log.warning("%s", deviceapis.NOT_SERVED)
         if validating:
@@ -482,7 +489,12 @@ class Operator:
                 writing.PREFLIGHTS.plural,
             )
         self.validating = validating
-        self.caches = dataclasses.replace(self.caches, resource_api=served, taint_api=taint_api)
+        self.caches = dataclasses.replace(
+            self.caches,
+            resource_api=served,
+            taint_api=taint_api,
+            taints_off=not self.device_taints,
+        )
         self.reconciler.caches = self.caches
         await self.manager.run(stop)
 

@@ -157,3 +157,27 @@ async def test_the_operator_runs_the_device_informers_only_where_rules_are_serve
     assert (device <= set(ran)) is (expected is not None)
     assert (device <= {i.name for i in operator.informers()}) is (expected is not None)
     assert operator.caches.slices is operator.device_informers.slices.store
+
+
+async def test_an_operator_told_not_to_use_device_taints_asks_no_version_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--no-device-taints`` on a 1.37 server: discovery is asked for DRA
+    and PreflightValidations only, no slice or rule informer runs, and the
+    caches say the taints are off (the reason a Module's status gives)."""
+    answers = [_served(*_V1, "devicetaintrules"), (404, _NOT_FOUND)]
+    async with Server() as fake, kubeclients.for_server(fake.url, max_attempts=1) as api:
+        fake.script(*answers)
+        operator = wiring.Operator(api, device_taints=False)
+        ran: list[str] = []
+
+        async def run(stop: asyncio.Event) -> None:
+            ran.extend(i.name for i in operator.manager._informers)  # type: ignore[attr-defined]
+
+        monkeypatch.setattr(operator.manager, "run", run)
+        await operator.run(asyncio.Event())
+        assert len(fake.seen) == len(answers)
+    assert operator.caches.taint_api is None
+    assert operator.reconciler.caches.taints_off
+    assert not {"resourceslices", "devicetaintrules"} & set(ran)
+    assert "resourceclaims" in ran

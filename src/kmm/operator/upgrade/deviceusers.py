@@ -43,7 +43,9 @@ NO_EXECUTE = "NoExecute"
 @dataclasses.dataclass(frozen=True)
 class Tainted:
     """What a node's rules taint: whole pools and single devices (pool, device)
-    of one driver, with one taint (key, value, effect)."""
+    of one driver, with one taint (key, value, effect); ``every_pool``: every
+    device of the driver on the node (where no rule can be written, the
+    devices whose users hold a move)."""
 
     driver: str
     pools: Set[str]
@@ -51,12 +53,13 @@ class Tainted:
     key: str
     value: str
     effect: str
+    every_pool: bool = False
 
     def covers(self, result: Mapping[str, Any]) -> bool:
         """Whether an allocation result is one of the tainted devices."""
         pool, device = result.get("pool"), result.get("device")
         return result.get("driver") == self.driver and (
-            pool in self.pools or (pool, device) in self.devices
+            self.every_pool or pool in self.pools or (pool, device) in self.devices
         )
 
 

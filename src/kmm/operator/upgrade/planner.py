@@ -28,13 +28,14 @@ unloaded). A node the selector no longer picks is treated as one whose user
 label is missing. ``.version.ready`` = v marks a node that runs version v,
 loaded and with its device plugin Ready when there is one.
 
-For a DRA Module on a cluster that serves DeviceTaintRules, a third
-guard comes from ``taints`` (``Holding``): the device-plugin label, whose
-removal sends the DRA driver away, stays while the node's rules are not in
-place yet (with ``NoExecute``, the kubelet needs the driver to unprepare
-the claims of the pods the taint evicts), and while pods still hold claims on
-the Module's devices there (evicted, tolerating the taint, or, under
-``NoSchedule``, left to the admin); the step names them.
+For a DRA Module, a third guard comes from ``taints`` (``Holding``): the
+device-plugin label, whose removal sends the DRA driver away, stays while
+the node's rules are not in place yet (with ``NoExecute``, the kubelet
+needs the driver to unprepare the claims of the pods the taint evicts), and
+while pods still hold claims on the Module's devices there (evicted,
+tolerating the taint, or, under ``NoSchedule`` or on a cluster that serves
+no DeviceTaintRules (effect ``UNTAINTED``), left to the admin); the step
+names them.
 
 ``step`` names what a node is doing or waiting for; ``kmm upgrade`` and
 ``kmm status`` print the same words from the same function.
@@ -51,7 +52,21 @@ from kmm.api import labels
 from kmm.operator import plans, views, workloads
 from kmm.operator.loader import planner as loader_planner
 
-__all__ = ["ACTIONS", "Action", "Holding", "Step", "UpgradePlan", "holdings", "plan", "step"]
+__all__ = [
+    "ACTIONS",
+    "UNTAINTED",
+    "Action",
+    "Holding",
+    "Step",
+    "UpgradePlan",
+    "holdings",
+    "plan",
+    "step",
+]
+
+# A Holding's effect where the cluster serves no DeviceTaintRules: no rule,
+# nothing evicted; the users of the node's devices hold its driver all the same.
+UNTAINTED: Final = ""
 
 RawObject = dict[str, Any]
 Presence = Literal["missing", "present", "same", "different"]
@@ -139,6 +154,11 @@ class Holding:
                 f"pod {', '.join(self.staying)} tolerates the NoExecute device taint and "
                 "keeps the unload waiting until it is deleted"
             )
+        elif self.staying and self.effect == UNTAINTED:
+            parts.append(
+                f"pod {', '.join(self.staying)} uses the Module's devices (no device taints: "
+                "not evicted; delete it to go on)"
+            )
         elif self.staying:
             parts.append(
                 f"pod {', '.join(self.staying)} uses the Module's devices (NoSchedule: not "
@@ -158,7 +178,13 @@ def holdings(module: Mapping[str, Any]) -> dict[str, Holding]:
     taints = (module.get("status") or {}).get("deviceTaints") or {}
     for entry in taints.get("nodes") or ():
         node, effect = entry.get("node"), entry.get("effect")
-        if not isinstance(node, str) or not isinstance(effect, str) or not entry.get("rules"):
+        if not isinstance(node, str):
+            continue
+        if effect is None and not entry.get("rules") and entry.get("staying"):
+            # A server without DeviceTaintRules: the users hold the driver all the same.
+            found[node] = Holding(effect=UNTAINTED, staying=tuple(entry["staying"]))
+            continue
+        if not isinstance(effect, str) or not entry.get("rules"):
             continue
         found[node] = Holding(
             effect=effect,

@@ -37,8 +37,11 @@ rule labelled for the Module that is not wanted is deleted: of a node whose
 move ended, of a Module without DRA or versions, of an earlier Module of the
 same name (another uid: no live Module has it). A rule without any uid
 label is not kmm's and is left alone. Without a served API nothing is
-wanted and ``message`` says why (``deviceapis.NOT_SERVED``): the upgrade
-goes on as without taints.
+wanted and ``message`` says why (``deviceapis.NOT_SERVED``, or
+``TURNED_OFF`` for an operator told not to use them): the upgrade
+goes on as without taints, except that a moving node's driver stays while
+pods hold claims on its devices there (named, as under ``NoSchedule``), so
+that the kubelet can unprepare them when they are deleted.
 
 Limits: no I/O. Sending is ``taintrules``'; a Module's deletion, and one
 gone, are ``finalizing``'s (``taintrules.Sender.remove``).
@@ -58,6 +61,8 @@ from kmm.operator.upgrade import planner as upgrade_planner
 __all__ = ["NodeTaints", "TaintPlan", "effect", "moving", "plan", "rule"]
 
 RawObject = dict[str, Any]
+# The effect of a node's entry where the server serves no rules.
+UNTAINTED = upgrade_planner.UNTAINTED
 # (pool, device); device "" for the whole pool.
 Selector = tuple[str, str]
 
@@ -272,6 +277,31 @@ def _node(
     return NodeTaints(node_name, taint_effect, names, holding, message), desired
 
 
+def _untainted(
+    view: views.ModuleView, node_name: str, node: Mapping[str, Any], *, driver: str
+) -> NodeTaints | None:
+    """A moving node's entry where no rule can be written: the pods whose
+    claims hold a device of the driver there keep the driver (the kubelet
+    needs it to unprepare their claims) until they are deleted; None when
+    there are none. Without slices to tell pools apart, every device of the
+    driver on the node counts (waiting on another Module's user of the same
+    driver name is the safe error)."""
+    every = deviceusers.Tainted(
+        driver=driver,
+        pools=frozenset(),
+        devices=frozenset(),
+        key=labels.TAINT_KEY,
+        value=labels.taint_value(view.namespace, view.name),
+        effect=deviceusers.NO_SCHEDULE,
+        every_pool=True,
+    )
+    users = deviceusers.users(view.claims, node, tainted=every)
+    if not users:
+        return None
+    holding = upgrade_planner.Holding(effect=UNTAINTED, staying=users.staying)
+    return NodeTaints(node_name, UNTAINTED, holding=holding)
+
+
 def plan(view: views.ModuleView) -> TaintPlan:
     dra = view.module.spec.dra
     result = TaintPlan(
@@ -281,8 +311,14 @@ def plan(view: views.ModuleView) -> TaintPlan:
     uid = view.module.metadata.uid
     observed = {_meta(r)["name"]: r for r in view.taint_rules}
     wanted: dict[str, RawObject] = {}
-    if result.enabled and view.taint_api is None:
-        result.message = deviceapis.NOT_SERVED
+    if result.enabled and dra is not None and view.taint_api is None:
+        result.message = deviceapis.TURNED_OFF if view.taints_off else deviceapis.NOT_SERVED
+        selected = view.selected_names()
+        for node_name, node in view.nodes().items():
+            if moving(view, node, selected=node_name in selected):
+                entry = _untainted(view, node_name, node, driver=dra.driver_name)
+                if entry is not None:
+                    result.nodes[node_name] = entry
     elif result.enabled and dra is not None and view.taint_api is not None:
         taint_effect = effect(view)
         selected = view.selected_names()

@@ -112,6 +112,7 @@ def _view(
     claims: list[dict[str, Any]] | None = None,
     api: str | None = "v1",
     rivals: dict[str, list[str]] | None = None,
+    off: bool = False,
 ) -> views.ModuleView:
     store = stores.Store()
     for node in nodes:
@@ -126,6 +127,7 @@ def _view(
         labelled=[n for n in nodes if key in caches.node_module_index(n)],
         claims=claims or (),
         taint_api=api,
+        taints_off=off,
         slices=[_slice("n0"), _slice("n1")] if slices is None else slices,
         taint_rules=rules or (),
         rivals=rivals,
@@ -155,6 +157,50 @@ def test_without_a_served_api_the_upgrade_goes_on_as_before_and_says_why() -> No
     assert shown.message.startswith(
         "device taints not used: the API server does not serve resource.k8s.io devicetaintrules"
     )
+
+
+@pytest.mark.parametrize("evict", [False, True])
+def test_without_a_served_api_the_users_of_a_moving_nodes_devices_hold_its_driver(
+    evict: bool,
+) -> None:
+    # Opted in or not, nothing can evict: the driver stays while a pod's
+    # claim holds a device of its driver on the node, so that the kubelet can
+    # unprepare the claim once the pod is deleted.
+    claims = [
+        _claim("a", "n0", pods=("user",)),
+        _claim("c", "n1", pods=("elsewhere",)),
+        _claim("d", "n0", pods=("other-driver",), driver="nic.example.com"),
+    ]
+    view = _view(_raw(evict=evict), [_moving(), _done()], api=None, slices=[], claims=claims)
+    asked = planners.ask(view)
+    assert (asked.taints.create, asked.taints.apply, asked.taints.delete) == ([], [], [])
+    assert _plugin_label(asked, "n0") == "unchanged"
+    assert asked.upgrade.steps["n0"].description == (
+        "pod work/user uses the Module's devices (no device taints: not evicted; delete it "
+        "to go on); waiting for their claims to be released before removing the "
+        "device-plugin version label"
+    )
+    shown = planners.device_taints(asked.taints)
+    assert shown is not None
+    assert shown.message == deviceapis.NOT_SERVED
+    assert shown.nodes is not None
+    [node] = shown.nodes
+    assert (node.node, node.effect, node.rules, node.rules_ready) == ("n0", None, None, None)
+    assert (node.staying, node.evicted) == (["work/user"], None)
+    # ``kmm upgrade`` and ``kmm status`` read the same hold from the status.
+    written = {"status": {"deviceTaints": shown.model_dump(exclude_none=True)}}
+    assert upgrade_planner.holdings(written) == asked.taints.holdings()
+    # An operator told not to use them says so instead, and holds the same.
+    off = planners.ask(
+        _view(_raw(evict=evict), [_moving()], api=None, slices=[], claims=claims, off=True)
+    )
+    shown = planners.device_taints(off.taints)
+    assert shown is not None
+    assert shown.message == deviceapis.TURNED_OFF
+    assert _plugin_label(off, "n0") == "unchanged"
+    # The claim released: the driver goes.
+    released = planners.ask(_view(_raw(evict=evict), [_moving()], api=None, slices=[]))
+    assert _plugin_label(released, "n0") is None
 
 
 def test_a_moving_node_gets_a_noschedule_rule_per_pool_of_its_own_slices() -> None:
