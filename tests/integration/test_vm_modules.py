@@ -20,21 +20,30 @@ once, saying so):
    the node's ``/proc/modules`` (kmmdemo used by kmmdemo_peer), no ``E``
    taint, the signer in the loader image's ``.ko`` the sandbox key's;
 3. a workload reads its device through a DRA claim;
-4. v1 to v2 while the workload holds its device: the kernel refuses the
-   unload, ``kmm upgrade`` and the Module say so, no node reports v2 ready
-   while v1 is loaded; the workload deleted, v2 loads with no other action;
+4. v1 to v2 while the workload holds its device, not opted in to
+   eviction: a NoSchedule DeviceTaintRule keeps new claims off the node's
+   devices, the move waits on the workload and ``kmm upgrade`` and the
+   Module name it, v1 stays loaded and no node reports v2 ready; the
+   workload deleted, v2 loads with no other action;
 5. a reboot with a prepared claim: the ready label goes once the operator
    sees the new boot and comes back after the reload, the workload runs
    again;
-6. a kernel upgrade: ``kmm preflight --push`` builds and signs for the other
+6. opted in to eviction (``kmm.sigs.x-k8s.io/evict-device-users``), the
+   node moved back to v1 with a pod using no device beside the workload:
+   the eviction controller evicts the workload alone under the NoExecute
+   DeviceTaintRule, before the driver leaves and v2 is unloaded (the order
+   read from watches, by resourceVersion); the other pod keeps its uid and
+   restart count, v1 loads, the rule goes, a new claim reads v1;
+7. a kernel upgrade: ``kmm preflight --push`` builds and signs for the other
    kernel line, the node reboots onto it and loads that image with no build;
-7. the Module deleted: both modules unloaded; the node back on its first
+8. the Module deleted: both modules unloaded; the node back on its first
    kernel (what the next user of the sandbox expects).
 
-Cost on this 2-core machine: about 12 minutes (11.8 measured, beside the
-sandbox's start), mostly the VM node under TCG: pulling and unpacking each
-kernel's loader image (its toolkit base, 120 MiB) and kmm's, three reboots,
-and four builds.
+Cost on this 2-core machine: 17.5 minutes for the file, the sandbox's
+start included (1,051 s measured; 1,364 s in a run beside other work),
+mostly the VM node under TCG: pulling and unpacking each kernel's loader
+image (its toolkit base, 120 MiB) and kmm's, three reboots, and four
+builds. Moving back to v1 in step 6 builds and pulls nothing new.
 """
 
 from __future__ import annotations
@@ -50,6 +59,8 @@ from typing import Any
 
 import helm_support
 import pytest
+import test_device_taints_in_containers as taints
+import test_upgrade_in_containers as upgrades
 import vmsandbox
 import yaml
 
@@ -487,6 +498,132 @@ async def test_a_reboot_with_a_prepared_claim_reloads_with_no_help(
     # the driver's journal live in /var/lib); the kubelet ran it again.
     await _until(workload_back, "the workload running again after the reboot")
     assert "version: 2" in _workload_log(kubectl)
+
+
+async def test_opted_in_a_move_back_evicts_only_the_device_user(
+    sandbox: vmsandbox.Started, example: Path, api: kube_client.Client, kubectl: Kubectl
+) -> None:
+    # The workload holds a v2 device again since the reboot; a pod beside it
+    # on the node uses no device. The Module opts in to eviction and the node
+    # is moved back to version 1 (its image is in the registry, its loader
+    # image on the node): the device taint's eviction controller deletes the
+    # device user alone, before the driver leaves and the kernel unloads v2.
+    user = await api.request("GET", resources.PODS.path(namespace=NAMESPACE, name=WORKLOAD))
+    assert "version: 2" in _workload_log(kubectl)
+    claim = await api.request(
+        "GET", resources.RESOURCE_CLAIMS.path(NAMESPACE, taints.claim_name(user))
+    )
+    driver = await upgrades.loader_pod(api, NAMESPACE, NODE, "dra")
+    await api.request("POST", resources.PODS.path(namespace=NAMESPACE), body=_bystander())
+    try:
+        bystander = await _running(api, BYSTANDER)
+        _ok(kubectl("annotate", "module", MODULE, f"{labels.EVICT_DEVICE_USERS}=true"))
+        _ok(kubectl("apply", "-f", str(_manifest(example, "module.yaml"))))
+        timeline = taints.Timeline(api, NAMESPACE, node=NODE)
+        try:
+            async with timeline.recording():
+                moved = await asyncio.to_thread(
+                    vmsandbox.kmm, "upgrade", f"{NAMESPACE}/{MODULE}", "--to", "1", NODE,
+                    "--kubeconfig", str(sandbox.record.kubeconfig), "--timeout", str(LONG),
+                    timeout=LONG + 60,
+                )  # fmt: skip
+                said = " ".join((moved.stdout + moved.stderr).split())
+                assert moved.returncode == 0, said
+                assert f"{NODE}: on 1" in said
+
+                async def rule_gone() -> bool:
+                    return any(s.type == "DELETED" for s in timeline.rules(NAMESPACE, MODULE))
+
+                await _until(rule_gone, "the node's DeviceTaintRule deleted", timeout=120)
+                _evicted_in_order(timeline, user, bystander, claim, driver.uid)
+        finally:
+            print(f"\neviction timeline on {NODE}:", *timeline.story(NAMESPACE, MODULE), sep="\n  ")
+        still = await api.request("GET", resources.PODS.path(namespace=NAMESPACE, name=BYSTANDER))
+        assert still["metadata"]["uid"] == bystander["metadata"]["uid"]
+        assert taints.restarts(still) == 0
+    finally:
+        kubectl(
+            "delete", "--ignore-not-found", "--wait", "--namespace", NAMESPACE, "pod", BYSTANDER
+        )
+    assert (await _sh(sandbox, "cat /sys/module/kmmdemo/version")).strip() == "1"
+    # A new claim gets one of the node's devices again, of version 1.
+    log = _run_workload(kubectl)
+    assert "version: 1" in log
+    assert "kmmdemo firmware for version 1" in log
+
+
+BYSTANDER = "kmmdemo-bystander"
+
+
+def _bystander() -> dict[str, Any]:
+    """A pod on the VM node that uses no device (kmm's image is there)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": BYSTANDER, "namespace": NAMESPACE},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "idle",
+                    "image": "10.253.0.1:5000/kmm/kmm:example",
+                    "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep infinity & wait"],
+                }
+            ],
+        },
+    }
+
+
+async def _running(api: kube_client.Client, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+
+    async def running() -> bool:
+        pod = await api.request("GET", resources.PODS.path(namespace=NAMESPACE, name=name))
+        found["pod"] = pod
+        return (pod.get("status") or {}).get("phase") == "Running"
+
+    await _until(running, f"pod {name} running", timeout=300)
+    return found["pod"]
+
+
+def _evicted_in_order(
+    timeline: taints.Timeline,
+    user: dict[str, Any],
+    bystander: dict[str, Any],
+    claim: dict[str, Any],
+    driver_uid: str,
+) -> None:
+    """The opted-in move's order by revision: the NoExecute rule, the user's
+    DisruptionTarget and deletion, its claim released, the driver's label
+    off and its pod gone, the loader's label off (its pod's preStop unloads
+    v2), version 1 ready, the rule deleted; the bystander untouched."""
+    rules = timeline.rules(NAMESPACE, MODULE)
+    [rule] = [s for s in rules if s.type == "ADDED"]
+    assert {s.obj["spec"]["taint"]["effect"] for s in rules} == {"NoExecute"}, rules
+    [rule_deleted] = [s.revision for s in rules if s.type == "DELETED"]
+    user_uid = user["metadata"]["uid"]
+    disrupted = [s for s in timeline.events("Pod", uid=user_uid) if taints.disrupted(s.obj)]
+    assert disrupted, timeline.events("Pod", uid=user_uid)
+    assert {(taints.disrupted(s.obj) or {}).get("reason") for s in disrupted} == {taints.EVICTED_BY}
+    deleting = timeline.deletion(user_uid)
+    assert rule.revision < disrupted[0].revision < deleting <= timeline.gone(user_uid)
+    for seen in timeline.events("Pod", uid=bystander["metadata"]["uid"]):
+        assert seen.type == "MODIFIED", seen.type
+        assert not seen.obj["metadata"].get("deletionTimestamp")
+        assert taints.disrupted(seen.obj) is None
+    assert not timeline.unschedulable()
+    released = timeline.released(claim["metadata"]["uid"])
+    driver_off = taints.known(
+        timeline.node_label(labels.device_plugin_version(NAMESPACE, MODULE), None), "driver off"
+    )
+    driver_gone = timeline.gone(driver_uid)
+    assert rule.revision < deleting < released < driver_off <= driver_gone
+    loader_off = taints.known(
+        timeline.node_label(labels.module_loader_version(NAMESPACE, MODULE), None), "loader off"
+    )
+    v1_ready = taints.known(timeline.node_label(_VERSION_READY, "1"), "version 1 ready")
+    assert driver_gone < loader_off < v1_ready < rule_deleted
 
 
 async def test_a_kernel_upgrade_loads_the_image_preflight_pushed_with_no_build(

@@ -256,4 +256,5 @@ def test_the_readme_runs_on_the_sandboxs_vm_nodes() -> None:
     assert [c for c in commands if c[1:2] == ["upgrade"]] == [
         [".venv/bin/kmm", "upgrade", name, "--to", "1", node],
         [".venv/bin/kmm", "upgrade", name, "--to", "2", node],
+        [".venv/bin/kmm", "upgrade", name, "--to", "1", node],  # opted in to eviction
     ]
