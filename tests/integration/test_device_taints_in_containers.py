@@ -771,17 +771,7 @@ async def test_not_opted_in_the_upgrade_waits_on_the_device_user_and_names_it(
                     }
                     assert rule["spec"]["deviceSelector"] == {"driver": at.driver, "pool": at.pool}
                     assert rule["spec"]["taint"]["effect"] == "NoSchedule"
-                    # Waiting: the pod, the driver and its label are where they were.
-                    now = await _get(api, resources.PODS.path(ns, "user"))
-                    assert now is not None
-                    assert now["metadata"]["uid"] == user["metadata"]["uid"]
-                    assert not now["metadata"].get("deletionTimestamp")
-                    assert disrupted(now) is None
-                    driver = await _get(api, resources.PODS.path(ns, at.dra.name))
-                    assert driver is not None
-                    assert not driver["metadata"].get("deletionTimestamp")
-                    node = await api.request("GET", resources.NODES.path(name=NODE))
-                    assert objects.labels(node).get(plugin_key) == "v1"
+                    await _still_waiting(api, at, user_uid)
 
                     # The user deletes it: the move goes on.
                     deleted = await api.request("DELETE", resources.PODS.path(ns, "user"))
@@ -797,16 +787,7 @@ async def test_not_opted_in_the_upgrade_waits_on_the_device_user_and_names_it(
 
                 await testing.eventually(rule_gone, "the rule's deletion seen", bound=120)
 
-                async def caught_up() -> bool:
-                    return (
-                        timeline.first("ResourceClaim", _released, uid=claim["metadata"]["uid"])
-                        is not None
-                        and timeline.node_label(labels.version_ready(ns, name), "v2") is not None
-                        and timeline.first("Pod", lambda s: s.type == "DELETED", uid=user_uid)
-                        is not None
-                    )
-
-                await testing.eventually(caught_up, "the timeline caught up")
+                await _caught_up(timeline, at, claim["metadata"]["uid"], user_uid)
         finally:
             print(f"\nwaiting timeline ({ns}/{name}):", *timeline.story(ns, name), sep="\n  ")
 
@@ -833,6 +814,34 @@ async def test_not_opted_in_the_upgrade_waits_on_the_device_user_and_names_it(
         assert rule_added < deleted_at < released < driver_off < v2_ready < rule_deleted
         assert not timeline.unschedulable()
         await running.wait_idle("settled")
+
+
+async def _still_waiting(api: kube_client.Client, at: AtV1, user_uid: str) -> None:
+    """While the move waits on the device user: the pod, the v1 driver and
+    the driver's version label are where they were."""
+    now = await _get(api, resources.PODS.path(at.namespace, "user"))
+    assert now is not None
+    assert now["metadata"]["uid"] == user_uid
+    assert not now["metadata"].get("deletionTimestamp")
+    assert disrupted(now) is None
+    driver = await _get(api, resources.PODS.path(at.namespace, at.dra.name))
+    assert driver is not None
+    assert not driver["metadata"].get("deletionTimestamp")
+    node = await api.request("GET", resources.NODES.path(name=NODE))
+    assert objects.labels(node).get(labels.device_plugin_version(at.namespace, at.name)) == "v1"
+
+
+async def _caught_up(timeline: Timeline, at: AtV1, claim_uid: str, user_uid: str) -> None:
+    """The timeline has seen the claim released, v2 ready and the user gone."""
+
+    async def seen() -> bool:
+        return (
+            timeline.first("ResourceClaim", _released, uid=claim_uid) is not None
+            and timeline.node_label(labels.version_ready(at.namespace, at.name), "v2") is not None
+            and timeline.first("Pod", lambda s: s.type == "DELETED", uid=user_uid) is not None
+        )
+
+    await testing.eventually(seen, "the timeline caught up")
 
 
 async def _serves_rules(api: kube_client.Client) -> bool:
@@ -897,17 +906,7 @@ async def test_without_device_taints_the_move_waits_on_the_device_user_and_evict
                         "message": said_why,
                         "nodes": [{"node": NODE, "staying": [f"{ns}/user"]}],
                     }
-                    # Waiting: the pod, the driver and its label where they were.
-                    now = await _get(api, resources.PODS.path(ns, "user"))
-                    assert now is not None
-                    assert now["metadata"]["uid"] == user_uid
-                    assert not now["metadata"].get("deletionTimestamp")
-                    assert disrupted(now) is None
-                    driver = await _get(api, resources.PODS.path(ns, at.dra.name))
-                    assert driver is not None
-                    assert not driver["metadata"].get("deletionTimestamp")
-                    node = await api.request("GET", resources.NODES.path(name=NODE))
-                    assert objects.labels(node).get(plugin_key) == "v1"
+                    await _still_waiting(api, at, user_uid)
 
                     deleted = await api.request("DELETE", resources.PODS.path(ns, "user"))
                     deleted_at = int(objects.resource_version(deleted) or 0)
@@ -917,16 +916,7 @@ async def test_without_device_taints_the_move_waits_on_the_device_user_and_evict
                     await asyncio.gather(upgrading, return_exceptions=True)
                 await wait_version(api, ns, name, "v2")
 
-                async def caught_up() -> bool:
-                    return (
-                        timeline.first("ResourceClaim", _released, uid=claim["metadata"]["uid"])
-                        is not None
-                        and timeline.node_label(labels.version_ready(ns, name), "v2") is not None
-                        and timeline.first("Pod", lambda s: s.type == "DELETED", uid=user_uid)
-                        is not None
-                    )
-
-                await testing.eventually(caught_up, "the timeline caught up")
+                await _caught_up(timeline, at, claim["metadata"]["uid"], user_uid)
         finally:
             print(f"\nuntainted timeline ({ns}/{name}):", *timeline.story(ns, name), sep="\n  ")
 
