@@ -720,12 +720,7 @@ async def test_not_opted_in_the_upgrade_waits_on_the_device_user_and_names_it(
         dra_module_at_v1(api, images, name, evict=False) as at,
     ):
         ns = at.namespace
-        await api.request(
-            "POST", resources.PODS.path(ns), body=workload(ns, "user", images.workload, claim=True)
-        )
-        user = await running_workload(api, ns, "user", what="the device user running")
-        user_uid = user["metadata"]["uid"]
-        claim = await api.request("GET", resources.RESOURCE_CLAIMS.path(ns, claim_name(user)))
+        user_uid, claim = await _device_user(api, at, images)
         await to_v2(api, at, images, evict=False)
         module_path = MODULES_PATH.format(ns) + f"/{name}"
         plugin_key = labels.device_plugin_version(ns, name)
@@ -816,6 +811,20 @@ async def test_not_opted_in_the_upgrade_waits_on_the_device_user_and_names_it(
         await running.wait_idle("settled")
 
 
+async def _device_user(
+    api: kube_client.Client, at: AtV1, images: Images
+) -> tuple[str, dict[str, Any]]:
+    """Pod ``user`` running with a claim on one of the Module's devices: its
+    uid and its claim."""
+    ns = at.namespace
+    await api.request(
+        "POST", resources.PODS.path(ns), body=workload(ns, "user", images.workload, claim=True)
+    )
+    user = await running_workload(api, ns, "user", what="the device user running")
+    claim = await api.request("GET", resources.RESOURCE_CLAIMS.path(ns, claim_name(user)))
+    return str(user["metadata"]["uid"]), claim
+
+
 async def _still_waiting(api: kube_client.Client, at: AtV1, user_uid: str) -> None:
     """While the move waits on the device user: the pod, the v1 driver and
     the driver's version label are where they were."""
@@ -872,12 +881,7 @@ async def test_without_device_taints_the_move_waits_on_the_device_user_and_evict
         dra_module_at_v1(api, images, name, evict=True) as at,
     ):
         ns = at.namespace
-        await api.request(
-            "POST", resources.PODS.path(ns), body=workload(ns, "user", images.workload, claim=True)
-        )
-        user = await running_workload(api, ns, "user", what="the device user running")
-        user_uid = user["metadata"]["uid"]
-        claim = await api.request("GET", resources.RESOURCE_CLAIMS.path(ns, claim_name(user)))
+        user_uid, claim = await _device_user(api, at, images)
         await to_v2(api, at, images, evict=True)
         module_path = MODULES_PATH.format(ns) + f"/{name}"
         plugin_key = labels.device_plugin_version(ns, name)
