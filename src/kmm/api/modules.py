@@ -132,8 +132,9 @@ class NodeDeviceTaints(models.Model):
     (kmm's, not KMM's): the DeviceTaintRules and their effect, the pods
     holding claims on those devices (evicted by a NoExecute taint, or
     staying: tolerating it, or under NoSchedule), and why nothing is
-    tainted when so. On a cluster serving no DeviceTaintRules: no rules and
-    no effect, the pods whose claims hold the node's devices staying."""
+    tainted when so. Where no rule can be written (a cluster serving no
+    DeviceTaintRules, or an operator run with --no-device-taints): no rules
+    and no effect, the pods whose claims hold the node's devices staying."""
 
     node: str
     effect: str | None = None
