@@ -722,37 +722,23 @@ async def test_not_opted_in_the_upgrade_waits_on_the_device_user_and_names_it(
         ns = at.namespace
         user_uid, claim = await _device_user(api, at, images)
         await to_v2(api, at, images, evict=False)
-        module_path = MODULES_PATH.format(ns) + f"/{name}"
         plugin_key = labels.device_plugin_version(ns, name)
 
         timeline = Timeline(api, ns)
         try:
             async with timeline.recording():
-                upgrading = asyncio.ensure_future(
-                    asyncio.to_thread(
-                        upgrades.kmm_upgrade, record.kubeconfig, f"{ns}/{name}", NODE, "--to", "v2"
-                    )
-                )
-                try:
+                async with _upgrading_to_v2(record.kubeconfig, at) as upgrading:
                     # The Module's status names the pod the move waits on.
-                    seen: dict[str, Any] = {}
-
-                    async def waiting_on_it() -> bool:
-                        module = await _get(api, module_path) or {}
-                        taints = (module.get("status") or {}).get("deviceTaints") or {}
-                        seen["taints"] = taints
+                    def waiting_on_it(taints: dict[str, Any]) -> bool:
                         [entry] = taints.get("nodes") or [{}]
                         return bool(entry.get("staying") and entry.get("rulesReady"))
 
-                    try:
-                        await testing.eventually(waiting_on_it, "the status names the pod")
-                    except AssertionError as err:
-                        raise AssertionError(f"{err}: {seen}") from err
+                    taints = await _device_taints_once(api, at, waiting_on_it)
                     [rule] = [s.obj for s in timeline.rules(ns, name) if s.type == "ADDED"]
-                    [entry] = seen["taints"]["nodes"]
+                    [entry] = taints["nodes"]
                     # The eviction controller's word, once it wrote one on the rule.
                     assert entry.pop("eviction", None) in (None, NOT_EVICTING), entry
-                    assert seen["taints"] == {
+                    assert taints == {
                         "apiVersion": "resource.k8s.io/v1",
                         "nodes": [
                             {
@@ -772,9 +758,6 @@ async def test_not_opted_in_the_upgrade_waits_on_the_device_user_and_names_it(
                     deleted = await api.request("DELETE", resources.PODS.path(ns, "user"))
                     deleted_at = int(objects.resource_version(deleted) or 0)
                     said = await asyncio.wait_for(upgrading, 600)
-                finally:
-                    upgrading.cancel()
-                    await asyncio.gather(upgrading, return_exceptions=True)
                 await wait_version(api, ns, name, "v2")
 
                 async def rule_gone() -> bool:
@@ -823,6 +806,40 @@ async def _device_user(
     user = await running_workload(api, ns, "user", what="the device user running")
     claim = await api.request("GET", resources.RESOURCE_CLAIMS.path(ns, claim_name(user)))
     return str(user["metadata"]["uid"]), claim
+
+
+@contextlib.asynccontextmanager
+async def _upgrading_to_v2(kubeconfig: Path, at: AtV1) -> AsyncIterator[asyncio.Future[str]]:
+    """``kmm upgrade --to v2`` of the node, running; cancelled if left unawaited."""
+    upgrading = asyncio.ensure_future(
+        asyncio.to_thread(
+            upgrades.kmm_upgrade, kubeconfig, f"{at.namespace}/{at.name}", NODE, "--to", "v2"
+        )
+    )
+    try:
+        yield upgrading
+    finally:
+        upgrading.cancel()
+        await asyncio.gather(upgrading, return_exceptions=True)
+
+
+async def _device_taints_once(
+    api: kube_client.Client, at: AtV1, ready: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The Module's ``status.deviceTaints`` once ``ready`` says so of it."""
+    path = MODULES_PATH.format(at.namespace) + f"/{at.name}"
+    seen: dict[str, Any] = {}
+
+    async def there() -> bool:
+        module = await _get(api, path) or {}
+        seen["taints"] = (module.get("status") or {}).get("deviceTaints") or {}
+        return ready(seen["taints"])
+
+    try:
+        await testing.eventually(there, "the status names the pod")
+    except AssertionError as err:
+        raise AssertionError(f"{err}: {seen}") from err
+    return dict(seen["taints"])
 
 
 async def _still_waiting(api: kube_client.Client, at: AtV1, user_uid: str) -> None:
@@ -883,30 +900,14 @@ async def test_without_device_taints_the_move_waits_on_the_device_user_and_evict
         ns = at.namespace
         user_uid, claim = await _device_user(api, at, images)
         await to_v2(api, at, images, evict=True)
-        module_path = MODULES_PATH.format(ns) + f"/{name}"
         plugin_key = labels.device_plugin_version(ns, name)
 
         timeline = Timeline(api, ns, rules=served)
         try:
             async with timeline.recording():
-                upgrading = asyncio.ensure_future(
-                    asyncio.to_thread(
-                        upgrades.kmm_upgrade, record.kubeconfig, f"{ns}/{name}", NODE, "--to", "v2"
-                    )
-                )
-                try:
-                    seen: dict[str, Any] = {}
-
-                    async def waiting_on_it() -> bool:
-                        module = await _get(api, module_path) or {}
-                        seen["taints"] = (module.get("status") or {}).get("deviceTaints") or {}
-                        return bool(seen["taints"].get("nodes"))
-
-                    try:
-                        await testing.eventually(waiting_on_it, "the status names the pod")
-                    except AssertionError as err:
-                        raise AssertionError(f"{err}: {seen}") from err
-                    assert seen["taints"] == {
+                async with _upgrading_to_v2(record.kubeconfig, at) as upgrading:
+                    taints = await _device_taints_once(api, at, lambda t: bool(t.get("nodes")))
+                    assert taints == {
                         "message": said_why,
                         "nodes": [{"node": NODE, "staying": [f"{ns}/user"]}],
                     }
@@ -915,9 +916,6 @@ async def test_without_device_taints_the_move_waits_on_the_device_user_and_evict
                     deleted = await api.request("DELETE", resources.PODS.path(ns, "user"))
                     deleted_at = int(objects.resource_version(deleted) or 0)
                     said = await asyncio.wait_for(upgrading, 600)
-                finally:
-                    upgrading.cancel()
-                    await asyncio.gather(upgrading, return_exceptions=True)
                 await wait_version(api, ns, name, "v2")
 
                 await _caught_up(timeline, at, claim["metadata"]["uid"], user_uid)
